@@ -1,0 +1,52 @@
+"""candle_nn: candle-nn's building blocks on MLX arrays.
+
+Images are NHWC; conv weights are read in candle/PyTorch layout and kept in MLX's
+``(O, kH, kW, I)``. See README.md for a tour.
+"""
+
+from __future__ import annotations
+
+# Before MLX initialises: float32 means float32 on CUDA too (see precision.py).
+from . import precision as _precision
+
+_precision.configure_from_env()
+
+from .activation import (  # noqa: E402
+    ACTIVATIONS, Activation, gelu, gelu_tanh, relu, sigmoid, silu, softmax,
+)
+from .attention import scaled_dot_product_attention  # noqa: E402
+from .batch_norm import BatchNorm2d, batch_norm  # noqa: E402
+from .conv import (  # noqa: E402
+    Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, conv2d, conv2d_no_bias,
+    conv_transpose2d,
+)
+from .device import Device  # noqa: E402
+from .embedding import Embedding, embedding  # noqa: E402
+from .errors import (  # noqa: E402
+    CandleNNError, DeviceMismatchError, DeviceUnavailableError, DTypeError, ImageError,
+    MissingTensorError, ShapeMismatchError, WeightsFileError,
+)
+from .init import Init  # noqa: E402
+from .layer_norm import LayerNorm, LayerNorm2d, LayerNormConfig, layer_norm, rms_norm  # noqa: E402
+from .linear import Linear, linear, linear_b, linear_no_bias  # noqa: E402
+from .module import Module, Sequential, check_same_device, seq  # noqa: E402
+from .pooling import AvgPool2d, MaxPool2d, avg_pool2d, max_pool2d  # noqa: E402
+from .precision import float32_precision, set_float32_precision  # noqa: E402
+from .upsample import upsample_nearest2d  # noqa: E402
+from .var_builder import VarBuilder  # noqa: E402
+from .var_map import VarMap  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ACTIVATIONS", "Activation", "AvgPool2d", "BatchNorm2d", "CandleNNError", "Conv2d",
+    "Conv2dConfig", "ConvTranspose2d", "ConvTranspose2dConfig", "DTypeError", "Device",
+    "DeviceMismatchError", "DeviceUnavailableError", "Embedding", "ImageError", "Init",
+    "LayerNorm", "LayerNorm2d", "LayerNormConfig", "Linear", "MaxPool2d", "MissingTensorError",
+    "Module", "Sequential", "ShapeMismatchError", "VarBuilder", "VarMap", "WeightsFileError",
+    "avg_pool2d", "batch_norm", "check_same_device", "conv2d", "conv2d_no_bias",
+    "conv_transpose2d", "embedding", "float32_precision", "gelu", "gelu_tanh", "layer_norm",
+    "linear", "linear_b", "linear_no_bias", "max_pool2d", "relu", "rms_norm",
+    "scaled_dot_product_attention", "seq", "set_float32_precision", "sigmoid", "silu",
+    "softmax", "upsample_nearest2d",
+]

@@ -1,0 +1,59 @@
+"""Activation functions, as plain functions and as a small stateless module.
+
+``gelu`` is the exact (erf) GELU, PyTorch's default; ``gelu_tanh`` the tanh approximation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import mlx.core as mx
+
+from .module import Module
+
+
+def relu(x: mx.array) -> mx.array:
+    return mx.maximum(x, 0)
+
+
+def silu(x: mx.array) -> mx.array:
+    return x * mx.sigmoid(x)
+
+
+def sigmoid(x: mx.array) -> mx.array:
+    return mx.sigmoid(x)
+
+
+def gelu(x: mx.array) -> mx.array:
+    """Exact GELU: ``x * Phi(x)``."""
+    return x * (1.0 + mx.erf(x / math.sqrt(2.0))) * 0.5
+
+
+def gelu_tanh(x: mx.array) -> mx.array:
+    """Tanh-approximated GELU."""
+    return 0.5 * x * (1.0 + mx.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def softmax(x: mx.array, axis: int = -1) -> mx.array:
+    """Numerically stable softmax over ``axis`` (computed in at least float32 precision)."""
+    return mx.softmax(x, axis=axis, precise=True)
+
+
+ACTIVATIONS: dict[str, Callable[[mx.array], mx.array]] = {
+    "relu": relu, "silu": silu, "swish": silu, "sigmoid": sigmoid, "gelu": gelu,
+    "gelu_erf": gelu, "gelu_tanh": gelu_tanh, "identity": lambda x: x,
+}
+
+
+class Activation(Module):
+    """A named activation as a module: ``Activation("silu")(x)``; see ``ACTIVATIONS``."""
+
+    def __init__(self, name: str) -> None:
+        if name not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}")
+        super().__init__(None)
+        self.name = name
+
+    def forward(self, x: mx.array) -> mx.array:
+        return ACTIVATIONS[self.name](x)

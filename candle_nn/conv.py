@@ -1,0 +1,175 @@
+"""2-D convolutions on NHWC images.
+
+Weights are read in candle/PyTorch layout and converted once, at load, to MLX's layout:
+
+* :class:`Conv2d`: ``(O, I/groups, kH, kW)`` → ``(O, kH, kW, I/groups)``.
+* :class:`ConvTranspose2d`: ``(I, O, kH, kW)`` → ``(O, kH, kW, I)``.
+
+Inputs and outputs are ``(N, H, W, C)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .device import Device
+from .errors import ShapeMismatchError
+from .init import DEFAULT_KAIMING_NORMAL, Init
+from .module import Module
+from .var_builder import VarBuilder
+
+IntOrPair = "int | tuple[int, int]"
+
+
+def _pair(v: "int | tuple[int, int]") -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+@dataclass(frozen=True)
+class Conv2dConfig:
+    """Padding (zeros, both sides), stride, dilation and groups; ints or ``(h, w)`` pairs."""
+
+    padding: "int | tuple[int, int]" = 0
+    stride: "int | tuple[int, int]" = 1
+    dilation: "int | tuple[int, int]" = 1
+    groups: int = 1
+
+
+class Conv2d(Module):
+    """2-D convolution.
+
+    Args:
+        weight: ``(out_channels, kH, kW, in_channels / groups)`` (MLX layout).
+        bias: ``(out_channels,)`` or ``None``.
+        config: padding / stride / dilation / groups.
+        device: where the weights live and the forward runs.
+
+    Input ``(N, H, W, in_channels)`` → output ``(N, H', W', out_channels)``.
+    """
+
+    def __init__(self, weight: mx.array, bias: mx.array | None = None,
+                 config: Conv2dConfig = Conv2dConfig(), *, device: Device) -> None:
+        super().__init__(device)
+        self.config = config
+        self.weight = weight
+        if bias is not None:
+            self.bias = bias
+
+    @classmethod
+    def load(cls, vb: VarBuilder, in_channels: int, out_channels: int,
+             kernel_size: "int | tuple[int, int]", config: Conv2dConfig = Conv2dConfig(),
+             bias: bool = True) -> "Conv2d":
+        """Read ``weight`` ``(O, I/groups, kH, kW)`` (and ``bias``) from ``vb``.
+
+        Fresh variables: weight Kaiming-normal (fan in, ReLU gain), bias uniform ±1/sqrt(fan_in).
+        """
+        kh, kw = _pair(kernel_size)
+        if in_channels % config.groups or out_channels % config.groups:
+            raise ShapeMismatchError(
+                f"{vb.path('weight')}: channels {in_channels}->{out_channels} are not divisible "
+                f"by groups={config.groups}"
+            )
+        shape = (out_channels, in_channels // config.groups, kh, kw)
+        weight = vb.get(shape, "weight", DEFAULT_KAIMING_NORMAL)
+        b = None
+        if bias:
+            bound = 1.0 / math.sqrt(shape[1] * kh * kw)
+            b = vb.get((out_channels,), "bias", Init.uniform(-bound, bound))
+        with mx.stream(vb.device.stream):
+            weight = mx.contiguous(weight.transpose(0, 2, 3, 1))
+        return cls(weight, b, config, device=vb.device)
+
+    @property
+    def out_channels(self) -> int:
+        return int(self.weight.shape[0])
+
+    def forward(self, x: mx.array) -> mx.array:
+        c = self.config
+        y = mx.conv2d(x, self.weight, stride=_pair(c.stride), padding=_pair(c.padding),
+                      dilation=_pair(c.dilation), groups=c.groups)
+        return y + self.bias if "bias" in self else y
+
+    def fold_batch_norm(self, bn: "BatchNorm2d") -> "Conv2d":  # noqa: F821 (circular type)
+        """A new Conv2d equal to ``bn(self(x))`` (inference), with the BN folded in."""
+        from .batch_norm import BatchNorm2d
+
+        assert isinstance(bn, BatchNorm2d)
+        with self.on_device():
+            scale, shift = bn.scale_shift()
+            weight = self.weight * scale.reshape(-1, 1, 1, 1).astype(self.weight.dtype)
+            bias = self.bias * scale + shift if "bias" in self else shift
+            bias = bias.astype(self.weight.dtype)
+        return Conv2d(weight, bias, self.config, device=self.device)
+
+
+def conv2d(in_channels: int, out_channels: int, kernel_size: int, config: Conv2dConfig,
+           vb: VarBuilder) -> Conv2d:
+    """candle's ``conv2d``: with bias."""
+    return Conv2d.load(vb, in_channels, out_channels, kernel_size, config, bias=True)
+
+
+def conv2d_no_bias(in_channels: int, out_channels: int, kernel_size: int, config: Conv2dConfig,
+                   vb: VarBuilder) -> Conv2d:
+    """candle's ``conv2d_no_bias``."""
+    return Conv2d.load(vb, in_channels, out_channels, kernel_size, config, bias=False)
+
+
+@dataclass(frozen=True)
+class ConvTranspose2dConfig:
+    """Padding, output padding, stride and dilation (as PyTorch's ConvTranspose2d)."""
+
+    padding: "int | tuple[int, int]" = 0
+    output_padding: "int | tuple[int, int]" = 0
+    stride: "int | tuple[int, int]" = 1
+    dilation: "int | tuple[int, int]" = 1
+
+
+class ConvTranspose2d(Module):
+    """2-D transposed convolution (groups = 1).
+
+    Args:
+        weight: ``(out_channels, kH, kW, in_channels)`` (MLX layout).
+        bias: ``(out_channels,)`` or ``None``.
+
+    Input ``(N, H, W, in_channels)`` → output ``(N, H', W', out_channels)`` with
+    ``H' = (H - 1) * stride - 2 * padding + dilation * (kH - 1) + output_padding + 1``.
+    """
+
+    def __init__(self, weight: mx.array, bias: mx.array | None = None,
+                 config: ConvTranspose2dConfig = ConvTranspose2dConfig(), *, device: Device) -> None:
+        super().__init__(device)
+        self.config = config
+        self.weight = weight
+        if bias is not None:
+            self.bias = bias
+
+    @classmethod
+    def load(cls, vb: VarBuilder, in_channels: int, out_channels: int,
+             kernel_size: "int | tuple[int, int]",
+             config: ConvTranspose2dConfig = ConvTranspose2dConfig(),
+             bias: bool = True) -> "ConvTranspose2d":
+        """Read ``weight`` ``(I, O, kH, kW)`` (PyTorch layout) and ``bias`` from ``vb``."""
+        kh, kw = _pair(kernel_size)
+        weight = vb.get((in_channels, out_channels, kh, kw), "weight", DEFAULT_KAIMING_NORMAL)
+        b = None
+        if bias:
+            bound = 1.0 / math.sqrt(out_channels * kh * kw)
+            b = vb.get((out_channels,), "bias", Init.uniform(-bound, bound))
+        with mx.stream(vb.device.stream):
+            weight = mx.contiguous(weight.transpose(1, 2, 3, 0))
+        return cls(weight, b, config, device=vb.device)
+
+    def forward(self, x: mx.array) -> mx.array:
+        c = self.config
+        y = mx.conv_transpose2d(x, self.weight, stride=_pair(c.stride), padding=_pair(c.padding),
+                                dilation=_pair(c.dilation), output_padding=_pair(c.output_padding))
+        return y + self.bias if "bias" in self else y
+
+
+def conv_transpose2d(in_channels: int, out_channels: int, kernel_size: int,
+                     config: ConvTranspose2dConfig, vb: VarBuilder) -> ConvTranspose2d:
+    """candle's ``conv_transpose2d``: with bias."""
+    return ConvTranspose2d.load(vb, in_channels, out_channels, kernel_size, config, bias=True)

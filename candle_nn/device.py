@@ -1,0 +1,152 @@
+"""Devices: the one place a model's weights and ops live.
+
+A :class:`Device` names an MLX device (``cpu`` or ``gpu:N``) and owns the MLX stream its work runs
+on. Requests for the same device return the *same* object (``Device.cpu() is Device.parse("cpu")``)
+and equality is by kind and index, so devices can be compared and used as dict keys.
+
+On Apple silicon ``gpu`` is Metal; on Linux with ``mlx[cuda]`` it is CUDA; with ``mlx[cpu]`` there
+is no GPU and asking for one raises :class:`~candle_nn.errors.DeviceUnavailableError`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import ClassVar
+
+import mlx.core as mx
+
+from .errors import DeviceUnavailableError
+
+_KINDS = {"cpu": mx.cpu, "gpu": mx.gpu}
+_ALIASES = {"cuda": "gpu", "metal": "gpu", "mps": "gpu"}
+
+
+def _gpu_count() -> int:
+    if not mx.is_available(mx.gpu):
+        return 0
+    try:
+        return int(mx.device_count(mx.gpu))
+    except Exception:  # older MLX without device_count: one GPU
+        return 1
+
+
+class Device:
+    """An MLX device and its stream.
+
+    Create devices with :meth:`cpu`, :meth:`gpu`, :meth:`parse` or :meth:`default`; the
+    constructor is the same as :meth:`parse`'s parts and is interned.
+
+    Attributes:
+        kind: ``"cpu"`` or ``"gpu"``.
+        index: device index (0 for the CPU).
+    """
+
+    _interned: ClassVar[dict[tuple[str, int], "Device"]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    __slots__ = ("kind", "index", "_stream")
+
+    def __new__(cls, kind: str, index: int = 0) -> "Device":
+        kind = _ALIASES.get(kind, kind)
+        if kind not in _KINDS:
+            raise DeviceUnavailableError(
+                f"unknown device kind {kind!r}: use 'cpu', 'gpu' or 'gpu:N'"
+            )
+        if not isinstance(index, int) or index < 0 or (kind == "cpu" and index != 0):
+            raise DeviceUnavailableError(f"invalid device index {index!r} for {kind}")
+        with cls._lock:
+            found = cls._interned.get((kind, index))
+            if found is not None:
+                return found
+            if kind == "gpu":
+                count = _gpu_count()
+                if index >= count:
+                    have = "no GPU" if count == 0 else f"{count} GPU(s)"
+                    raise DeviceUnavailableError(
+                        f"gpu:{index} was requested but this MLX build has {have} "
+                        f"(MLX {mx.__version__}). Use --device cpu / Device.cpu(), or install "
+                        "an MLX with a GPU backend (Metal on macOS, `pip install mlx[cuda]` on Linux)."
+                    )
+            self = object.__new__(cls)
+            object.__setattr__(self, "kind", kind)
+            object.__setattr__(self, "index", index)
+            object.__setattr__(self, "_stream", None)
+            cls._interned[(kind, index)] = self
+            return self
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Device is immutable")
+
+    # -- constructors -----------------------------------------------------------------------
+    @classmethod
+    def cpu(cls) -> "Device":
+        """The CPU."""
+        return cls("cpu", 0)
+
+    @classmethod
+    def gpu(cls, index: int = 0) -> "Device":
+        """GPU ``index``; raises DeviceUnavailableError when there is none."""
+        return cls("gpu", index)
+
+    @classmethod
+    def parse(cls, spec: "str | Device") -> "Device":
+        """Parse ``"cpu"``, ``"gpu"``, ``"gpu:1"`` (``cuda``/``metal`` are aliases of ``gpu``)."""
+        if isinstance(spec, Device):
+            return spec
+        if not isinstance(spec, str):
+            raise DeviceUnavailableError(f"cannot parse device from {spec!r}")
+        text = spec.strip().lower()
+        kind, _, idx = text.partition(":")
+        if idx and not idx.isdigit():
+            raise DeviceUnavailableError(f"bad device {spec!r}: expected 'cpu', 'gpu' or 'gpu:N'")
+        return cls(kind, int(idx) if idx else 0)
+
+    @classmethod
+    def default(cls) -> "Device":
+        """GPU 0 when MLX has a GPU backend, else the CPU."""
+        return cls.gpu(0) if _gpu_count() > 0 else cls.cpu()
+
+    @classmethod
+    def available(cls) -> list["Device"]:
+        """Every device this machine has: the CPU, then each GPU."""
+        return [cls.cpu()] + [cls.gpu(i) for i in range(_gpu_count())]
+
+    # -- MLX handles --------------------------------------------------------------------------
+    @property
+    def mx_device(self) -> mx.Device:
+        """The corresponding ``mlx.core.Device``."""
+        return mx.Device(_KINDS[self.kind], self.index)
+
+    @property
+    def stream(self) -> mx.Stream:
+        """The MLX stream every op of this device's modules runs on (created once)."""
+        if self._stream is None:
+            object.__setattr__(self, "_stream", mx.default_stream(self.mx_device))
+        return self._stream
+
+    # -- value semantics ----------------------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Device):
+            return NotImplemented
+        return (self.kind, self.index) == (other.kind, other.index)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.index))
+
+    def __repr__(self) -> str:
+        return f"Device({str(self)!r})"
+
+    def __str__(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"gpu:{self.index}"
+
+    def __reduce__(self):  # pickling/copying yields the interned object
+        return (Device, (self.kind, self.index))
+
+
+DeviceLike = "Device | str | None"
+
+
+def as_device(device: "Device | str | None") -> Device:
+    """``None`` → :meth:`Device.default`, a string → :meth:`Device.parse`, a Device as is."""
+    if device is None:
+        return Device.default()
+    return Device.parse(device)

@@ -1,0 +1,35 @@
+"""Embedding table lookup."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .device import Device
+from .init import Init
+from .module import Module
+from .var_builder import VarBuilder
+
+
+class Embedding(Module):
+    """Rows of a ``(num_embeddings, dim)`` table: integer ids ``(...)`` → ``(..., dim)``."""
+
+    def __init__(self, weight: mx.array, *, device: Device) -> None:
+        super().__init__(device)
+        self.weight = weight
+
+    @classmethod
+    def load(cls, vb: VarBuilder, num_embeddings: int, dim: int) -> "Embedding":
+        """Read ``weight`` ``(num_embeddings, dim)``; fresh tables are Normal(0, 1)."""
+        return cls(vb.get((num_embeddings, dim), "weight", Init.normal(0.0, 1.0)), device=vb.device)
+
+    @property
+    def embeddings(self) -> mx.array:
+        return self.weight
+
+    def forward(self, ids: mx.array) -> mx.array:
+        return mx.take(self.weight, ids, axis=0)
+
+
+def embedding(num_embeddings: int, dim: int, vb: VarBuilder) -> Embedding:
+    """candle's ``embedding``."""
+    return Embedding.load(vb, num_embeddings, dim)

@@ -1,0 +1,67 @@
+"""Linear layer: ``y = x @ W.T + b``."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+from .device import Device
+from .init import Init
+from .module import Module
+from .var_builder import VarBuilder
+
+
+class Linear(Module):
+    """Affine map over the last axis.
+
+    Args:
+        weight: ``(out_features, in_features)`` (candle/PyTorch layout).
+        bias: ``(out_features,)`` or ``None``.
+        device: where the weights live and the forward runs.
+
+    Input ``(..., in_features)`` → output ``(..., out_features)``.
+    """
+
+    def __init__(self, weight: mx.array, bias: mx.array | None = None, *, device: Device) -> None:
+        super().__init__(device)
+        self.weight = weight
+        if bias is not None:
+            self.bias = bias
+
+    @classmethod
+    def load(cls, vb: VarBuilder, in_features: int, out_features: int, bias: bool = True) -> "Linear":
+        """Read ``weight`` (and ``bias``) from ``vb``. Fresh variables follow candle's defaults:
+        weight and bias uniform in ±1/sqrt(in_features)."""
+        bound = 1.0 / math.sqrt(in_features)
+        weight = vb.get((out_features, in_features), "weight", Init.uniform(-bound, bound))
+        b = vb.get((out_features,), "bias", Init.uniform(-bound, bound)) if bias else None
+        return cls(weight, b, device=vb.device)
+
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[1])
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
+
+    def forward(self, x: mx.array) -> mx.array:
+        if "bias" in self:
+            return mx.addmm(self.bias, x, self.weight.T)
+        return x @ self.weight.T
+
+
+def linear(in_features: int, out_features: int, vb: VarBuilder) -> Linear:
+    """candle's ``linear``: a Linear with bias loaded from ``vb``."""
+    return Linear.load(vb, in_features, out_features, bias=True)
+
+
+def linear_no_bias(in_features: int, out_features: int, vb: VarBuilder) -> Linear:
+    """candle's ``linear_no_bias``."""
+    return Linear.load(vb, in_features, out_features, bias=False)
+
+
+def linear_b(in_features: int, out_features: int, bias: bool, vb: VarBuilder) -> Linear:
+    """candle's ``linear_b``: bias optional."""
+    return Linear.load(vb, in_features, out_features, bias=bias)

@@ -1,0 +1,138 @@
+"""Module: an ``mlx.nn.Module`` that knows its device and runs every op there.
+
+Subclasses implement :meth:`Module.forward`; calling the module enters its device's stream, so a
+model built for the CPU runs on the CPU whatever MLX's default device is at call time. Assigning a
+child module of another device raises :class:`DeviceMismatchError` at construction time, so a
+model can never silently straddle two devices. Stateless modules (pooling, activations) may have
+``device=None``: they run on the stream of whatever module calls them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterable
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .device import Device
+from .errors import DeviceMismatchError
+
+
+def check_same_device(op: str, first: Device | None, second: Device | None,
+                      first_name: str = "first operand", second_name: str = "second operand") -> None:
+    """Raise DeviceMismatchError unless the two devices agree (``None`` agrees with anything)."""
+    if first is not None and second is not None and first != second:
+        raise DeviceMismatchError(
+            f"{op}: {first_name} is on {first} but {second_name} is on {second}. "
+            f"Move one with `.to(Device.parse('{first}'))`, or build both from one VarBuilder "
+            "on a single device."
+        )
+
+
+def _device_of(value: Any) -> Device | None:
+    if isinstance(value, Module):
+        return value.device
+    if isinstance(value, (list, tuple)):
+        devices = {d for d in (_device_of(v) for v in value) if d is not None}
+        if len(devices) > 1:
+            a, b = sorted(devices, key=str)[:2]
+            check_same_device("list of modules", a, b)
+        return next(iter(devices), None)
+    if isinstance(value, dict) and not isinstance(value, nn.Module):
+        return _device_of(list(value.values()))
+    return None
+
+
+class Module(nn.Module):
+    """Base class of candle_nn layers and models.
+
+    Args:
+        device: the device this module's weights live on and its forward runs on; ``None`` for
+            stateless modules, which run on their caller's stream.
+    """
+
+    def __init__(self, device: Device | None = None) -> None:
+        object.__setattr__(self, "_device", device)
+        super().__init__()
+
+    @property
+    def device(self) -> Device | None:
+        return self._device
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if not key.startswith("_") and self._device is not None:
+            child = _device_of(value)
+            check_same_device(f"{type(self).__name__}.{key}", self._device, child,
+                              type(self).__name__, f"child '{key}'")
+        super().__setattr__(key, value)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement forward()")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.on_device():
+            return self.forward(*args, **kwargs)
+
+    def on_device(self) -> contextlib.AbstractContextManager:
+        """Context manager running MLX ops on this module's stream (a no-op when stateless)."""
+        return mx.stream(self._device.stream) if self._device is not None else contextlib.nullcontext()
+
+    def to(self, device: "Device | str") -> "Module":
+        """Move this module and every candle_nn child to ``device`` (in place; returns self)."""
+        device = Device.parse(device)
+        mx.eval(self.parameters())  # finish pending work on the old stream
+        for _, module in self.named_modules():
+            if isinstance(module, Module) and module._device is not None:
+                object.__setattr__(module, "_device", device)
+        return self
+
+    def num_parameters(self) -> int:
+        """Total number of parameter elements."""
+        from mlx.utils import tree_flatten
+
+        return sum(v.size for _, v in tree_flatten(self.parameters()))
+
+
+class Sequential(Module):
+    """Calls its layers in order: ``Sequential(conv, relu, pool)(x)``.
+
+    Layers may be candle_nn modules or plain callables (``candle_nn.relu``); all device-bound
+    layers must share one device, which becomes the Sequential's.
+    """
+
+    def __init__(self, *layers: "Module | Callable[[mx.array], mx.array]") -> None:
+        devices = [(i, l.device) for i, l in enumerate(layers) if isinstance(l, Module) and l.device]
+        device = devices[0][1] if devices else None
+        for i, d in devices[1:]:
+            check_same_device("Sequential", device, d, f"layer {devices[0][0]}", f"layer {i}")
+        super().__init__(device)
+        self.layers = list(layers)
+
+    def forward(self, x: mx.array) -> mx.array:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, str):
+            return super().__getitem__(index)
+        return self.layers[index]
+
+    def append(self, layer: "Module | Callable[[mx.array], mx.array]") -> "Sequential":
+        """Add a layer at the end (same device rule as the constructor)."""
+        if isinstance(layer, Module):
+            check_same_device("Sequential.append", self._device, layer.device,
+                              "the Sequential", "the new layer")
+            if self._device is None and layer.device is not None:
+                object.__setattr__(self, "_device", layer.device)
+        self.layers = self.layers + [layer]
+        return self
+
+
+def seq(layers: Iterable["Module | Callable[[mx.array], mx.array]"] = ()) -> Sequential:
+    """candle's ``seq()``: a Sequential from an iterable of layers."""
+    return Sequential(*layers)

@@ -1,0 +1,312 @@
+"""VarBuilder: hands a model its tensors, by name, on one device and in one dtype.
+
+A VarBuilder wraps a source of named tensors (safetensors files, an in-memory dict, or a
+:class:`~candle_nn.var_map.VarMap` that creates missing variables from seeded initialisers) and a
+prefix. ``vb.pp("layer1").pp(0).get((64, 64, 3, 3), "conv1.weight")`` asks for
+``layer1.0.conv1.weight`` and checks its shape. Tensors come in candle/PyTorch layout (conv
+``(O, I, kH, kW)``, linear ``(out, in)``); converting to MLX layouts is the layers' job.
+
+Every tensor returned lives on ``vb.device`` in ``vb.dtype`` (floating tensors are cast on that
+device's stream; integer tensors keep their dtype). Safetensors files are opened lazily and
+memory-mapped: only the tensors a model asks for are read.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Any, Iterable, Mapping, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from .device import Device, as_device
+from .errors import DTypeError, MissingTensorError, ShapeMismatchError, WeightsFileError
+from .init import DEFAULT_KAIMING_NORMAL, ZEROS, Init
+from .var_map import VarMap
+
+_FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+_DTYPE_NAMES = {"float32": mx.float32, "f32": mx.float32, "float16": mx.float16,
+                "f16": mx.float16, "bfloat16": mx.bfloat16, "bf16": mx.bfloat16}
+
+
+def as_dtype(dtype: "mx.Dtype | str") -> mx.Dtype:
+    """``mx.float32`` / ``"float16"`` / ``"bf16"`` → an MLX floating dtype."""
+    if isinstance(dtype, str):
+        if dtype.lower() not in _DTYPE_NAMES:
+            raise DTypeError(f"unknown dtype {dtype!r}: use float32, float16 or bfloat16")
+        return _DTYPE_NAMES[dtype.lower()]
+    if dtype not in _FLOAT_DTYPES:
+        raise DTypeError(f"VarBuilder dtype must be float32, float16 or bfloat16, not {dtype}")
+    return dtype
+
+
+def open_safetensors(path: str) -> Any:
+    """Open a safetensors file lazily (memory-mapped); malformed files raise WeightsFileError."""
+    from safetensors import safe_open
+
+    if not os.path.exists(path):
+        raise WeightsFileError(
+            f"weights file not found: {path}. Pass the path of a .safetensors file "
+            "(see `candle-nn-weights list` for known checkpoints)."
+        )
+    if os.path.isdir(path):
+        raise WeightsFileError(f"weights path is a directory, not a .safetensors file: {path}")
+    try:
+        return safe_open(path, framework="mlx")
+    except Exception as exc:  # the Rust parser's errors have no common Python base
+        raise WeightsFileError(
+            f"{path} is not a valid safetensors file ({type(exc).__name__}: {exc}). "
+            "It may be truncated or corrupt: download or convert it again."
+        ) from exc
+
+
+class _Source:
+    """Where tensors come from. Subclasses implement the four methods below."""
+
+    def names(self) -> list[str]:
+        raise NotImplementedError
+
+    def contains(self, path: str) -> bool:
+        raise NotImplementedError
+
+    def shape(self, path: str) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def fetch(self, path: str, shape: tuple[int, ...] | None, init: Init | None,
+              dtype: mx.Dtype) -> mx.array:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    metadata: dict[str, str] = {}
+
+    def missing(self, path: str) -> MissingTensorError:
+        names = self.names()
+        close = difflib.get_close_matches(path, names, n=3, cutoff=0.5)
+        hint = f" Closest names: {', '.join(close)}." if close else ""
+        return MissingTensorError(
+            f"tensor '{path}' not found in {self.describe()} ({len(names)} tensors).{hint} "
+            "Check the model variant and the weights file (candle-nn-weights inspect FILE)."
+        )
+
+
+class _SafetensorsSource(_Source):
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.paths = [os.fspath(p) for p in paths]
+        self._where: dict[str, Any] = {}
+        self._file_of: dict[str, str] = {}
+        self.metadata = {}
+        for path in self.paths:
+            handle = open_safetensors(path)
+            try:
+                keys = list(handle.keys())
+                self.metadata.update(handle.metadata() or {})
+            except Exception as exc:
+                raise WeightsFileError(f"{path}: unreadable safetensors header ({exc})") from exc
+            for key in keys:
+                self._where[key] = handle
+                self._file_of[key] = path
+
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def contains(self, path: str) -> bool:
+        return path in self._where
+
+    def shape(self, path: str) -> tuple[int, ...]:
+        if path not in self._where:
+            raise self.missing(path)
+        return tuple(self._where[path].get_slice(path).get_shape())
+
+    def fetch(self, path, shape, init, dtype):
+        if path not in self._where:
+            raise self.missing(path)
+        try:
+            return self._where[path].get_tensor(path)
+        except Exception as exc:
+            raise WeightsFileError(
+                f"cannot read tensor '{path}' from {self._file_of[path]}: {exc}"
+            ) from exc
+
+    def describe(self) -> str:
+        return ", ".join(self.paths)
+
+
+class _TensorsSource(_Source):
+    def __init__(self, tensors: Mapping[str, Any]) -> None:
+        self._tensors = dict(tensors)
+        self.metadata = {}
+
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    def contains(self, path: str) -> bool:
+        return path in self._tensors
+
+    def shape(self, path: str) -> tuple[int, ...]:
+        if path not in self._tensors:
+            raise self.missing(path)
+        return tuple(np.shape(self._tensors[path]))
+
+    def fetch(self, path, shape, init, dtype):
+        if path not in self._tensors:
+            raise self.missing(path)
+        value = self._tensors[path]
+        return value if isinstance(value, mx.array) else mx.array(np.asarray(value))
+
+    def describe(self) -> str:
+        return "the in-memory tensor dict"
+
+
+class _VarMapSource(_Source):
+    def __init__(self, varmap: VarMap, seed: int) -> None:
+        self.varmap = varmap
+        self.seed = int(seed)
+        self.metadata = {}
+
+    def names(self) -> list[str]:
+        return list(self.varmap)
+
+    def contains(self, path: str) -> bool:
+        return path in self.varmap
+
+    def shape(self, path: str) -> tuple[int, ...]:
+        if path not in self.varmap:
+            raise self.missing(path)
+        return tuple(self.varmap[path].shape)
+
+    def fetch(self, path, shape, init, dtype):
+        if shape is None:
+            if path in self.varmap:
+                return self.varmap[path]
+            raise MissingTensorError(
+                f"tensor '{path}' is not in the VarMap and no shape was given to create it"
+            )
+        if init is None:
+            init = DEFAULT_KAIMING_NORMAL if len(shape) >= 2 else ZEROS
+        return self.varmap.get_or_create(path, shape, init, seed=self.seed, dtype=dtype)
+
+    def describe(self) -> str:
+        return f"the VarMap (seed {self.seed})"
+
+
+class VarBuilder:
+    """Named-tensor access with a prefix, a dtype and a device. See the module docstring.
+
+    Build with :meth:`from_safetensors`, :meth:`from_tensors` or :meth:`from_varmap`; narrow with
+    :meth:`pp`; read with :meth:`get`.
+    """
+
+    def __init__(self, source: _Source, *, dtype: mx.Dtype, device: Device,
+                 prefix: tuple[str, ...] = (), accessed: set[str] | None = None) -> None:
+        self._source = source
+        self._dtype = dtype
+        self._device = device
+        self._prefix = prefix
+        self._accessed = set() if accessed is None else accessed
+
+    # -- constructors -----------------------------------------------------------------------
+    @classmethod
+    def from_safetensors(cls, paths: "str | os.PathLike | Iterable[str | os.PathLike]", *,
+                         dtype: "mx.Dtype | str" = mx.float32,
+                         device: "Device | str | None" = None) -> "VarBuilder":
+        """Tensors from one or several safetensors files (opened lazily, memory-mapped)."""
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
+        paths = [os.fspath(p) for p in paths]
+        if not paths:
+            raise WeightsFileError("VarBuilder.from_safetensors needs at least one file")
+        return cls(_SafetensorsSource(paths), dtype=as_dtype(dtype), device=as_device(device))
+
+    @classmethod
+    def from_tensors(cls, tensors: Mapping[str, Any], *, dtype: "mx.Dtype | str" = mx.float32,
+                     device: "Device | str | None" = None) -> "VarBuilder":
+        """Tensors from a dict of ``name -> mx.array | np.ndarray``."""
+        return cls(_TensorsSource(tensors), dtype=as_dtype(dtype), device=as_device(device))
+
+    @classmethod
+    def from_varmap(cls, varmap: VarMap, *, dtype: "mx.Dtype | str" = mx.float32,
+                    device: "Device | str | None" = None, seed: int = 0) -> "VarBuilder":
+        """Variables created on demand in ``varmap``, each from its own (seed, path) stream."""
+        return cls(_VarMapSource(varmap, seed), dtype=as_dtype(dtype), device=as_device(device))
+
+    # -- navigation ---------------------------------------------------------------------------
+    def pp(self, name: "str | int") -> "VarBuilder":
+        """A VarBuilder whose names are prefixed by ``name`` (``vb.pp("layer1").pp(0)``)."""
+        return VarBuilder(self._source, dtype=self._dtype, device=self._device,
+                          prefix=self._prefix + (str(name),), accessed=self._accessed)
+
+    push_prefix = pp
+
+    def with_dtype(self, dtype: "mx.Dtype | str") -> "VarBuilder":
+        """The same source and prefix, another dtype."""
+        return VarBuilder(self._source, dtype=as_dtype(dtype), device=self._device,
+                          prefix=self._prefix, accessed=self._accessed)
+
+    def path(self, name: str) -> str:
+        """The full name of ``name`` under this prefix."""
+        return ".".join(self._prefix + (name,)) if name else ".".join(self._prefix)
+
+    @property
+    def prefix(self) -> str:
+        return ".".join(self._prefix)
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The safetensors metadata of the source files (empty for other sources)."""
+        return dict(self._source.metadata)
+
+    # -- queries ------------------------------------------------------------------------------
+    def contains(self, name: str) -> bool:
+        """Whether the source holds ``prefix.name``."""
+        return self._source.contains(self.path(name))
+
+    def names(self) -> list[str]:
+        """Every tensor name under this prefix (full names)."""
+        head = self.prefix + "." if self._prefix else ""
+        return [n for n in self._source.names() if n.startswith(head)]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The stored shape of ``prefix.name`` without reading the tensor."""
+        return self._source.shape(self.path(name))
+
+    def accessed(self) -> set[str]:
+        """Full names of every tensor read so far through this builder or its ``pp`` children."""
+        return set(self._accessed)
+
+    # -- reading ------------------------------------------------------------------------------
+    def get(self, shape: "Sequence[int] | None", name: str, init: Init | None = None) -> mx.array:
+        """Tensor ``prefix.name``, checked against ``shape`` (``None``: any shape).
+
+        ``init`` is used only by VarMap-backed builders to create a missing variable.
+        Raises MissingTensorError / ShapeMismatchError.
+        """
+        path = self.path(name)
+        want = None if shape is None else tuple(int(s) for s in shape)
+        value = self._source.fetch(path, want, init, self._dtype)
+        if want is not None and tuple(value.shape) != want:
+            raise ShapeMismatchError(
+                f"tensor '{path}' in {self._source.describe()} has shape {tuple(value.shape)}, "
+                f"the model expects {want}. The weights are probably for another model variant "
+                "or class count."
+            )
+        self._accessed.add(path)
+        with mx.stream(self._device.stream):
+            if value.dtype in _FLOAT_DTYPES or value.dtype == mx.float64:
+                if value.dtype != self._dtype:
+                    value = value.astype(self._dtype)
+        return value
+
+    def __repr__(self) -> str:
+        return (f"VarBuilder(prefix={self.prefix!r}, dtype={self._dtype}, device={self._device}, "
+                f"source={self._source.describe()})")

@@ -1,0 +1,70 @@
+"""Shared test helpers: where the reference fixtures live, devices to test on, the parity check.
+
+The fixtures are required: when ``../shared/fixtures`` (or ``$CANDLE_NN_FIXTURES``) is missing,
+every test that needs them fails loudly rather than skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import candle_nn as cn
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(os.environ.get("CANDLE_NN_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+
+
+def fixture_dir(name: str) -> Path:
+    """Folder of one reference fixture; fails the test when the fixtures are missing."""
+    path = FIXTURES / name
+    if not path.is_dir():
+        pytest.fail(
+            f"reference fixtures not found at {path}. Put the shared fixtures at "
+            f"{FIXTURES} or set CANDLE_NN_FIXTURES.", pytrace=False)
+    return path
+
+
+def load_fixture(name: str) -> tuple[dict[str, np.ndarray], dict, Path]:
+    """``(io arrays, meta.json, folder)`` of a fixture."""
+    folder = fixture_dir(name)
+    io = dict(np.load(folder / "io.npz"))
+    meta = json.loads((folder / "meta.json").read_text())
+    return io, meta, folder
+
+
+def rel_err(candidate, reference) -> float:
+    """``max|candidate - reference| / max|reference|`` (the fixtures' metric)."""
+    candidate = np.asarray(candidate, dtype=np.float64)
+    reference = np.asarray(reference, dtype=np.float64)
+    assert candidate.shape == reference.shape, (candidate.shape, reference.shape)
+    return float(np.abs(candidate - reference).max() / np.abs(reference).max())
+
+
+def assert_matches(meta: dict, key: str, candidate, reference) -> float:
+    """Assert the fixture tolerance for output ``key``; returns the error."""
+    tol = meta["tolerance"][key]["rtol_of_max_abs"]
+    err = rel_err(candidate, reference)
+    assert err <= tol, f"{key}: rel err {err:.3e} > tolerance {tol:.1e}"
+    return err
+
+
+def nchw_to_nhwc(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
+
+
+def nhwc_to_nchw(a) -> np.ndarray:
+    return np.asarray(a).transpose(0, 3, 1, 2)
+
+
+DEVICES = cn.Device.available()
+
+
+@pytest.fixture(params=DEVICES, ids=[str(d) for d in DEVICES])
+def device(request) -> cn.Device:
+    """Every device this machine has (the CPU, and each GPU when MLX has one)."""
+    return request.param
