@@ -11,6 +11,14 @@ from . import precision as _precision
 
 _precision.configure_from_env()
 
+# Before anything imports MLX: an optimized CPU BLAS instead of MLX's bundled reference one on
+# Linux (see blas.py; CANDLE_NN_BLAS=off opts out). candle_nn.info() reports what is in use.
+from . import blas as _blas  # noqa: E402
+
+_blas.preload()
+
+from .sysinfo import info  # noqa: E402
+
 from .activation import (  # noqa: E402
     ACTIVATIONS, Activation, gelu, gelu_tanh, relu, sigmoid, silu, softmax,
 )
@@ -45,7 +53,7 @@ __all__ = [
     "LayerNorm", "LayerNorm2d", "LayerNormConfig", "Linear", "MaxPool2d", "MissingTensorError",
     "Module", "Sequential", "ShapeMismatchError", "VarBuilder", "VarMap", "WeightsFileError",
     "avg_pool2d", "batch_norm", "check_same_device", "conv2d", "conv2d_no_bias",
-    "conv_transpose2d", "embedding", "float32_precision", "gelu", "gelu_tanh", "layer_norm",
+    "conv_transpose2d", "embedding", "float32_precision", "gelu", "gelu_tanh", "info", "layer_norm",
     "linear", "linear_b", "linear_no_bias", "max_pool2d", "relu", "rms_norm",
     "scaled_dot_product_attention", "seq", "set_float32_precision", "sigmoid", "silu",
     "softmax", "upsample_nearest2d",

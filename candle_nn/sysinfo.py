@@ -1,0 +1,53 @@
+"""``candle_nn.info()``: what this process runs on (MLX, devices, CPU BLAS, float32 policy).
+
+``python -m candle_nn`` prints it; paste that into bug reports and benchmark notes.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from typing import Any
+
+
+class Info(dict):
+    """A plain ``dict`` (JSON-ready) whose ``str()`` is a short human-readable summary."""
+
+    def __str__(self) -> str:
+        blas = self["blas"]
+        threads = f", {blas['threads']} threads" if blas.get("threads") else ""
+        lines = [
+            f"candle_nn {self['candle_nn']} on MLX {self['mlx']} "
+            f"(Python {self['python']}, {self['platform']})",
+            f"devices: {', '.join(self['devices'])} (default {self['default_device']})",
+            f"CPU BLAS: {blas['name']} [{blas['state']}{threads}] - {blas['detail']}",
+            f"float32 precision on GPU: {self['float32_precision']}",
+        ]
+        return "\n".join(lines)
+
+
+def info() -> Info:
+    """A summary of the runtime, as a dict that prints nicely.
+
+    Keys: ``candle_nn``, ``mlx`` (versions), ``python``, ``platform``, ``devices`` (e.g.
+    ``["cpu", "gpu:0"]``), ``default_device``, ``blas`` (``name``, ``path``, ``state``,
+    ``detail``, ``threads``: see :class:`candle_nn.blas.BlasStatus`), ``float32_precision``
+    (``"exact"`` or ``"tf32"``).
+    """
+    import mlx.core as mx
+
+    from . import __version__
+    from .blas import status
+    from .device import Device
+    from .precision import float32_precision
+
+    return Info(
+        candle_nn=__version__,
+        mlx=mx.__version__,
+        python=platform.python_version(),
+        platform=f"{sys.platform}-{platform.machine()}",
+        devices=[str(d) for d in Device.available()],
+        default_device=str(Device.default()),
+        blas=status().as_dict(),
+        float32_precision=float32_precision(),
+    )

@@ -1,0 +1,101 @@
+"""The fast CPU BLAS path: chosen at import, reported by info(), opt-out-able, numerically right.
+
+Each case runs in a fresh interpreter, since the BLAS is chosen once, before MLX loads.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+REPORT = "import candle_nn, json; print(json.dumps(candle_nn.info()))"
+
+MATMUL = """
+import candle_nn, json
+import mlx.core as mx
+import numpy as np
+rng = np.random.default_rng(0)
+a = rng.standard_normal((1024, 1024), dtype=np.float32)
+b = rng.standard_normal((1024, 1024), dtype=np.float32)
+with mx.stream(mx.cpu):
+    c = np.array(mx.matmul(mx.array(a), mx.array(b)))
+ref = a.astype(np.float64) @ b.astype(np.float64)
+err = float(np.abs(c - ref).max() / np.abs(ref).max())
+print(json.dumps({"blas": candle_nn.info()["blas"], "err": err}))
+"""
+
+
+def _python(code: str, **env: str) -> tuple[dict, str]:
+    """Run ``code`` in a fresh interpreter; ``(json of its last stdout line, stderr)``."""
+    import os
+
+    full_env = {k: v for k, v in os.environ.items() if k not in ("CANDLE_NN_BLAS", "LD_PRELOAD")}
+    full_env.update(env)
+    done = subprocess.run([sys.executable, "-W", "always", "-c", code], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+@pytest.fixture(scope="module")
+def available() -> str | None:
+    """The optimized CBLAS this machine has (path), found without letting candle_nn load one."""
+    code = ("import candle_nn.blas as b, json; "
+            "found = next((l[1] for l in map(b._load, b._candidates()) if l), None); "
+            "print(json.dumps({'found': found, 'bundled': b._bundled_reference_blas()}))")
+    result, _ = _python(code, CANDLE_NN_BLAS="off")
+    return result["found"] if result["bundled"] else None
+
+
+def test_info_names_the_blas_in_use(available) -> None:
+    report, stderr = _python(REPORT)
+    blas = report["blas"]
+    assert report["mlx"] and report["devices"][0] == "cpu"
+    assert report["float32_precision"] in ("exact", "tf32")
+    assert blas["name"] and blas["detail"]
+    assert "RuntimeWarning" not in stderr
+    if available:  # MLX bundles the reference BLAS and a fast one is installed: it must be used
+        assert blas["state"] == "preloaded", blas
+        assert blas["path"] and blas["name"] != "reference"
+    elif blas["state"] == "reference":  # nothing to load: the user is told how to get one
+        assert "apt-get install libopenblas0-pthread" in blas["detail"]
+
+
+def test_opt_out_keeps_the_bundled_blas() -> None:
+    report, stderr = _python(REPORT, CANDLE_NN_BLAS="off")
+    assert report["blas"]["state"] == "reference"
+    assert report["blas"]["path"] is None
+    assert "CANDLE_NN_BLAS=off" in report["blas"]["detail"]
+    assert "RuntimeWarning" not in stderr
+
+
+def test_forcing_a_library_by_path(available) -> None:
+    if available:
+        report, _ = _python(REPORT, CANDLE_NN_BLAS=available)
+        assert report["blas"]["state"] == "preloaded"
+        assert "forced" in report["blas"]["detail"]
+    report, stderr = _python(REPORT, CANDLE_NN_BLAS="/nonexistent/libnothing.so")
+    assert report["blas"]["state"] == "reference"
+    assert "could not be loaded" in stderr
+
+
+def test_importing_mlx_first_warns(available) -> None:
+    report, stderr = _python("import mlx.core; " + REPORT)
+    assert report["blas"]["state"] == "reference"
+    assert "imported before candle_nn" in report["blas"]["detail"]
+    if available:
+        assert "mlx.core was imported before candle_nn" in stderr
+
+
+@pytest.mark.parametrize("setting", ["auto", "off"])
+def test_matmul_is_right_with_either_blas(setting: str) -> None:
+    result, _ = _python(MATMUL, CANDLE_NN_BLAS=setting)
+    if setting == "off":
+        assert result["blas"]["state"] == "reference"
+    # float32 with K=1024: errors of a few ulps of the largest output, whatever the BLAS
+    assert result["err"] < 1e-5, result
