@@ -1,0 +1,281 @@
+"""``candle-nn-bench``: candle_nn's models against PyTorch and ONNX Runtime, in one run.
+
+For each model (scripts/bench_models.py), device and dtype it measures load time, first-call
+latency, steady batch-1 latency (median, p90) and throughput at a larger batch, for candle_nn
+(optionally under ``mx.compile``), PyTorch (eager, optionally ``torch.compile``) and the PyTorch
+model exported to ONNX and run by ONNX Runtime, then prints a table with the ratios ours/theirs,
+and writes JSON (``--json``) and a PNG chart (``--chart``).
+
+Each implementation runs in its own fresh Python process by default, so thread pools and BLAS
+libraries of one cannot slow down another (PyTorch's OpenMP threads spin after a call; candle_nn
+preloads OpenBLAS); ``--in-process`` runs everything here instead (faster, for smoke tests).
+
+    candle-nn-bench --threads 2 --json bench.json         # every model, every device
+    candle-nn-bench --quick                                # smoke run: ResNet-18, few iterations
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from scripts.bench_models import MODELS, QUICK_MODELS, BenchModel
+from scripts.bench_timing import Options, make_inputs, result, time_calls
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS, OURS_COMPILED = "candle_nn", "candle_nn+mx.compile"
+PEERS = ("torch", "torch.compile", "onnxruntime")
+GPU_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _fixtures() -> Path:
+    return Path(os.environ.get("CANDLE_NN_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+
+
+# -- ours ----------------------------------------------------------------------------------------------
+def _weights_file(model: BenchModel, cache_dir: str) -> tuple[str, str]:
+    """``(safetensors path, where from)``: the fixture's weights, else seeded VarMap weights
+    written once to ``cache_dir`` in candle's layout."""
+    if model.fixture:
+        path = _fixtures() / model.fixture / "weights.safetensors"
+        if path.is_file():
+            return str(path), f"fixture {model.fixture} (float16 on disk)"
+    path = Path(cache_dir) / f"{model.name}.safetensors"
+    if not path.is_file():
+        import candle_nn as cn
+
+        varmap = cn.VarMap()
+        model.build_ours(cn.VarBuilder.from_varmap(varmap, seed=0, device="cpu"))
+        varmap.save(path)
+    return str(path), "seeded VarMap (float32 on disk)"
+
+
+def _materialize(forward: Any) -> None:
+    import mlx.core as mx
+
+    params = getattr(forward, "parameters", None)
+    if callable(params):
+        mx.eval(params())
+
+
+def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_dir: str,
+             compiled: bool = False) -> dict:
+    """candle_nn: load from safetensors, then time the forward (``mx.compile``-d if asked)."""
+    impl = OURS_COMPILED if compiled else OURS
+    missing = model.ours_available()
+    if missing:
+        return result(impl, model, device, dtype, status="unavailable", reason=missing)
+    import candle_nn as cn  # before mlx: picks the CPU BLAS
+    import mlx.core as mx
+
+    if opts.threads:
+        cn.blas.set_num_threads(opts.threads)
+    if device not in [str(d) for d in cn.Device.available()]:
+        return result(impl, model, device, dtype, status="unavailable",
+                      reason=f"MLX {mx.__version__} has no {device}")
+    if opts.precision == "tf32":
+        cn.set_float32_precision("tf32")
+    weights, origin = _weights_file(model, cache_dir)
+
+    start = time.perf_counter()
+    forward = model.build_ours(cn.VarBuilder.from_safetensors(weights, dtype=dtype, device=device))
+    _materialize(forward)
+    load_s = time.perf_counter() - start
+    fn = mx.compile(forward) if compiled else forward
+    mx_dtype = getattr(mx, dtype)
+
+    def call(n: int):
+        arrays = [mx.array(a) for a in make_inputs(model, n, opts.seed)]
+        arrays = [a.astype(mx_dtype) if mx.issubdtype(a.dtype, mx.floating) else a
+                  for a in arrays]
+        mx.eval(arrays)
+        return lambda: mx.eval(fn(*arrays))
+
+    batch = opts.batch_for(model, device)
+    timings = time_calls(call(1), call(batch), batch, opts)
+    blas = cn.info()["blas"]
+    cpu_note = f"BLAS {blas['name'].split(',')[0]}, {blas['threads'] or '?'} threads"
+    precision = cn.float32_precision() if dtype == "float32" else dtype
+    note = f"{cpu_note if device == 'cpu' else 'float32 ' + precision}; weights: {origin}"
+    return result(impl, model, device, dtype, load_s=load_s, version=cn.__version__,
+                  note=note, **timings)
+
+
+# -- one job ----------------------------------------------------------------------------------------
+def run_job(job: dict) -> dict:
+    """Run one (impl, model, device, dtype) measurement; never raises."""
+    model = MODELS[job["model"]]
+    opts = Options(**job["options"])
+    impl, device, dtype = job["impl"], job["device"], job["dtype"]
+    try:
+        if impl in (OURS, OURS_COMPILED):
+            return run_ours(model, device, dtype, opts, job["cache_dir"], impl == OURS_COMPILED)
+        from scripts import bench_peers
+
+        if impl == "torch":
+            return bench_peers.run_torch(model, device, dtype, opts)
+        if impl == "torch.compile":
+            mode = "max-autotune-no-cudagraphs" if device == "cpu" else "reduce-overhead"
+            return bench_peers.run_torch(model, device, dtype, opts, compile_mode=mode)
+        return bench_peers.run_onnxruntime(model, device, dtype, opts)
+    except Exception as exc:  # one failing measurement must not sink the run
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        return result(impl, model, device, dtype, status="error", reason=reason[:300])
+
+
+def _run_isolated(job: dict, timeout_s: float) -> dict:
+    """:func:`run_job` in a fresh interpreter (threads set through the environment too)."""
+    env = dict(os.environ)
+    threads = job["options"].get("threads")
+    if threads:
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[var] = str(threads)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.setdefault("YOLO_OFFLINE", "1")
+    try:
+        done = subprocess.run([sys.executable, "-m", "scripts.bench", "--worker", json.dumps(job)],
+                              capture_output=True, text=True, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return result(job["impl"], MODELS[job["model"]], job["device"], job["dtype"],
+                      status="error", reason=f"timed out after {timeout_s:.0f} s")
+    lines = done.stdout.strip().splitlines()
+    if done.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return result(job["impl"], MODELS[job["model"]], job["device"], job["dtype"], status="error",
+                  reason=f"worker exited {done.returncode}: {tail[:300]}")
+
+
+# -- the run ------------------------------------------------------------------------------------------
+def _devices(spec: str) -> list[str]:
+    import candle_nn as cn
+
+    have = [str(d) for d in cn.Device.available()]
+    if spec == "all":
+        return have
+    wanted = [str(cn.Device.parse(s)) for s in spec.split(",")]
+    return wanted  # a missing GPU is reported per row as unavailable
+
+
+def _jobs(args: argparse.Namespace, opts: Options, cache_dir: str) -> list[dict]:
+    impls = [OURS] + ([OURS_COMPILED] if args.compile else [])
+    peers = [p for p in args.peers.split(",") if p] if args.peers != "none" else []
+    unknown = sorted(set(peers) - set(PEERS))
+    if unknown:
+        raise SystemExit(f"error: unknown peer(s) {unknown}: choose from {', '.join(PEERS)}")
+    jobs = []
+    for name in args.models:
+        for device in _devices(args.device):
+            dtypes = args.dtypes.split(",") if args.dtypes else (
+                ["float32"] if device == "cpu" or args.quick else list(GPU_DTYPES))
+            for dtype in dtypes:
+                for impl in impls + peers:
+                    jobs.append({"impl": impl, "model": name, "device": device, "dtype": dtype,
+                                 "options": opts.as_dict(), "cache_dir": cache_dir})
+    return jobs
+
+
+def _meta(args: argparse.Namespace, opts: Options, argv: Sequence[str]) -> dict:
+    from importlib import metadata
+
+    import candle_nn as cn
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), None)
+    return {"command": "candle-nn-bench " + " ".join(argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "quick": args.quick, "isolated": not args.in_process, "options": opts.as_dict(),
+            "cpu": cpu, "cpu_count": os.cpu_count(), "info": dict(cn.info()),
+            "versions": {d: version(d) for d in ("torch", "torchvision", "ultralytics",
+                                                 "onnxruntime", "onnx")}}
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="candle-nn-bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=None,
+                   help="models to measure (default: all; --quick: resnet18)")
+    p.add_argument("--device", default="all", help="cpu, gpu, gpu:N, a comma list, or all (default)")
+    p.add_argument("--dtypes", default=None,
+                   help="comma list of float32,float16,bfloat16 (default: float32 on the CPU, "
+                        "all three on a GPU)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for every implementation (BLAS, torch, ONNX Runtime intra-op)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="throughput batch (default: per model on the CPU, 32 on a GPU)")
+    p.add_argument("--repeat", type=int, default=None, help="timed calls per figure (default 20)")
+    p.add_argument("--peers", default=",".join(("torch", "onnxruntime")),
+                   help=f"comma list from {', '.join(PEERS)}, or none (default torch,onnxruntime)")
+    p.add_argument("--compile", action="store_true", help="also measure candle_nn under mx.compile")
+    p.add_argument("--precision", choices=("exact", "tf32"), default="exact",
+                   help="float32 on GPUs, for ours and PyTorch alike (default exact)")
+    p.add_argument("--quick", action="store_true", help="smoke run: few iterations, batch 2")
+    p.add_argument("--in-process", action="store_true",
+                   help="run every implementation in this process (default: one process each)")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--chart", metavar="PATH",
+                   help="write a PNG chart (default: beside --json; needs matplotlib)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per isolated job")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    if args.worker:  # internal: one job in this fresh process, result as the last stdout line
+        print(json.dumps(run_job(json.loads(args.worker))))
+        return 0
+    from scripts import bench_report
+
+    args.models = args.models or list(QUICK_MODELS if args.quick else MODELS)
+    settings = {"threads": args.threads, "batch": args.batch, "precision": args.precision}
+    if args.repeat:
+        settings["repeat"] = args.repeat
+    opts = Options.quick(**settings) if args.quick else Options(**settings)
+    if args.threads:
+        import candle_nn as cn
+
+        cn.blas.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="candle-nn-bench-") as cache_dir:
+        jobs = _jobs(args, opts, cache_dir)
+        meta = _meta(args, opts, argv)
+        print(f"candle-nn-bench: {len(jobs)} measurements; "
+              f"CPU BLAS: {meta['info']['blas']['name']}", file=sys.stderr)
+        rows = []
+        for i, job in enumerate(jobs, 1):
+            print(f"[{i}/{len(jobs)}] {job['model']} {job['device']} {job['dtype']} {job['impl']}",
+                  file=sys.stderr, flush=True)
+            rows.append(run_job(job) if args.in_process else _run_isolated(job, args.timeout))
+    report = bench_report.build(meta, rows)
+    print(bench_report.table(report))
+    if args.json:
+        bench_report.write_json(report, args.json)
+        print(f"wrote {args.json}", file=sys.stderr)
+    chart = args.chart or (str(Path(args.json).with_suffix(".png")) if args.json else None)
+    if chart:
+        print(bench_report.write_chart(report, chart), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""What ``candle-nn-bench`` measures: each model, built three ways (ours, PyTorch, ONNX export).
+
+A :class:`BenchModel` names one model at one input size and knows how to build
+
+* **ours** from a :class:`~candle_nn.VarBuilder` (``build_ours(vb) -> forward``, NHWC input), with
+  the same weights the reference fixtures use when ``fixture`` is set, else seeded VarMap weights;
+* **the PyTorch reference** (``build_torch() -> nn.Module``, NCHW input), randomly initialised:
+  speed does not depend on the values; ``None`` when the reference code is not installed, with
+  ``torch_missing`` saying what to install;
+* its ONNX export, made from the PyTorch module (see scripts/bench_peers.py).
+
+Models whose candle_nn implementation has not landed report themselves as unavailable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # candle_nn is imported only where ours runs (peers run without it)
+    import mlx.core as mx
+
+    from candle_nn import VarBuilder
+
+Forward = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """One benchmarked model.
+
+    Attributes:
+        name: ``resnet18``, ``yolov8n``, ``mobilesam-encoder``, ...
+        input_hw: image height, width (inputs are ``(N, H, W, 3)`` NHWC for ours, NCHW for peers).
+        batch: the batch for the throughput figure on the CPU (GPUs use ``--batch``, default 32).
+        fixture: folder name under the shared fixtures holding candle-named weights, or ``None``.
+        ours_module: the models module that must exist for ``build_ours`` to work.
+        extra_inputs: extra inputs made for a batch ``n`` (numpy, shared by all implementations).
+        channels: input channels (3 for images; the SAM decoder takes 256-channel embeddings).
+    """
+
+    name: str
+    input_hw: tuple[int, int]
+    batch: int
+    fixture: str | None
+    ours_module: str
+    build_ours: Callable[["VarBuilder"], Forward]
+    build_torch: Callable[[], Any]
+    torch_missing: str | None = None
+    extra_inputs: Callable[[int], tuple] = field(default=lambda n: ())
+    channels: int = 3
+
+    def ours_available(self) -> str | None:
+        """``None`` when ours can be built, else why not."""
+        try:
+            found = importlib.util.find_spec(self.ours_module) is not None
+        except ModuleNotFoundError:
+            found = False
+        return None if found else f"{self.ours_module} not implemented yet"
+
+
+def _have(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ModuleNotFoundError, ValueError):
+        return False
+
+
+# -- ResNet -------------------------------------------------------------------------------------------
+def _resnet_ours(variant: str) -> Callable[["VarBuilder"], Forward]:
+    def build(vb: "VarBuilder") -> Forward:
+        from models.resnet import ResNet
+
+        return ResNet.load(vb, variant, num_classes=1000)
+    return build
+
+
+def _resnet_torch(variant: str) -> Callable[[], Any]:
+    def build() -> Any:
+        import torchvision
+
+        return getattr(torchvision.models, variant)(weights=None)
+    return build
+
+
+# -- YOLOv8 -------------------------------------------------------------------------------------------
+def _yolo_ours(size: str) -> Callable[["VarBuilder"], Forward]:
+    def build(vb: "VarBuilder") -> Forward:
+        from models.yolo_v8 import YoloV8
+
+        return YoloV8.load(vb, variant=size, num_classes=80)
+    return build
+
+
+def _yolo_torch(size: str) -> Callable[[], Any]:
+    def build() -> Any:
+        import os
+
+        import torch
+        os.environ.setdefault("YOLO_OFFLINE", "1")
+        from ultralytics.nn.tasks import DetectionModel
+
+        class Pred(torch.nn.Module):
+            """ultralytics' eval forward returns (pred, features): keep pred (N, 84, anchors)."""
+
+            def __init__(self) -> None:
+                super().__init__()
+                # fuse() folds BN into the convs, as ultralytics' own predictor does.
+                self.net = DetectionModel(f"yolov8{size}.yaml", verbose=False).fuse(verbose=False)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                out = self.net(x)
+                return out[0] if isinstance(out, (tuple, list)) else out
+
+        return Pred()
+    return build
+
+
+# -- MobileSAM ----------------------------------------------------------------------------------------
+# The PyTorch reference: ultralytics' port of MobileSAM (TinyViT-5M image encoder, SAM's prompt
+# encoder and mask decoder), built without a checkpoint.
+_POINT = (580.0 * 1024 / 800, 240.0 * 1024 / 800)  # the fixture's prompt, in 1024-pixel space
+
+
+def _sam_encoder_ours(vb: "VarBuilder") -> Forward:
+    from models.segment_anything import Sam
+
+    return Sam.load_tiny(vb).image_encoder
+
+
+def _sam_encoder_torch() -> Any:
+    from ultralytics.models.sam.build import build_mobile_sam
+
+    return build_mobile_sam(None).image_encoder
+
+
+def _sam_decoder_inputs(n: int) -> tuple:
+    import numpy as np
+
+    coords = np.tile(np.array([[_POINT]], dtype=np.float32), (n, 1, 1))  # (n, 1, 2) xy
+    labels = np.ones((n, 1), dtype=np.int32)
+    return coords, labels
+
+
+def _sam_decoder_ours(vb: "VarBuilder") -> Forward:
+    from models.segment_anything import Sam
+
+    sam = Sam.load_tiny(vb)
+
+    def prompt_and_decode(embeddings: "mx.array", coords: "mx.array", labels: "mx.array") -> Any:
+        """Prompt encoder + mask decoder on precomputed embeddings (N, 64, 64, 256)."""
+        return sam.decode(embeddings, coords, labels, multimask_output=True)
+
+    return prompt_and_decode
+
+
+def _sam_decoder_torch() -> Any:
+    import torch
+    from ultralytics.models.sam.build import build_mobile_sam
+
+    class PromptDecode(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            sam = build_mobile_sam(None)
+            self.prompt_encoder, self.mask_decoder = sam.prompt_encoder, sam.mask_decoder
+
+        def forward(self, embeddings, coords, labels):
+            sparse, dense = self.prompt_encoder(points=(coords, labels), boxes=None, masks=None)
+            return self.mask_decoder(embeddings, self.prompt_encoder.get_dense_pe(), sparse, dense,
+                                     multimask_output=True)
+
+    return PromptDecode()
+
+
+def _registry() -> dict[str, BenchModel]:
+    tv = None if _have("torchvision") else "torchvision (pip install 'candle-nn-mlx[bench]')"
+    ul = None if _have("ultralytics") else "ultralytics (pip install ultralytics)"
+    models = [
+        BenchModel("resnet18", (224, 224), 8, "resnet18", "models.resnet",
+                   _resnet_ours("resnet18"), _resnet_torch("resnet18"), tv),
+        BenchModel("resnet50", (224, 224), 8, None, "models.resnet",
+                   _resnet_ours("resnet50"), _resnet_torch("resnet50"), tv),
+        BenchModel("yolov8n", (640, 640), 4, "yolov8n", "models.yolo_v8",
+                   _yolo_ours("n"), _yolo_torch("n"), ul),
+        BenchModel("yolov8s", (640, 640), 4, None, "models.yolo_v8",
+                   _yolo_ours("s"), _yolo_torch("s"), ul),
+        BenchModel("mobilesam-encoder", (1024, 1024), 2, "mobile_sam", "models.segment_anything",
+                   _sam_encoder_ours, _sam_encoder_torch, ul),
+        # "Image" here is the encoder's output: embeddings (N, 64, 64, 256), plus one point prompt.
+        BenchModel("mobilesam-decoder", (64, 64), 8, "mobile_sam", "models.segment_anything",
+                   _sam_decoder_ours, _sam_decoder_torch, ul, _sam_decoder_inputs, channels=256),
+    ]
+    return {m.name: m for m in models}
+
+
+MODELS = _registry()
+QUICK_MODELS = ("resnet18",)

@@ -1,0 +1,172 @@
+"""The peers ``candle-nn-bench`` compares against: PyTorch (eager or ``torch.compile``) and the
+same PyTorch model exported to ONNX and run by ONNX Runtime.
+
+Each ``run_*`` returns a result dict (see scripts/bench.py ``_result``) and imports its library
+lazily, so a missing peer is reported as unavailable rather than failing the run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from scripts.bench_models import BenchModel
+from scripts.bench_timing import Options, make_inputs, result, time_calls
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _torch_device(device: str) -> str:
+    return "cpu" if device == "cpu" else "cuda:" + (device.split(":")[1] if ":" in device else "0")
+
+
+def _place(module: Any, device: str, dtype: str, opts: Options) -> Any:
+    """Move an eval-mode module to the benchmark's device and dtype (channels_last on GPUs)."""
+    torch = _torch()
+    module = module.eval().to(device=_torch_device(device), dtype=getattr(torch, dtype))
+    if opts.channels_last and device != "cpu":
+        module = module.to(memory_format=torch.channels_last)
+    return module
+
+
+def _load_timed(model: BenchModel) -> tuple[Any, float, str]:
+    """``(module, seconds, how)``: a saved state dict read into a module built on the meta device
+    (no random init, as a user loading a checkpoint would), else built and initialised."""
+    torch = _torch()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "weights.pt")
+        torch.save(model.build_torch().state_dict(), path)
+        start = time.perf_counter()
+        try:
+            with torch.device("meta"):
+                module = model.build_torch()
+            module.load_state_dict(torch.load(path, mmap=True, weights_only=True), assign=True)
+            how = "state dict into a meta-device module"
+        except Exception:  # some reference code cannot be built on the meta device
+            start = time.perf_counter()
+            module = model.build_torch()
+            module.load_state_dict(torch.load(path, weights_only=True))
+            how = "build with random init + state dict"
+        return module, time.perf_counter() - start, how
+
+
+def _torch_inputs(model: BenchModel, n: int, device: str, dtype: str, opts: Options) -> tuple:
+    torch = _torch()
+    image, *extra = make_inputs(model, n, opts.seed)
+    x = torch.from_numpy(np.ascontiguousarray(image.transpose(0, 3, 1, 2)))
+    x = x.to(device=_torch_device(device), dtype=getattr(torch, dtype))
+    if opts.channels_last and device != "cpu" and x.ndim == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    rest = [torch.from_numpy(a).to(_torch_device(device)) for a in extra]
+    rest = [r.to(x.dtype) if r.is_floating_point() else r for r in rest]
+    return (x, *rest)
+
+
+def run_torch(model: BenchModel, device: str, dtype: str, opts: Options,
+              compile_mode: str | None = None) -> dict:
+    """PyTorch eager (``compile_mode=None``) or ``torch.compile(mode=compile_mode)``."""
+    impl = "torch" if compile_mode is None else f"torch.compile({compile_mode})"
+    try:
+        torch = _torch()
+    except ImportError:
+        return result(impl, model, device, dtype, status="unavailable",
+                      reason="torch not installed (pip install 'candle-nn-mlx[bench]')")
+    if model.torch_missing:
+        return result(impl, model, device, dtype, status="unavailable",
+                      reason=f"reference needs {model.torch_missing}")
+    if device != "cpu" and not torch.cuda.is_available():
+        return result(impl, model, device, dtype, status="unavailable",
+                      reason="this torch has no CUDA")
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    tf32 = opts.precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32  # like with like: exact float32 unless asked
+    torch.backends.cudnn.allow_tf32 = tf32
+
+    def sync() -> None:
+        if device != "cpu":
+            torch.cuda.synchronize()
+
+    module, load_s, how = _load_timed(model)
+    module = _place(module, device, dtype, opts)
+    forward = torch.compile(module, mode=compile_mode) if compile_mode else module
+
+    def call(inputs: tuple) -> Any:
+        def run() -> None:
+            with torch.inference_mode():
+                forward(*inputs)
+            sync()
+        return run
+
+    batch = opts.batch_for(model, device)
+    one = _torch_inputs(model, 1, device, dtype, opts)
+    many = _torch_inputs(model, batch, device, dtype, opts)
+    timings = time_calls(call(one), call(many), batch, opts)
+    return result(impl, model, device, dtype, load_s=load_s, version=torch.__version__,
+                  note=f"{_torch_note(device, dtype, opts)}; load: {how}", **timings)
+
+
+def _torch_note(device: str, dtype: str, opts: Options) -> str:
+    parts = [f"{opts.threads or 'default'} threads" if device == "cpu" else "cuDNN"]
+    if device != "cpu" and dtype == "float32":
+        parts.append("TF32" if opts.precision == "tf32" else "exact float32 (TF32 off)")
+    if device != "cpu" and opts.channels_last:
+        parts.append("channels_last")
+    return ", ".join(parts)
+
+
+def run_onnxruntime(model: BenchModel, device: str, dtype: str, opts: Options) -> dict:
+    """The PyTorch reference exported to ONNX (opset 17, dynamic batch), run by ONNX Runtime."""
+    impl = "onnxruntime"
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return result(impl, model, device, dtype, status="unavailable",
+                      reason="onnxruntime not installed (pip install 'candle-nn-mlx[bench]')")
+    try:
+        torch = _torch()
+    except ImportError:
+        return result(impl, model, device, dtype, status="unavailable",
+                      reason="exporting to ONNX needs torch")
+    if model.torch_missing:
+        return result(impl, model, device, dtype, status="unavailable",
+                      reason=f"export needs {model.torch_missing}")
+    if dtype != "float32":
+        return result(impl, model, device, dtype, status="unavailable",
+                      reason="benchmarked in float32 only")
+    providers = ["CPUExecutionProvider"] if device == "cpu" else ["CUDAExecutionProvider"]
+    if providers[0] not in ort.get_available_providers():
+        return result(impl, model, device, dtype, status="unavailable",
+                      reason=f"{providers[0]} not in this onnxruntime")
+    module = model.build_torch().eval()
+    example = _torch_inputs(model, 1, "cpu", "float32", opts)
+    names = [f"input{i}" for i in range(len(example))]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"{model.name}.onnx")
+        with torch.inference_mode():
+            torch.onnx.export(module, example, path, input_names=names, opset_version=17,
+                              dynamic_axes={n: {0: "batch"} for n in names}, dynamo=False)
+        options = ort.SessionOptions()
+        if opts.threads:
+            options.intra_op_num_threads = opts.threads
+            options.inter_op_num_threads = 1
+        start = time.perf_counter()
+        session = ort.InferenceSession(path, options, providers=providers)
+        load_s = time.perf_counter() - start
+
+    def call(n: int):
+        feed = dict(zip(names, (np.ascontiguousarray(a.numpy()) for a in
+                                _torch_inputs(model, n, "cpu", "float32", opts))))
+        return lambda: session.run(None, feed)
+
+    batch = opts.batch_for(model, device)
+    timings = time_calls(call(1), call(batch), batch, opts)
+    return result(impl, model, device, dtype, load_s=load_s, version=ort.__version__,
+                  note=f"{opts.threads or 'default'} intra-op threads, {providers[0]}", **timings)

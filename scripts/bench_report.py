@@ -1,0 +1,135 @@
+"""``candle-nn-bench``'s outputs: the ratio table, a terminal table, JSON and a PNG chart.
+
+Ratios are **time ours / time theirs** for the same model, device and dtype, measured in the same
+run: below 1.0 candle_nn is faster. ``bs1`` compares steady batch-1 medians; ``batch`` compares
+time per image at the throughput batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+OURS_PREFIX = "candle_nn"
+
+
+def _key(row: dict) -> tuple:
+    return row["model"], row["device"], row["dtype"]
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """One entry per (ours, peer) pair of measured rows with the same model, device and dtype."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    out = []
+    for ours in (r for r in ok if r["impl"].startswith(OURS_PREFIX)):
+        for peer in (r for r in ok if not r["impl"].startswith(OURS_PREFIX)):
+            if _key(peer) != _key(ours):
+                continue
+            out.append({
+                "model": ours["model"], "device": ours["device"], "dtype": ours["dtype"],
+                "ours": ours["impl"], "peer": peer["impl"],
+                "bs1": ours["median_ms"] / peer["median_ms"],
+                "batch": peer["throughput_ips"] / ours["throughput_ips"],
+                "batch_size": ours["batch"] if ours["batch"] == peer["batch"] else None,
+                "load": (ours["load_s"] / peer["load_s"]) if peer.get("load_s") else None,
+            })
+    return out
+
+
+def build(meta: dict, rows: list[dict]) -> dict:
+    """The full report: ``{"meta", "results", "ratios"}`` (what ``--json`` writes)."""
+    return {"meta": meta, "results": rows, "ratios": ratios(rows)}
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _grid(header: list[str], body: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
+    line = lambda cells: "  ".join(c.rjust(w) if i > 3 else c.ljust(w)  # noqa: E731
+                                   for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in body])
+
+
+def table(report: dict) -> str:
+    """Measurements, then ratios, then what was unavailable (with why), as plain text."""
+    rows = report["results"]
+    measured = [r for r in rows if r["status"] == "ok"]
+    head = ["model", "device", "dtype", "impl", "load s", "first s", "bs1 med ms", "bs1 p90 ms",
+            "batch", "img/s"]
+    body = [[r["model"], r["device"], r["dtype"], r["impl"], _fmt(r["load_s"], ".3f"),
+             _fmt(r["first_s"], ".3f"), _fmt(r["median_ms"], ".2f"), _fmt(r["p90_ms"], ".2f"),
+             str(r["batch"]), _fmt(r["throughput_ips"], ".1f")] for r in measured]
+    meta = report["meta"]
+    blas = meta["info"]["blas"]
+    parts = [f"candle_nn {meta['info']['candle_nn']} / MLX {meta['info']['mlx']}; CPU BLAS: "
+             f"{blas['name']}; threads: {meta['options']['threads'] or 'default'}; "
+             f"{meta.get('cpu') or ''} ({meta.get('cpu_count')} cores)",
+             _grid(head, body) + ("" if body else "\n(nothing measured)")]
+    if report["ratios"]:
+        rhead = ["model", "device", "dtype", "ours / peer", "bs1 ×", "batch ×", "load ×"]
+        rbody = [[q["model"], q["device"], q["dtype"], f"{q['ours']} / {q['peer']}",
+                  _fmt(q["bs1"], ".2f"), _fmt(q["batch"], ".2f"), _fmt(q["load"], ".2f")]
+                 for q in report["ratios"]]
+        parts.append("ratios: time ours / time theirs, same run (< 1: candle_nn faster)\n"
+                     + _grid(rhead, rbody))
+    missing = [r for r in rows if r["status"] != "ok"]
+    if missing:
+        parts.append("not measured:\n" + "\n".join(
+            f"  {r['model']} {r['device']} {r['dtype']} {r['impl']}: {r['status']} - {r['reason']}"
+            for r in missing))
+    return "\n\n".join(parts)
+
+
+def write_json(report: dict, path: str | os.PathLike) -> None:
+    """Write the report (written to a temp file, then renamed)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def write_chart(report: dict, path: str | os.PathLike) -> str:
+    """A PNG bar chart of batch-1 latency per model and implementation (one panel per device
+    and dtype, log scale). Returns a one-line message (also when matplotlib is missing)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "chart skipped: matplotlib not installed (pip install 'candle-nn-mlx[bench]')"
+    measured = [r for r in report["results"] if r["status"] == "ok"]
+    if not measured:
+        return "chart skipped: nothing measured"
+    panels = sorted({(r["device"], r["dtype"]) for r in measured})
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 3.6 * len(panels)), squeeze=False)
+    for ax, (device, dtype) in zip(axes[:, 0], panels):
+        group = [r for r in measured if (r["device"], r["dtype"]) == (device, dtype)]
+        models = list(dict.fromkeys(r["model"] for r in group))
+        impls = list(dict.fromkeys(r["impl"] for r in group))
+        width = 0.8 / len(impls)
+        for j, impl in enumerate(impls):
+            xs, ys = [], []
+            for i, model in enumerate(models):
+                hit = next((r for r in group if r["model"] == model and r["impl"] == impl), None)
+                if hit:
+                    xs.append(i + (j - (len(impls) - 1) / 2) * width)
+                    ys.append(hit["median_ms"])
+            bars = ax.bar(xs, ys, width, label=impl)
+            ax.bar_label(bars, labels=[f"{y:.3g}" for y in ys], fontsize=7)
+        ax.set_xticks(range(len(models)), models)
+        ax.set_yscale("log")
+        ax.set_ylabel("batch-1 median, ms (log)")
+        ax.set_title(f"{device}, {dtype}: lower is faster")
+        ax.legend(fontsize=8)
+    meta = report["meta"]
+    fig.suptitle(f"candle-nn-bench  ({meta.get('cpu') or ''}; threads "
+                 f"{meta['options']['threads'] or 'default'}; BLAS "
+                 f"{meta['info']['blas']['name'].split(',')[0]})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"wrote {path}"

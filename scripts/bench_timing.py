@@ -1,0 +1,102 @@
+"""Timing primitives shared by every implementation ``candle-nn-bench`` measures.
+
+One protocol for all: a first call (cold: compilation, allocation, lazy weight reads), then
+``warmup`` calls, then up to ``repeat`` timed calls at batch 1 (stopping early, after at least
+three, once ``budget_s`` has passed), then the same at the throughput batch. Every timed call
+ends with a synchronisation (``mx.eval``, ``torch.cuda.synchronize``, ONNX Runtime's blocking run).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from scripts.bench_models import BenchModel
+
+
+@dataclass(frozen=True)
+class Options:
+    """Measurement settings (``--quick`` shrinks them)."""
+
+    warmup: int = 3
+    repeat: int = 20
+    budget_s: float = 15.0
+    batch: int | None = None  # throughput batch; None: the model's CPU batch, or 32 on a GPU
+    threads: int | None = None
+    precision: str = "exact"  # float32 on GPUs: "exact" or "tf32", for ours and the peers alike
+    channels_last: bool = True  # PyTorch on GPUs
+    seed: int = 0
+
+    @classmethod
+    def quick(cls, **kw: Any) -> "Options":
+        given = {k: v for k, v in kw.items() if v is not None}
+        return cls(**{"warmup": 1, "repeat": 3, "budget_s": 2.0, "batch": 2, **given})
+
+    def batch_for(self, model: BenchModel, device: str) -> int:
+        if self.batch is not None:
+            return self.batch
+        return model.batch if device == "cpu" else (8 if model.input_hw[0] >= 1024 else 32)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def make_inputs(model: BenchModel, n: int, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """Seeded inputs for batch ``n``: an NHWC float32 image in [0, 1), then the model's extras."""
+    rng = np.random.default_rng(seed)
+    h, w = model.input_hw
+    image = rng.random((n, h, w, model.channels), dtype=np.float32)
+    return (image, *model.extra_inputs(n))
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+def time_calls(single: Callable[[], Any], batched: Callable[[], Any], batch: int,
+               opts: Options) -> dict:
+    """First-call, steady batch-1 and throughput figures for two synchronous callables
+    (``batched`` runs a batch of ``batch``)."""
+    start = time.perf_counter()
+    single()
+    first_s = time.perf_counter() - start
+    for _ in range(opts.warmup):
+        single()
+    times = _timed(single, opts)
+    batched()  # its own first call (new shapes) is not timed
+    batch_times = _timed(batched, opts)
+    batch_s = statistics.median(batch_times)
+    return {
+        "first_s": first_s,
+        "median_ms": 1e3 * statistics.median(times),
+        "p90_ms": 1e3 * _percentile(times, 90),
+        "runs": len(times),
+        "batch": batch,
+        "batch_median_ms": 1e3 * batch_s,
+        "throughput_ips": batch / batch_s,
+    }
+
+
+def _timed(call: Callable[[], Any], opts: Options) -> list[float]:
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < max(opts.repeat, 1):
+        if len(times) >= 3 and time.perf_counter() - start > opts.budget_s:
+            break
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def result(impl: str, model: BenchModel, device: str, dtype: str, *, status: str = "ok",
+           reason: str | None = None, load_s: float | None = None, version: str | None = None,
+           note: str | None = None, **timings: Any) -> dict:
+    """One row of the benchmark: an implementation of a model on a device in a dtype."""
+    return {"model": model.name, "input_hw": list(model.input_hw), "device": device,
+            "dtype": dtype, "impl": impl, "status": status, "reason": reason,
+            "version": version, "load_s": load_s, "note": note, **timings}

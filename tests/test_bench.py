@@ -1,0 +1,107 @@
+"""candle-nn-bench --quick on ResNet-18: structure of the table, the JSON and the chart.
+
+No timing assertions. Peers that are not installed in this venv (torch/torchvision, ONNX
+Runtime, matplotlib) must be reported as unavailable, never as errors or failures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+
+import pytest
+
+from scripts import bench
+from scripts.bench_models import MODELS
+
+RESULT_KEYS = {"model", "input_hw", "device", "dtype", "impl", "status", "reason", "version",
+               "load_s", "note"}
+TIMING_KEYS = {"first_s", "median_ms", "p90_ms", "runs", "batch", "batch_median_ms",
+               "throughput_ips"}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory) -> tuple[dict, str, object]:
+    """One in-process quick run of ResNet-18 on the CPU with every peer; (report, stdout, dir)."""
+    out = tmp_path_factory.mktemp("bench")
+    buffer = io.StringIO()  # capsys is function-scoped: capture this module-scoped run by hand
+    with contextlib.redirect_stdout(buffer):
+        code = bench.main(["--quick", "--models", "resnet18", "--device", "cpu", "--threads", "2",
+                           "--in-process", "--json", str(out / "r.json")])
+    assert code == 0
+    return json.loads((out / "r.json").read_text()), buffer.getvalue(), out
+
+
+def test_every_implementation_is_measured_or_unavailable(quick) -> None:
+    report, _, _ = quick
+    rows = {r["impl"]: r for r in report["results"]}
+    assert set(rows) == {"candle_nn", "torch", "onnxruntime"}
+    for row in rows.values():
+        assert RESULT_KEYS <= set(row), row
+        assert (row["model"], row["device"], row["dtype"]) == ("resnet18", "cpu", "float32")
+        assert row["status"] in ("ok", "unavailable"), row  # never "error"
+        if row["status"] == "ok":
+            assert TIMING_KEYS <= set(row)
+            assert 0 < row["median_ms"] <= row["p90_ms"]
+            assert row["batch"] == 2 and row["throughput_ips"] > 0 and row["load_s"] > 0
+        else:
+            assert row["reason"]
+    ours_ready = _installed(MODELS["resnet18"].ours_module)
+    assert (rows["candle_nn"]["status"] == "ok") == ours_ready, rows["candle_nn"]
+    torch_ready = _installed("torch") and _installed("torchvision")
+    assert (rows["torch"]["status"] == "ok") == torch_ready, rows["torch"]
+    ort_ready = torch_ready and _installed("onnxruntime") and _installed("onnx")
+    assert (rows["onnxruntime"]["status"] == "ok") == ort_ready, rows["onnxruntime"]
+
+
+def test_ratios_pair_ours_with_each_measured_peer(quick) -> None:
+    report, _, _ = quick
+    ok = {r["impl"] for r in report["results"] if r["status"] == "ok"}
+    expected = {("candle_nn", p) for p in ok - {"candle_nn"}} if "candle_nn" in ok else set()
+    assert {(q["ours"], q["peer"]) for q in report["ratios"]} == expected
+    for q in report["ratios"]:
+        assert q["bs1"] > 0 and q["batch"] > 0
+
+
+def test_meta_names_the_blas_and_the_command(quick) -> None:
+    report, _, _ = quick
+    meta = report["meta"]
+    assert meta["quick"] and meta["options"]["threads"] == 2
+    assert meta["info"]["blas"]["name"]
+    assert meta["command"].startswith("candle-nn-bench --quick")
+    assert set(meta["versions"]) >= {"torch", "onnxruntime"}
+
+
+def test_table_lists_measurements_ratios_and_what_was_not_measured(quick) -> None:
+    report, text, _ = quick
+    assert "bs1 med ms" in text and "img/s" in text
+    if report["ratios"]:
+        assert "ratios: time ours / time theirs" in text
+    for row in report["results"]:
+        if row["status"] != "ok":
+            assert f"{row['impl']}: {row['status']} - {row['reason']}" in text
+
+
+def test_chart_is_written_when_matplotlib_is_installed(quick) -> None:
+    report, _, out = quick
+    measured = any(r["status"] == "ok" for r in report["results"])
+    assert (out / "r.png").is_file() == (_installed("matplotlib") and measured)
+
+
+def test_isolated_run_and_unknown_peer(tmp_path, capsys) -> None:
+    """The default mode runs each implementation in its own process."""
+    assert bench.main(["--quick", "--models", "resnet18", "--device", "cpu", "--peers", "none",
+                       "--json", str(tmp_path / "r.json")]) == 0
+    (row,) = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert row["impl"] == "candle_nn" and row["status"] in ("ok", "unavailable"), row
+    with pytest.raises(SystemExit, match="unknown peer"):
+        bench.main(["--quick", "--peers", "pytorch"])
