@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from scripts.bench_models import MODELS, QUICK_MODELS, BenchModel
-from scripts.bench_timing import Options, make_inputs, result, time_calls
+from scripts.bench_timing import Options, result, time_calls
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS, OURS_COMPILED = "candle_nn", "candle_nn+mx.compile"
@@ -92,7 +92,7 @@ def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_di
     mx_dtype = getattr(mx, dtype)
 
     def call(n: int):
-        arrays = [mx.array(a) for a in make_inputs(model, n, opts.seed)]
+        arrays = [mx.array(a) for a in model.inputs(n, opts.seed)]
         arrays = [a.astype(mx_dtype) if mx.issubdtype(a.dtype, mx.floating) else a
                   for a in arrays]
         mx.eval(arrays)

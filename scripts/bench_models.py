@@ -15,7 +15,7 @@ Models whose candle_nn implementation has not landed report themselves as unavai
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # candle_nn is imported only where ours runs (peers run without it)
@@ -36,8 +36,9 @@ class BenchModel:
         batch: the batch for the throughput figure on the CPU (GPUs use ``--batch``, default 32).
         fixture: folder name under the shared fixtures holding candle-named weights, or ``None``.
         ours_module: the models module that must exist for ``build_ours`` to work.
-        extra_inputs: extra inputs made for a batch ``n`` (numpy, shared by all implementations).
-        channels: input channels (3 for images; the SAM decoder takes 256-channel embeddings).
+        make_inputs: ``(n, rng) -> numpy inputs`` for a batch of ``n``, shared by every
+            implementation; the first is NHWC (transposed to NCHW for the peers). Default: one
+            ``(n, H, W, 3)`` float32 image batch in [0, 1).
     """
 
     name: str
@@ -48,8 +49,16 @@ class BenchModel:
     build_ours: Callable[["VarBuilder"], Forward]
     build_torch: Callable[[], Any]
     torch_missing: str | None = None
-    extra_inputs: Callable[[int], tuple] = field(default=lambda n: ())
-    channels: int = 3
+    make_inputs: Callable[[int, Any], tuple] | None = None
+
+    def inputs(self, n: int, seed: int = 0) -> tuple:
+        """Seeded numpy inputs for a batch of ``n`` (see ``make_inputs``)."""
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        if self.make_inputs is not None:
+            return self.make_inputs(n, rng)
+        return (rng.random((n, *self.input_hw, 3), dtype=np.float32),)
 
     def ours_available(self) -> str | None:
         """``None`` when ours can be built, else why not."""
@@ -135,12 +144,15 @@ def _sam_encoder_torch() -> Any:
     return build_mobile_sam(None).image_encoder
 
 
-def _sam_decoder_inputs(n: int) -> tuple:
+def _sam_decoder_inputs(n: int, rng: Any) -> tuple:
+    """One image's embeddings (1, 64, 64, 256) and ``n`` single-point prompts: SAM's decoder
+    batches prompts, not images."""
     import numpy as np
 
-    coords = np.tile(np.array([[_POINT]], dtype=np.float32), (n, 1, 1))  # (n, 1, 2) xy
+    embeddings = rng.standard_normal((1, 64, 64, 256), dtype=np.float32)
+    coords = (np.array(_POINT, dtype=np.float32) + rng.uniform(-64, 64, (n, 1, 2))).astype(np.float32)
     labels = np.ones((n, 1), dtype=np.int32)
-    return coords, labels
+    return embeddings, coords, labels
 
 
 def _sam_decoder_ours(vb: "VarBuilder") -> Forward:
@@ -149,7 +161,8 @@ def _sam_decoder_ours(vb: "VarBuilder") -> Forward:
     sam = Sam.load_tiny(vb)
 
     def prompt_and_decode(embeddings: "mx.array", coords: "mx.array", labels: "mx.array") -> Any:
-        """Prompt encoder + mask decoder on precomputed embeddings (N, 64, 64, 256)."""
+        """Prompt encoder + mask decoder: embeddings (1, 64, 64, 256), points (n, 1, 2) xy in
+        1024-pixel space, labels (n, 1)."""
         return sam.decode(embeddings, coords, labels, multimask_output=True)
 
     return prompt_and_decode
@@ -187,9 +200,9 @@ def _registry() -> dict[str, BenchModel]:
                    _yolo_ours("s"), _yolo_torch("s"), ul),
         BenchModel("mobilesam-encoder", (1024, 1024), 2, "mobile_sam", "models.segment_anything",
                    _sam_encoder_ours, _sam_encoder_torch, ul),
-        # "Image" here is the encoder's output: embeddings (N, 64, 64, 256), plus one point prompt.
+        # Prompt encoder + mask decoder on one image's embeddings; the batch is of point prompts.
         BenchModel("mobilesam-decoder", (64, 64), 8, "mobile_sam", "models.segment_anything",
-                   _sam_decoder_ours, _sam_decoder_torch, ul, _sam_decoder_inputs, channels=256),
+                   _sam_decoder_ours, _sam_decoder_torch, ul, _sam_decoder_inputs),
     ]
     return {m.name: m for m in models}
 

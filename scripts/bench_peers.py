@@ -7,6 +7,7 @@ lazily, so a missing peer is reported as unavailable rather than failing the run
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 import time
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from scripts.bench_models import BenchModel
-from scripts.bench_timing import Options, make_inputs, result, time_calls
+from scripts.bench_timing import Options, result, time_calls
 
 def _torch() -> Any:
     import torch
@@ -59,7 +60,7 @@ def _load_timed(model: BenchModel) -> tuple[Any, float, str]:
 
 def _torch_inputs(model: BenchModel, n: int, device: str, dtype: str, opts: Options) -> tuple:
     torch = _torch()
-    image, *extra = make_inputs(model, n, opts.seed)
+    image, *extra = model.inputs(n, opts.seed)
     x = torch.from_numpy(np.ascontiguousarray(image.transpose(0, 3, 1, 2)))
     x = x.to(device=_torch_device(device), dtype=getattr(torch, dtype))
     if opts.channels_last and device != "cpu" and x.ndim == 4:
@@ -122,6 +123,22 @@ def _torch_note(device: str, dtype: str, opts: Options) -> str:
     return ", ".join(parts)
 
 
+def _export(module: Any, example: tuple, names: list[str], path: str) -> None:
+    """TorchScript-based export (opset 17); the dynamo exporter (needs onnxscript) when the
+    reference does not trace (MobileSAM's mask decoder)."""
+    torch = _torch()
+    try:
+        with torch.inference_mode():
+            torch.onnx.export(module, example, path, input_names=names, opset_version=17,
+                              dynamo=False)
+    except Exception as first:
+        if importlib.util.find_spec("onnxscript") is None:
+            raise RuntimeError(f"TorchScript export failed ({type(first).__name__}) and the "
+                               "dynamo exporter needs onnxscript") from first
+        torch.onnx.export(module, example, path, input_names=names, opset_version=18,
+                          dynamo=True, external_data=False, verbose=False)
+
+
 def run_onnxruntime(model: BenchModel, device: str, dtype: str, opts: Options) -> dict:
     """The PyTorch reference exported to ONNX (opset 17, dynamic batch), run by ONNX Runtime."""
     impl = "onnxruntime"
@@ -146,27 +163,30 @@ def run_onnxruntime(model: BenchModel, device: str, dtype: str, opts: Options) -
         return result(impl, model, device, dtype, status="unavailable",
                       reason=f"{providers[0]} not in this onnxruntime")
     module = model.build_torch().eval()
-    example = _torch_inputs(model, 1, "cpu", "float32", opts)
-    names = [f"input{i}" for i in range(len(example))]
+    batch = opts.batch_for(model, device)
+    options = ort.SessionOptions()
+    if opts.threads:
+        options.intra_op_num_threads = opts.threads
+        options.inter_op_num_threads = 1
+    # One export per batch size: static shapes export every reference (TinyViT's dynamic
+    # reshapes do not export with a symbolic batch) and let ONNX Runtime specialise.
+    sessions, feeds, load_s = {}, {}, 0.0
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, f"{model.name}.onnx")
-        with torch.inference_mode():
-            torch.onnx.export(module, example, path, input_names=names, opset_version=17,
-                              dynamic_axes={n: {0: "batch"} for n in names}, dynamo=False)
-        options = ort.SessionOptions()
-        if opts.threads:
-            options.intra_op_num_threads = opts.threads
-            options.inter_op_num_threads = 1
-        start = time.perf_counter()
-        session = ort.InferenceSession(path, options, providers=providers)
-        load_s = time.perf_counter() - start
+        for n in (1, batch):
+            example = _torch_inputs(model, n, "cpu", "float32", opts)
+            names = [f"input{i}" for i in range(len(example))]
+            path = os.path.join(tmp, f"{model.name}-{n}.onnx")
+            _export(module, example, names, path)
+            start = time.perf_counter()
+            sessions[n] = ort.InferenceSession(path, options, providers=providers)
+            if n == 1:
+                load_s = time.perf_counter() - start
+            feeds[n] = {name: np.ascontiguousarray(a.numpy()) for name, a in zip(names, example)}
 
     def call(n: int):
-        feed = dict(zip(names, (np.ascontiguousarray(a.numpy()) for a in
-                                _torch_inputs(model, n, "cpu", "float32", opts))))
-        return lambda: session.run(None, feed)
+        return lambda: sessions[n].run(None, feeds[n])
 
-    batch = opts.batch_for(model, device)
     timings = time_calls(call(1), call(batch), batch, opts)
     return result(impl, model, device, dtype, load_s=load_s, version=ort.__version__,
-                  note=f"{opts.threads or 'default'} intra-op threads, {providers[0]}", **timings)
+                  note=f"{opts.threads or 'default'} intra-op threads, {providers[0]}, "
+                       "static shapes; load: InferenceSession", **timings)

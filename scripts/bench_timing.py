@@ -45,14 +45,6 @@ class Options:
         return asdict(self)
 
 
-def make_inputs(model: BenchModel, n: int, seed: int = 0) -> tuple[np.ndarray, ...]:
-    """Seeded inputs for batch ``n``: an NHWC float32 image in [0, 1), then the model's extras."""
-    rng = np.random.default_rng(seed)
-    h, w = model.input_hw
-    image = rng.random((n, h, w, model.channels), dtype=np.float32)
-    return (image, *model.extra_inputs(n))
-
-
 def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
