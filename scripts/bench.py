@@ -32,7 +32,7 @@ from scripts.bench_timing import Options, result, time_calls
 ROOT = Path(__file__).resolve().parent.parent
 OURS, OURS_COMPILED = "candle_nn", "candle_nn+mx.compile"
 PEERS = ("torch", "torch.compile", "onnxruntime")
-GPU_DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _fixtures() -> Path:
@@ -155,27 +155,39 @@ def _run_isolated(job: dict, timeout_s: float) -> dict:
 
 # -- the run ------------------------------------------------------------------------------------------
 def _devices(spec: str) -> list[str]:
+    """``all`` → every device MLX has; else the named ones (``gpu`` → ``gpu:0``), kept even when
+    absent so that each row says it is unavailable."""
     import candle_nn as cn
 
-    have = [str(d) for d in cn.Device.available()]
     if spec == "all":
-        return have
-    wanted = [str(cn.Device.parse(s)) for s in spec.split(",")]
-    return wanted  # a missing GPU is reported per row as unavailable
+        return [str(d) for d in cn.Device.available()]
+    names = []
+    for item in spec.split(","):
+        kind, _, index = item.strip().lower().partition(":")
+        kind = {"cuda": "gpu", "metal": "gpu"}.get(kind, kind)
+        if kind not in ("cpu", "gpu") or (index and not index.isdigit()):
+            raise SystemExit(f"error: bad device {item!r}: use cpu, gpu, gpu:N or all")
+        names.append("cpu" if kind == "cpu" else f"gpu:{index or 0}")
+    return list(dict.fromkeys(names))
 
 
 def _jobs(args: argparse.Namespace, opts: Options, cache_dir: str) -> list[dict]:
-    impls = [OURS] + ([OURS_COMPILED] if args.compile else [])
-    peers = [p for p in args.peers.split(",") if p] if args.peers != "none" else []
-    unknown = sorted(set(peers) - set(PEERS))
-    if unknown:
-        raise SystemExit(f"error: unknown peer(s) {unknown}: choose from {', '.join(PEERS)}")
     jobs = []
     for name in args.models:
         for device in _devices(args.device):
+            on_gpu = device != "cpu"
+            compiled = args.compile == "on" or (args.compile == "auto" and on_gpu)
+            impls = [OURS] + ([OURS_COMPILED] if compiled else [])
+            peers = args.peers or ("torch,torch.compile" if on_gpu else "torch,onnxruntime")
+            peers = [] if peers == "none" else [p for p in peers.split(",") if p]
+            unknown = sorted(set(peers) - set(PEERS))
+            if unknown:
+                raise SystemExit(f"error: unknown peer(s) {unknown}: choose from {', '.join(PEERS)}")
             dtypes = args.dtypes.split(",") if args.dtypes else (
-                ["float32"] if device == "cpu" or args.quick else list(GPU_DTYPES))
+                list(DTYPES) if on_gpu and not args.quick else ["float32"])
             for dtype in dtypes:
+                if dtype not in DTYPES:
+                    raise SystemExit(f"error: bad dtype {dtype!r}: use {', '.join(DTYPES)}")
                 for impl in impls + peers:
                     jobs.append({"impl": impl, "model": name, "device": device, "dtype": dtype,
                                  "options": opts.as_dict(), "cache_dir": cache_dir})
@@ -223,9 +235,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=None,
                    help="throughput batch (default: per model on the CPU, 32 on a GPU)")
     p.add_argument("--repeat", type=int, default=None, help="timed calls per figure (default 20)")
-    p.add_argument("--peers", default=",".join(("torch", "onnxruntime")),
-                   help=f"comma list from {', '.join(PEERS)}, or none (default torch,onnxruntime)")
-    p.add_argument("--compile", action="store_true", help="also measure candle_nn under mx.compile")
+    p.add_argument("--peers", default=None,
+                   help=f"comma list from {', '.join(PEERS)}, or none (default: torch,onnxruntime "
+                        "on the CPU; torch,torch.compile (CUDA graphs) on a GPU)")
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="also measure candle_nn under mx.compile (auto: on GPUs only; on the CPU "
+                        "it is slower and its first call compiles C++ for seconds)")
     p.add_argument("--precision", choices=("exact", "tf32"), default="exact",
                    help="float32 on GPUs, for ours and PyTorch alike (default exact)")
     p.add_argument("--quick", action="store_true", help="smoke run: few iterations, batch 2")
