@@ -65,6 +65,17 @@ def _materialize(forward: Any) -> None:
         mx.eval(params())
 
 
+def load_ours(model: BenchModel, device: str, dtype: str, cache_dir: str) -> tuple[Any, float, str]:
+    """``(forward, load seconds, weights origin)``: read from safetensors, parameters evaluated."""
+    import candle_nn as cn
+
+    weights, origin = _weights_file(model, cache_dir)
+    start = time.perf_counter()
+    forward = model.build_ours(cn.VarBuilder.from_safetensors(weights, dtype=dtype, device=device))
+    _materialize(forward)
+    return forward, time.perf_counter() - start, origin
+
+
 def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_dir: str,
              compiled: bool = False) -> dict:
     """candle_nn: load from safetensors, then time the forward (``mx.compile``-d if asked)."""
@@ -82,20 +93,11 @@ def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_di
                       reason=f"MLX {mx.__version__} has no {device}")
     if opts.precision == "tf32":
         cn.set_float32_precision("tf32")
-    weights, origin = _weights_file(model, cache_dir)
-
-    start = time.perf_counter()
-    forward = model.build_ours(cn.VarBuilder.from_safetensors(weights, dtype=dtype, device=device))
-    _materialize(forward)
-    load_s = time.perf_counter() - start
+    forward, load_s, origin = load_ours(model, device, dtype, cache_dir)
     fn = mx.compile(forward) if compiled else forward
-    mx_dtype = getattr(mx, dtype)
 
     def call(n: int):
-        arrays = [mx.array(a) for a in model.inputs(n, opts.seed)]
-        arrays = [a.astype(mx_dtype) if mx.issubdtype(a.dtype, mx.floating) else a
-                  for a in arrays]
-        mx.eval(arrays)
+        arrays = ours_inputs(model, n, dtype, opts.seed)
         return lambda: mx.eval(fn(*arrays))
 
     batch = opts.batch_for(model, device)
@@ -106,6 +108,39 @@ def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_di
     note = f"{cpu_note if device == 'cpu' else 'float32 ' + precision}; weights: {origin}"
     return result(impl, model, device, dtype, load_s=load_s, version=cn.__version__,
                   note=note, **timings)
+
+
+def ours_inputs(model: BenchModel, n: int, dtype: str, seed: int = 0) -> list:
+    """The model's seeded inputs as MLX arrays, floating ones in ``dtype``."""
+    import mlx.core as mx
+
+    arrays = [mx.array(a) for a in model.inputs(n, seed)]
+    arrays = [a.astype(getattr(mx, dtype)) if mx.issubdtype(a.dtype, mx.floating) else a
+              for a in arrays]
+    mx.eval(arrays)
+    return arrays
+
+
+def _profile(args: argparse.Namespace, cache_dir: str) -> int:
+    """``--profile``: self time per module for each model (ours only, in this process)."""
+    from scripts.bench_profile import profile
+
+    import candle_nn as cn
+
+    if args.threads:
+        cn.blas.set_num_threads(args.threads)
+    for name in args.models:
+        model = MODELS[name]
+        for device in _devices(args.device):
+            for dtype in (args.dtypes or "float32").split(","):
+                missing = model.ours_available()
+                if missing:
+                    print(f"{name}: {missing}")
+                    continue
+                forward, _, _ = load_ours(model, device, dtype, cache_dir)
+                print(f"[{device} {dtype}] " + profile(model, forward,
+                                                       tuple(ours_inputs(model, 1, dtype))))
+    return 0
 
 
 # -- one job ----------------------------------------------------------------------------------------
@@ -249,6 +284,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--chart", metavar="PATH",
                    help="write a PNG chart (default: beside --json; needs matplotlib)")
+    p.add_argument("--profile", action="store_true",
+                   help="instead of comparing: print where candle_nn's forward spends its time "
+                        "(self time per module class and the costliest modules), batch 1")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per isolated job")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p
@@ -272,6 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         cn.blas.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="candle-nn-bench-") as cache_dir:
+        if args.profile:
+            return _profile(args, cache_dir)
         jobs = _jobs(args, opts, cache_dir)
         meta = _meta(args, opts, argv)
         print(f"candle-nn-bench: {len(jobs)} measurements; "

@@ -105,3 +105,12 @@ def test_isolated_run_and_unknown_peer(tmp_path, capsys) -> None:
     assert row["impl"] == "candle_nn" and row["status"] in ("ok", "unavailable"), row
     with pytest.raises(SystemExit, match="unknown peer"):
         bench.main(["--quick", "--peers", "pytorch"])
+
+
+def test_profile_prints_self_times_per_module(capsys) -> None:
+    assert bench.main(["--profile", "--models", "resnet18", "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    if _installed(MODELS["resnet18"].ours_module):
+        assert "resnet18: forward" in text and "Conv2d" in text and "costliest modules" in text
+    else:
+        assert "not implemented yet" in text
