@@ -40,7 +40,7 @@ from .linear import Linear, linear, linear_b, linear_no_bias  # noqa: E402
 from .module import Module, Sequential, check_same_device, seq  # noqa: E402
 from .pooling import AvgPool2d, MaxPool2d, avg_pool2d, max_pool2d  # noqa: E402
 from .precision import float32_precision, set_float32_precision  # noqa: E402
-from .upsample import upsample_nearest2d  # noqa: E402
+from .upsample import upsample_bilinear2d, upsample_nearest2d  # noqa: E402
 from .var_builder import VarBuilder  # noqa: E402
 from .var_map import VarMap  # noqa: E402
 
@@ -56,5 +56,5 @@ __all__ = [
     "conv_transpose2d", "embedding", "float32_precision", "gelu", "gelu_tanh", "info", "layer_norm",
     "linear", "linear_b", "linear_no_bias", "max_pool2d", "relu", "rms_norm",
     "scaled_dot_product_attention", "seq", "set_float32_precision", "sigmoid", "silu",
-    "softmax", "upsample_nearest2d",
+    "softmax", "upsample_bilinear2d", "upsample_nearest2d",
 ]

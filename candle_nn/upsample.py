@@ -1,8 +1,9 @@
-"""Nearest-neighbour upsampling of NHWC tensors."""
+"""Nearest-neighbour and bilinear upsampling of NHWC tensors."""
 
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 
 def upsample_nearest2d(x: mx.array, height: int, width: int) -> mx.array:
@@ -19,3 +20,42 @@ def upsample_nearest2d(x: mx.array, height: int, width: int) -> mx.array:
     rows = mx.floor(mx.arange(height) * (h / height)).astype(mx.int32)
     cols = mx.floor(mx.arange(width) * (w / width)).astype(mx.int32)
     return mx.take(mx.take(x, rows, axis=1), cols, axis=2)
+
+
+def _linear_taps(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Source indices ``i0``, ``i1`` and the weight of ``i1`` for each output position.
+
+    PyTorch's ``align_corners=False`` rule, in float32 as its CPU kernel:
+    ``src = max((dst + 0.5) * in / out - 0.5, 0)``, ``i0 = floor(src)``,
+    ``i1 = min(i0 + 1, in - 1)``, weight ``src - i0``.
+    """
+    scale = np.float32(size_in / size_out)
+    src = (np.arange(size_out, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
+    src = np.maximum(src, np.float32(0.0))
+    i0 = np.minimum(np.floor(src).astype(np.int32), size_in - 1)
+    i1 = np.minimum(i0 + 1, size_in - 1)
+    return i0, i1, (src - i0).astype(np.float32)
+
+
+def upsample_bilinear2d(x: mx.array, height: int, width: int) -> mx.array:
+    """Resize ``(N, H, W, C)`` to ``(N, height, width, C)`` by bilinear interpolation.
+
+    Same values as PyTorch's ``F.interpolate(x, (height, width), mode="bilinear",
+    align_corners=False)`` without antialiasing (also when shrinking: each output pixel blends
+    its two nearest source pixels per axis, whatever the scale). The taps depend only on the
+    shapes and are computed on the host; the blend runs on the caller's stream, rows then columns.
+    """
+    n, h, w, c = x.shape
+    dtype = x.dtype
+    if (h, w) == (height, width):
+        return x
+    r0, r1, rw = _linear_taps(h, height)
+    c0, c1, cw = _linear_taps(w, width)
+    rw = mx.array(rw).astype(dtype).reshape(1, height, 1, 1)
+    cw = mx.array(cw).astype(dtype).reshape(1, 1, width, 1)
+    top = mx.take(x, mx.array(r0), axis=1)
+    bottom = mx.take(x, mx.array(r1), axis=1)
+    x = top * (1 - rw) + bottom * rw
+    left = mx.take(x, mx.array(c0), axis=2)
+    right = mx.take(x, mx.array(c1), axis=2)
+    return left * (1 - cw) + right * cw

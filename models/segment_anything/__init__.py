@@ -1,0 +1,20 @@
+"""Segment Anything (MobileSAM: TinyViT-5M encoder) on candle_nn, with candle's tensor names.
+
+``Sam.load_tiny(vb)`` builds the model from a VarBuilder over a checkpoint with
+``image_encoder.*`` / ``prompt_encoder.*`` / ``mask_decoder.*`` tensors; ``SamPredictor(sam)``
+embeds an image once and answers point / box / mask prompts. Everything is NHWC.
+"""
+
+from .mask_decoder import MaskDecoder
+from .predictor import SamPredictor
+from .prompt_encoder import PositionEmbeddingRandom, PromptEncoder
+from .sam import IMAGE_SIZE, PIXEL_MEAN, PIXEL_STD, Sam
+from .tiny_vit import TINY_VIT_CONFIGS, TinyViT, TinyViTConfig, tiny_vit_5m
+from .transformer import TwoWayTransformer
+from .transforms import ResizeLongestSide
+
+__all__ = [
+    "IMAGE_SIZE", "MaskDecoder", "PIXEL_MEAN", "PIXEL_STD", "PositionEmbeddingRandom",
+    "PromptEncoder", "ResizeLongestSide", "Sam", "SamPredictor", "TINY_VIT_CONFIGS", "TinyViT",
+    "TinyViTConfig", "TwoWayTransformer", "tiny_vit_5m",
+]

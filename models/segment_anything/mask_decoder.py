@@ -1,0 +1,112 @@
+"""SAM's mask decoder (``mask_decoder.*``): image embedding + prompt tokens → mask logits and
+predicted IoUs.
+
+The image side is NHWC; masks come out NHWC too, one channel per mask:
+``(B, 256, 256, M)`` low-resolution logits (4x the embedding grid).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+import candle_nn as cn
+from candle_nn import (ConvTranspose2d, ConvTranspose2dConfig, Embedding, LayerNorm2d, Linear,
+                       Module, VarBuilder)
+
+from .transformer import TwoWayTransformer
+
+
+class MlpHead(Module):
+    """``num_layers`` Linear layers (``layers.i``) with ReLU between, optional final sigmoid."""
+
+    def __init__(self, vb: VarBuilder, input_dim: int, hidden_dim: int, output_dim: int,
+                 num_layers: int, sigmoid_output: bool = False) -> None:
+        super().__init__(vb.device)
+        dims = [input_dim] + [hidden_dim] * (num_layers - 1) + [output_dim]
+        self.layers = [Linear.load(vb.pp("layers").pp(i), dims[i], dims[i + 1])
+                       for i in range(num_layers)]
+        self.sigmoid_output = sigmoid_output
+
+    def forward(self, x: mx.array) -> mx.array:
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i + 1 < len(self.layers):
+                x = cn.relu(x)
+        return cn.sigmoid(x) if self.sigmoid_output else x
+
+
+class MaskDecoder(Module):
+    """Two-way transformer over [IoU token, mask tokens, prompt tokens] and the image, then
+    transposed-conv upscaling and per-mask hypernetwork MLPs.
+
+    Args (of :meth:`load`): ``transformer_dim`` 256, ``num_multimask_outputs`` 3,
+    ``iou_head_depth`` 3, ``iou_head_hidden_dim`` 256.
+    """
+
+    def __init__(self, vb: VarBuilder, transformer_dim: int, num_multimask_outputs: int,
+                 iou_head_depth: int, iou_head_hidden_dim: int) -> None:
+        super().__init__(vb.device)
+        d = transformer_dim
+        self.num_mask_tokens = num_multimask_outputs + 1
+        self.transformer = TwoWayTransformer(vb.pp("transformer"), depth=2, dim=d, num_heads=8,
+                                             mlp_dim=2048)
+        self.iou_token = Embedding.load(vb.pp("iou_token"), 1, d)
+        self.mask_tokens = Embedding.load(vb.pp("mask_tokens"), self.num_mask_tokens, d)
+        up = ConvTranspose2dConfig(stride=2)
+        self.output_upscaling_conv1 = ConvTranspose2d.load(vb.pp("output_upscaling.0"), d, d // 4,
+                                                           2, up)
+        self.output_upscaling_ln = LayerNorm2d.load(vb.pp("output_upscaling.1"), d // 4)
+        self.output_upscaling_conv2 = ConvTranspose2d.load(vb.pp("output_upscaling.3"), d // 4,
+                                                           d // 8, 2, up)
+        self.output_hypernetworks_mlps = [
+            MlpHead(vb.pp("output_hypernetworks_mlps").pp(i), d, d, d // 8, 3)
+            for i in range(self.num_mask_tokens)]
+        self.iou_prediction_head = MlpHead(vb.pp("iou_prediction_head"), d, iou_head_hidden_dim,
+                                           self.num_mask_tokens, iou_head_depth)
+
+    @classmethod
+    def load(cls, vb: VarBuilder, transformer_dim: int = 256, num_multimask_outputs: int = 3,
+             iou_head_depth: int = 3, iou_head_hidden_dim: int = 256) -> "MaskDecoder":
+        return cls(vb, transformer_dim, num_multimask_outputs, iou_head_depth, iou_head_hidden_dim)
+
+    def forward(self, image_embeddings: mx.array, image_pe: mx.array,
+                sparse_prompt_embeddings: mx.array, dense_prompt_embeddings: mx.array,
+                multimask_output: bool) -> tuple[mx.array, mx.array]:
+        """Mask logits ``(B, 256, 256, M)`` and IoU predictions ``(B, M)``.
+
+        ``image_embeddings`` / ``image_pe`` NHWC ``(1, 64, 64, 256)``; ``sparse`` ``(B, T, 256)``;
+        ``dense`` ``(B, 64, 64, 256)``. ``M`` is 3 with ``multimask_output`` (SAM's three
+        ambiguity-aware masks), else 1 (the single-mask output).
+        """
+        masks, iou_pred = self.predict_masks(image_embeddings, image_pe,
+                                             sparse_prompt_embeddings, dense_prompt_embeddings)
+        if multimask_output:
+            return masks[..., 1:], iou_pred[:, 1:]
+        return masks[..., :1], iou_pred[:, :1]
+
+    def predict_masks(self, image_embeddings: mx.array, image_pe: mx.array,
+                      sparse_prompt_embeddings: mx.array,
+                      dense_prompt_embeddings: mx.array) -> tuple[mx.array, mx.array]:
+        """All ``num_mask_tokens`` masks ``(B, 256, 256, 4)`` and IoUs ``(B, 4)``."""
+        b = sparse_prompt_embeddings.shape[0]
+        output_tokens = mx.concatenate([self.iou_token.embeddings, self.mask_tokens.embeddings])
+        output_tokens = mx.broadcast_to(output_tokens[None], (b,) + output_tokens.shape)
+        tokens = mx.concatenate([output_tokens, sparse_prompt_embeddings.astype(output_tokens.dtype)],
+                                axis=1)
+
+        # Per-image tensors are repeated per prompt batch entry (SAM's repeat_interleave).
+        src = mx.repeat(image_embeddings, b, axis=0) + dense_prompt_embeddings
+        pos_src = mx.repeat(image_pe, b, axis=0)
+        _, h, w, c = src.shape
+
+        hs, src = self.transformer(src, pos_src, tokens)
+        iou_token_out = hs[:, 0]
+        mask_tokens_out = hs[:, 1:1 + self.num_mask_tokens]
+
+        src = src.reshape(-1, h, w, c)
+        up = cn.gelu(self.output_upscaling_ln(self.output_upscaling_conv1(src)))
+        up = cn.gelu(self.output_upscaling_conv2(up))  # (B, 4h, 4w, c/8)
+        hyper_in = mx.stack([mlp(mask_tokens_out[:, i])
+                             for i, mlp in enumerate(self.output_hypernetworks_mlps)], axis=1)
+        masks = up @ hyper_in[:, None].swapaxes(-1, -2)  # (B, 4h, 4w, c/8) @ (B, 1, c/8, M)
+        return masks, self.iou_prediction_head(iou_token_out)

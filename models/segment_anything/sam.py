@@ -1,0 +1,108 @@
+"""The Segment Anything model: image encoder + prompt encoder + mask decoder, with SAM's
+pre- and postprocessing.
+
+Everything is NHWC: images ``(B, H, W, 3)``, embeddings ``(B, 64, 64, 256)``, masks
+``(B, H, W, M)`` with one channel per mask. For a numpy-in, numpy-out interface with prompts in
+original-image pixels, use :class:`~models.segment_anything.predictor.SamPredictor`.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+import candle_nn as cn
+from candle_nn import Module, VarBuilder
+
+from .mask_decoder import MaskDecoder
+from .prompt_encoder import PromptEncoder
+from .tiny_vit import tiny_vit_5m
+
+IMAGE_SIZE = 1024
+PROMPT_EMBED_DIM = 256
+IMAGE_EMBEDDING_SIZE = 64  # IMAGE_SIZE / 16
+MASK_IN_CHANS = 16
+PIXEL_MEAN = (123.675, 116.28, 103.53)
+PIXEL_STD = (58.395, 57.12, 57.375)
+
+
+class Sam(Module):
+    """SAM with a given image encoder (``image_encoder.*``, ``prompt_encoder.*``, ``mask_decoder.*``).
+
+    Build MobileSAM with :meth:`load_tiny`. Calling the model decodes prompts against a
+    precomputed image embedding (see :meth:`forward`); :meth:`embed` runs the encoder.
+    """
+
+    mask_threshold: float = 0.0
+    image_size: int = IMAGE_SIZE
+
+    def __init__(self, vb: VarBuilder, image_encoder: Module) -> None:
+        super().__init__(vb.device)
+        size = IMAGE_EMBEDDING_SIZE
+        self.image_encoder = image_encoder
+        self.prompt_encoder = PromptEncoder.load(vb.pp("prompt_encoder"), PROMPT_EMBED_DIM,
+                                                 (size, size), (IMAGE_SIZE, IMAGE_SIZE),
+                                                 MASK_IN_CHANS)
+        self.mask_decoder = MaskDecoder.load(vb.pp("mask_decoder"), PROMPT_EMBED_DIM,
+                                             num_multimask_outputs=3, iou_head_depth=3,
+                                             iou_head_hidden_dim=256)
+        self._pixel_mean = mx.array(PIXEL_MEAN, dtype=mx.float32)
+        self._pixel_std = mx.array(PIXEL_STD, dtype=mx.float32)
+
+    @classmethod
+    def load_tiny(cls, vb: VarBuilder) -> "Sam":
+        """MobileSAM: the TinyViT-5M encoder (candle's ``Sam::new_tiny``)."""
+        return cls(vb, tiny_vit_5m(vb.pp("image_encoder")))
+
+    # -- image side ------------------------------------------------------------------------------
+    def preprocess(self, pixels: mx.array) -> mx.array:
+        """Normalise ``(B, h, w, 3)`` RGB values in 0..255 and zero-pad bottom/right to 1024².
+
+        ``h, w <= 1024`` (resize first, e.g. with ``ResizeLongestSide``). → ``(B, 1024, 1024, 3)``
+        float32.
+        """
+        _, h, w, _ = pixels.shape
+        if h > IMAGE_SIZE or w > IMAGE_SIZE:
+            raise cn.ImageError(f"image of {w}x{h} is larger than {IMAGE_SIZE}x{IMAGE_SIZE}: "
+                                "resize it first (ResizeLongestSide)")
+        with self.on_device():
+            x = (pixels.astype(mx.float32) - self._pixel_mean) / self._pixel_std
+            return mx.pad(x, [(0, 0), (0, IMAGE_SIZE - h), (0, IMAGE_SIZE - w), (0, 0)])
+
+    def embed(self, image: mx.array) -> mx.array:
+        """Image embeddings ``(B, 64, 64, 256)`` of a preprocessed ``(B, 1024, 1024, 3)`` batch."""
+        return self.image_encoder(image)
+
+    def get_dense_pe(self) -> mx.array:
+        """Positional encoding of the embedding grid ``(1, 64, 64, 256)``."""
+        return self.prompt_encoder.get_dense_pe()
+
+    # -- prompt side -----------------------------------------------------------------------------
+    def forward(self, image_embeddings: mx.array,
+                points: tuple[mx.array, mx.array] | None = None,
+                boxes: mx.array | None = None, masks: mx.array | None = None,
+                multimask_output: bool = True) -> tuple[mx.array, mx.array]:
+        """Low-res mask logits ``(B, 256, 256, M)`` and IoU predictions ``(B, M)``.
+
+        Args:
+            image_embeddings: ``(1, 64, 64, 256)`` from :meth:`embed`.
+            points: ``(coords (B, N, 2), labels (B, N))``; coords ``(x, y)`` in pixels of the
+                1024 input frame, labels 1 (foreground) / 0 (background).
+            boxes: ``(B, 4)`` ``x1, y1, x2, y2`` in the input frame.
+            masks: ``(B, 256, 256, 1)`` low-res logits from an earlier prediction.
+            multimask_output: three masks (M = 3) or one (M = 1).
+        """
+        sparse, dense = self.prompt_encoder(points, boxes, masks)
+        return self.mask_decoder(image_embeddings, self.prompt_encoder.get_dense_pe(), sparse,
+                                 dense, multimask_output)
+
+    def postprocess_masks(self, masks: mx.array, input_size: tuple[int, int],
+                          original_size: tuple[int, int]) -> mx.array:
+        """Low-res logits ``(B, 256, 256, M)`` → ``(B, H, W, M)`` logits at the original size.
+
+        Bilinear to 1024² (``align_corners=False``, no antialias), crop the padding away
+        (``input_size``: the resized image's ``(h, w)``), bilinear to ``original_size``.
+        """
+        with self.on_device():
+            masks = cn.upsample_bilinear2d(masks, IMAGE_SIZE, IMAGE_SIZE)
+            masks = masks[:, :input_size[0], :input_size[1], :]
+            return cn.upsample_bilinear2d(masks, int(original_size[0]), int(original_size[1]))
