@@ -150,9 +150,9 @@ def _main(argv: Sequence[str] | None) -> int:
     height, width = rgb.shape[:2]
     prompts = parse_prompts(args.point, args.neg_point, args.box, height, width)
     device = parse_device(args.device)
+    weights = resolve_weights("mobile_sam", "tiny", args.weights)
     out_dir = prepare_out_dir(args.out)
 
-    weights = resolve_weights("mobile_sam", "tiny", args.weights)
     sam = Sam.load_tiny(VarBuilder.from_safetensors(weights, device=device))
     predictor = SamPredictor(sam)
     predictor.set_image(rgb)
