@@ -1,0 +1,336 @@
+"""Convert users' PyTorch checkpoints to safetensors under candle's names.
+
+Sources (``--from``):
+
+* ``torchvision`` / ``timm``: ResNet-18/34/50/101/152 ``state_dict``s. Their names already are
+  candle's; a wrapping prefix (``module.``, ``backbone.``, ``model.`` …) is stripped, BatchNorm's
+  ``num_batches_tracked`` dropped, any head size kept.
+* ``ultralytics``: YOLOv8 detection and pose ``.pt`` files (any class count). Layer ``model.N``
+  becomes candle's ``net.*`` / ``fpn.*`` / ``head`` (:data:`YOLO_LAYER_NAMES`), a C2f's ``m.K`` its
+  ``bottleneck.K``; the checkpoint's class names are kept in the metadata.
+* ``mobile_sam``: MobileSAM's ``mobile_sam.pt`` ``state_dict``; names are candle's already,
+  the ``attention_bias_idxs`` index buffers (candle recomputes them) are dropped.
+
+Every converted file is checked against our model (:mod:`weights.spec`) before it is written and
+carries the ``candle_nn.*`` metadata of :mod:`weights.metadata`. Tensors keep their dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from candle_nn import CandleNNError, WeightsFileError
+
+from .metadata import TASKS, WeightsMetadata
+from .spec import ModelUnavailableError
+from .torch_pickle import (
+    ConversionError, StandIn, load_state_dict, load_ultralytics, module_state_dict, to_numpy,
+    unwrap_state_dict,
+)
+
+SOURCES = ("torchvision", "timm", "ultralytics", "mobile_sam")
+
+# ultralytics yolov8.yaml layer index -> candle's module path (candle's yolo-v8 model.rs).
+# Layers 10, 11, 13, 14, 17, 20 (upsample / concat) hold no weights.
+YOLO_LAYER_NAMES: dict[int, str] = {
+    0: "net.b1.0", 1: "net.b1.1", 2: "net.b2.0", 3: "net.b2.1", 4: "net.b2.2", 5: "net.b3.0",
+    6: "net.b3.1", 7: "net.b4.0", 8: "net.b4.1", 9: "net.b5.0", 12: "fpn.n1", 15: "fpn.n2",
+    16: "fpn.n3", 18: "fpn.n4", 19: "fpn.n5", 21: "fpn.n6", 22: "head",
+}
+YOLO_HEAD_INDEX = 22
+
+# (bottleneck?, blocks per stage) -> variant: torchvision's resnet.py table.
+RESNET_DEPTHS: dict[tuple[bool, tuple[int, ...]], str] = {
+    (False, (2, 2, 2, 2)): "resnet18", (False, (3, 4, 6, 3)): "resnet34",
+    (True, (3, 4, 6, 3)): "resnet50", (True, (3, 4, 23, 3)): "resnet101",
+    (True, (3, 8, 36, 3)): "resnet152",
+}
+
+_DROPPED_SUFFIXES = ("num_batches_tracked", "attention_bias_idxs")
+
+
+@dataclass
+class Converted:
+    """Tensors under candle's names plus the metadata to write, and what was left out."""
+
+    tensors: dict[str, np.ndarray]
+    metadata: WeightsMetadata
+    dropped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def _strip_prefix(sd: Mapping[str, Any], anchors: Sequence[str], what: str,
+                  where: str) -> tuple[str, dict[str, Any], list[str]]:
+    """Find the prefix ``P`` under which every anchor name exists; ``(P, stripped, outside)``."""
+    candidates = sorted({k[: -len(anchors[0])] for k in sd if k.endswith(anchors[0])}, key=len)
+    for prefix in candidates:
+        if all(prefix + a in sd for a in anchors):
+            inside = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+            return prefix, inside, [k for k in sd if not k.startswith(prefix)]
+    sample = ", ".join(list(sd)[:6])
+    raise ConversionError(
+        f"{where} does not look like a {what} state_dict: no prefix P with "
+        f"{' and '.join('P+' + repr(a) for a in anchors)} (its first names: {sample})")
+
+
+def _drop_buffers(sd: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    kept = {k: v for k, v in sd.items() if not k.endswith(_DROPPED_SUFFIXES)}
+    return kept, [k for k in sd if k not in kept]
+
+
+def _check_count(found: int | None, wanted: int | None, what: str) -> None:
+    if wanted is not None and found != wanted:
+        raise ConversionError(
+            f"--num-classes {wanted} does not match the checkpoint, whose head has {found} {what}")
+
+
+def _check_names(names: list[str] | None, num_classes: int | None, where: str) -> list[str] | None:
+    if names is not None and num_classes is not None and len(names) != num_classes:
+        raise ConversionError(
+            f"{len(names)} class names from {where} for a head of {num_classes} classes")
+    return names
+
+
+def read_names(path: "str | os.PathLike") -> list[str]:
+    """Class names from a text file (one per line) or a JSON list / ``{index: name}`` dict."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConversionError(f"cannot read class names from {path}: {exc.strerror or exc}") from exc
+    if str(path).endswith(".json"):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConversionError(f"{path} is not valid JSON ({exc})") from exc
+        return names_from(data, str(path))
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def names_from(data: Any, where: str) -> list[str]:
+    """ultralytics' ``names`` (``{0: "person", …}`` or a list) as a list in index order."""
+    if isinstance(data, StandIn):  # a dict subclass rebuilt by the restricted unpickler
+        data = data.__dict__.get("items", data.__dict__.get("list"))
+    if isinstance(data, (list, tuple)):
+        return [str(n) for n in data]
+    if isinstance(data, dict):
+        try:
+            keys = sorted(data, key=int)
+        except (TypeError, ValueError):
+            raise ConversionError(f"class names in {where} are not indexed by integers") from None
+        if [int(k) for k in keys] != list(range(len(keys))):
+            raise ConversionError(f"class names in {where} are not indexed 0..{len(keys) - 1}")
+        return [str(data[k]) for k in keys]
+    raise ConversionError(f"class names in {where} are a {type(data).__name__}, not a list/dict")
+
+
+def _numpy(sd: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    return {k: to_numpy(v) for k, v in sd.items()}
+
+
+# -- ResNet (torchvision / timm) -------------------------------------------------------------------
+def resnet_variant(names: Sequence[str]) -> str | None:
+    """The ResNet variant a set of (prefix-free) torchvision names implies, or ``None``."""
+    depths = tuple(len({m.group(1) for n in names
+                        if (m := re.match(rf"layer{i}\.(\d+)\.conv1\.weight$", n))})
+                   for i in range(1, 5))
+    return RESNET_DEPTHS.get(("layer1.0.conv3.weight" in names, depths))
+
+
+def convert_resnet(sd: Mapping[str, Any], *, source: str, variant: str | None = None,
+                   num_classes: int | None = None, names: list[str] | None = None) -> Converted:
+    """A torchvision/timm ResNet state_dict (any prefix, any head size) → candle names."""
+    prefix, inner, outside = _strip_prefix(sd, ("conv1.weight", "layer1.0.conv1.weight"),
+                                           "ResNet", source)
+    inner, dropped = _drop_buffers(inner)
+    found = resnet_variant(list(inner))
+    if found is None:
+        raise ConversionError(
+            f"{source}: the blocks per stage match no ResNet-18/34/50/101/152 "
+            "(ResNet variants with other stems or depths are not supported)")
+    if variant is not None and variant != found:
+        raise ConversionError(f"--variant {variant} given, but {source} holds a {found}")
+    head = inner.get("fc.weight")
+    classes = int(head.shape[0]) if head is not None else None
+    _check_count(classes, num_classes, "classes")
+    converted = Converted(_numpy(inner), WeightsMetadata(
+        model="resnet", variant=found, task=TASKS["resnet"], num_classes=classes,
+        names=_check_names(names, classes, "--names"), source=source),
+        dropped=dropped + outside)
+    if prefix:
+        converted.notes.append(f"stripped prefix '{prefix}'")
+    if outside:
+        converted.notes.append(f"ignored {len(outside)} tensors outside '{prefix}'")
+    return converted
+
+
+# -- ultralytics YOLOv8 ----------------------------------------------------------------------------
+def _yolo_name(key: str, where: str) -> str:
+    parts = key.split(".")
+    if len(parts) < 3 or parts[0] != "model" or not parts[1].isdigit():
+        raise ConversionError(f"{where}: tensor '{key}' is not an ultralytics 'model.N.*' name")
+    index = int(parts[1])
+    if index not in YOLO_LAYER_NAMES:
+        raise ConversionError(
+            f"{where}: layer {index} ('{key}') has weights, which a YOLOv8 detect/pose model "
+            "does not: this is another architecture (YOLOv5/YOLO11/a custom yaml?)")
+    rest = parts[2:]
+    if index != YOLO_HEAD_INDEX and rest[0] == "m":  # C2f.m[k] -> candle's bottleneck.k
+        rest = ["bottleneck", *rest[1:]]
+    return ".".join([YOLO_LAYER_NAMES[index], *rest])
+
+
+def _ultralytics_model(ckpt: Any, where: str) -> tuple[dict[str, Any], Any, Any]:
+    """``(state_dict, names or None, head stand-in or None)`` of an unpickled ultralytics file."""
+    if isinstance(ckpt, StandIn):
+        model = ckpt
+    elif isinstance(ckpt, dict):
+        model = ckpt.get("ema") or ckpt.get("model")  # ultralytics' own choice (EMA first)
+        if model is None:
+            return unwrap_state_dict(ckpt, where), None, None
+    else:
+        raise ConversionError(f"{where} holds a {type(ckpt).__name__}, not an ultralytics checkpoint")
+    if isinstance(model, dict):
+        return unwrap_state_dict(model, where), None, None
+    if not isinstance(model, StandIn):
+        raise ConversionError(f"{where}: 'model' is a {type(model).__name__}, not a model")
+    cls = model.qualname.rsplit(".", 1)[-1]
+    if cls not in ("DetectionModel", "PoseModel"):
+        raise ConversionError(
+            f"{where} holds an ultralytics {cls}; only DetectionModel and PoseModel (YOLOv8 "
+            "detect and pose) are supported")
+    layers = (model.__dict__.get("_modules") or {}).get("model")
+    children = list((getattr(layers, "__dict__", {}).get("_modules") or {}).values())
+    head = children[-1] if children else None
+    return dict(module_state_dict(model)), model.__dict__.get("names"), head
+
+
+def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
+                        num_classes: int | None = None,
+                        names: list[str] | None = None) -> Converted:
+    """An unpickled ultralytics checkpoint (or a ``model.N.*`` state_dict) → candle names."""
+    sd, ckpt_names, head = _ultralytics_model(ckpt, source)
+    sd, dropped = _drop_buffers(sd)
+    tensors = {_yolo_name(k, source): v for k, v in sd.items()}
+    if head is not None:
+        kpt = head.__dict__.get("kpt_shape")
+        if kpt is not None and len(kpt) == 2 and int(kpt[1]) != 3:
+            raise ConversionError(
+                f"{source}: keypoints of shape {tuple(kpt)}; candle's pose head needs "
+                "(x, y, visibility) keypoints (kpt_shape [K, 3])")
+    spec = _yolo_spec(tensors, source)
+    if variant is not None and variant != spec.variant:
+        raise ConversionError(f"--variant {variant} given, but {source} holds YOLOv8{spec.variant}")
+    _check_count(spec.num_classes, num_classes, "classes")
+    if names is None and ckpt_names is not None:
+        names = names_from(ckpt_names, source)
+    model = "yolo_v8_pose" if spec.task == "pose" else "yolo_v8"
+    meta = WeightsMetadata(
+        model=model, variant=spec.variant, task=TASKS[model], num_classes=spec.num_classes,
+        num_keypoints=spec.num_keypoints if spec.task == "pose" else None,
+        names=_check_names(names, spec.num_classes, source), source=source)
+    return Converted(_numpy(tensors), meta, dropped=dropped)
+
+
+def _yolo_spec(tensors: Mapping[str, Any], where: str) -> Any:
+    """models.yolo_v8.infer_spec on the converted names (shapes only, nothing is copied)."""
+    from candle_nn import VarBuilder
+
+    try:
+        from models.yolo_v8 import infer_spec
+    except ImportError as exc:
+        raise ModelUnavailableError(f"the YOLOv8 model code is not available ({exc})") from exc
+    shapes = {k: np.broadcast_to(np.zeros((), np.uint8), tuple(v.shape)) for k, v in tensors.items()}
+    try:
+        return infer_spec(VarBuilder.from_tensors(shapes))
+    except CandleNNError as exc:
+        raise ConversionError(f"{where}: {exc}") from exc
+
+
+# -- MobileSAM -------------------------------------------------------------------------------------
+def convert_mobile_sam(sd: Mapping[str, Any], *, source: str, variant: str | None = None,
+                       num_classes: int | None = None,
+                       names: list[str] | None = None) -> Converted:
+    """MobileSAM's ``mobile_sam.pt`` state_dict → candle names (already identical)."""
+    if variant not in (None, "tiny"):
+        raise ConversionError(f"--variant {variant}: MobileSAM has only the 'tiny' (TinyViT-5M) variant")
+    if num_classes is not None or names is not None:
+        raise ConversionError("--num-classes/--names do not apply to MobileSAM")
+    prefix, inner, outside = _strip_prefix(
+        sd, ("image_encoder.patch_embed.seq.0.c.weight", "mask_decoder.iou_token.weight"),
+        "MobileSAM (TinyViT)", source)
+    inner, dropped = _drop_buffers(inner)
+    converted = Converted(_numpy(inner), WeightsMetadata(
+        model="mobile_sam", variant="tiny", task=TASKS["mobile_sam"], source=source),
+        dropped=dropped + outside)
+    if prefix:
+        converted.notes.append(f"stripped prefix '{prefix}'")
+    return converted
+
+
+# -- files -------------------------------------------------------------------------------------------
+def convert(kind: str, src: "str | os.PathLike", *, variant: str | None = None,
+            num_classes: int | None = None, names: list[str] | None = None) -> Converted:
+    """Read ``src`` (unpickling it: opt-in) and convert it; checked against our model."""
+    if kind not in SOURCES:
+        raise ConversionError(f"unknown source format {kind!r}; use one of {', '.join(SOURCES)}")
+    source = f"{kind}:{Path(src).name}"
+    if kind == "ultralytics":
+        converted = convert_ultralytics(load_ultralytics(src), source=source, variant=variant,
+                                        num_classes=num_classes, names=names)
+    else:
+        fn = convert_mobile_sam if kind == "mobile_sam" else convert_resnet
+        converted = fn(load_state_dict(src), source=source, variant=variant,
+                       num_classes=num_classes, names=names)
+    check_against_model(converted)
+    return converted
+
+
+def check_against_model(converted: Converted) -> None:
+    """ConversionError unless our model finds every tensor it reads, with the right shape."""
+    from .inspection import compare
+
+    meta = converted.metadata
+    shapes = {k: tuple(v.shape) for k, v in converted.tensors.items()}
+    try:
+        match = compare(shapes, meta.model, meta.variant)
+    except ModelUnavailableError as exc:
+        converted.notes.append(f"not checked against the model: {exc}")
+        return
+    if match.fits:
+        if match.extra:
+            converted.notes.append(f"{len(match.extra)} tensors kept that the model does not read")
+        return
+    problems = [f"missing {', '.join(match.missing[:6])}" + (" …" if len(match.missing) > 6 else "")
+                ] if match.missing else []
+    problems += [f"{n} is {list(got)}, expected {list(want)}" for n, got, want in match.mismatched[:4]]
+    raise ConversionError(
+        f"{meta.source} converted to candle names does not fit {match.label()}: "
+        + "; ".join(problems))
+
+
+def save(converted: Converted, out: "str | os.PathLike") -> Path:
+    """Write the safetensors file atomically (complete or absent)."""
+    from safetensors.numpy import save_file
+
+    out = Path(out)
+    if out.is_dir():
+        raise WeightsFileError(f"output {out} is a directory; pass a .safetensors file path")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        save_file({k: np.ascontiguousarray(v) for k, v in converted.tensors.items()}, str(tmp),
+                  metadata=converted.metadata.to_dict())
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise WeightsFileError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return out
