@@ -156,16 +156,21 @@ def _sam_decoder_inputs(n: int, rng: Any) -> tuple:
 
 
 def _sam_decoder_ours(vb: "VarBuilder") -> Forward:
+    import candle_nn as cn
     from models.segment_anything import Sam
 
-    sam = Sam.load_tiny(vb)
-
-    def prompt_and_decode(embeddings: "mx.array", coords: "mx.array", labels: "mx.array") -> Any:
+    class PromptDecode(cn.Module):
         """Prompt encoder + mask decoder: embeddings (1, 64, 64, 256), points (n, 1, 2) xy in
-        1024-pixel space, labels (n, 1)."""
-        return sam.decode(embeddings, coords, labels, multimask_output=True)
+        1024-pixel space, labels (n, 1) → low-res masks (n, 256, 256, 3), IoU (n, 3)."""
 
-    return prompt_and_decode
+        def __init__(self, sam: Sam) -> None:
+            super().__init__(sam.device)
+            self.sam = sam
+
+        def forward(self, embeddings: "mx.array", coords: "mx.array", labels: "mx.array") -> Any:
+            return self.sam(embeddings, (coords, labels), multimask_output=True)
+
+    return PromptDecode(Sam.load_tiny(vb))
 
 
 def _sam_decoder_torch() -> Any:
