@@ -62,7 +62,8 @@ def parse_values(text: str, count: int, option: str) -> list[float]:
         try:
             value = float(part)
         except ValueError:
-            raise PromptError(f"{option} {text!r}: {part!r} is not a number (expected {shape})") from None
+            raise PromptError(
+                f"{option} {text!r}: {part!r} is not a number (expected {shape})") from None
         if not math.isfinite(value):
             raise PromptError(f"{option} {text!r}: {part!r} is not a finite number")
         values.append(value)

@@ -129,7 +129,8 @@ def numpy_pe(fixture, coords_px: np.ndarray) -> np.ndarray:
     """SAM's random-Fourier encoding of input-frame pixel coordinates, float64."""
     from safetensors.numpy import load_file
 
-    g = load_file(str(fixture.weights))["prompt_encoder.pe_layer.positional_encoding_gaussian_matrix"]
+    name = "prompt_encoder.pe_layer.positional_encoding_gaussian_matrix"
+    g = load_file(str(fixture.weights))[name]
     c = 2 * math.pi * ((2 * (coords_px + 0.5) / 1024 - 1) @ g.astype(np.float64))
     return np.concatenate([np.sin(c), np.cos(c)], axis=-1)
 

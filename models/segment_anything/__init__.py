@@ -1,10 +1,12 @@
 """Segment Anything (MobileSAM: TinyViT-5M encoder) on candle_nn, with candle's tensor names.
 
-``Sam.load_tiny(vb)`` builds the model from a VarBuilder over a checkpoint with
-``image_encoder.*`` / ``prompt_encoder.*`` / ``mask_decoder.*`` tensors; ``SamPredictor(sam)``
-embeds an image once and answers point / box / mask prompts. Everything is NHWC.
+``Sam.load_tiny(vb)`` (or ``Sam.load_vit(vb, "vit_b")`` for the original SAM) builds the model
+from a VarBuilder over a checkpoint with ``image_encoder.*`` / ``prompt_encoder.*`` /
+``mask_decoder.*`` tensors; ``SamPredictor(sam)`` embeds an image once and answers point / box /
+mask prompts. Everything is NHWC.
 """
 
+from .image_encoder import VIT_CONFIGS, ImageEncoderViT, ViTConfig
 from .mask_decoder import MaskDecoder
 from .predictor import SamPredictor
 from .prompt_encoder import PositionEmbeddingRandom, PromptEncoder
@@ -14,7 +16,7 @@ from .transformer import TwoWayTransformer
 from .transforms import ResizeLongestSide
 
 __all__ = [
-    "IMAGE_SIZE", "MaskDecoder", "PIXEL_MEAN", "PIXEL_STD", "PositionEmbeddingRandom",
+    "IMAGE_SIZE", "ImageEncoderViT", "MaskDecoder", "PIXEL_MEAN", "PIXEL_STD", "PositionEmbeddingRandom",
     "PromptEncoder", "ResizeLongestSide", "Sam", "SamPredictor", "TINY_VIT_CONFIGS", "TinyViT",
-    "TinyViTConfig", "TwoWayTransformer", "tiny_vit_5m",
+    "TinyViTConfig", "TwoWayTransformer", "VIT_CONFIGS", "ViTConfig", "tiny_vit_5m",
 ]

@@ -91,8 +91,8 @@ class MaskDecoder(Module):
         b = sparse_prompt_embeddings.shape[0]
         output_tokens = mx.concatenate([self.iou_token.embeddings, self.mask_tokens.embeddings])
         output_tokens = mx.broadcast_to(output_tokens[None], (b,) + output_tokens.shape)
-        tokens = mx.concatenate([output_tokens, sparse_prompt_embeddings.astype(output_tokens.dtype)],
-                                axis=1)
+        sparse = sparse_prompt_embeddings.astype(output_tokens.dtype)
+        tokens = mx.concatenate([output_tokens, sparse], axis=1)
 
         # Per-image tensors are repeated per prompt batch entry (SAM's repeat_interleave).
         src = mx.repeat(image_embeddings, b, axis=0) + dense_prompt_embeddings

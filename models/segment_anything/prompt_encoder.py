@@ -44,7 +44,7 @@ class PositionEmbeddingRandom(Module):
         return self.encode(grid)
 
     def forward_with_coords(self, coords: mx.array, image_size: tuple[int, int]) -> mx.array:
-        """Pixel coordinates ``(..., 2)`` (x, y) in an image of ``(height, width)`` → ``(..., 2F)``."""
+        """Pixel ``(x, y)`` ``(..., 2)`` in an image of ``image_size`` (h, w) → ``(..., 2F)``."""
         h, w = image_size
         return self.encode(coords / mx.array([w, h], dtype=coords.dtype))
 
@@ -73,7 +73,8 @@ class PromptEncoder(Module):
         stride2 = Conv2dConfig(stride=2)
         self.mask_downscaling_conv1 = Conv2d.load(vb.pp("mask_downscaling.0"), 1,
                                                   mask_in_chans // 4, 2, stride2)
-        self.mask_downscaling_ln1 = LayerNorm2d.load(vb.pp("mask_downscaling.1"), mask_in_chans // 4)
+        self.mask_downscaling_ln1 = LayerNorm2d.load(vb.pp("mask_downscaling.1"),
+                                                     mask_in_chans // 4)
         self.mask_downscaling_conv2 = Conv2d.load(vb.pp("mask_downscaling.3"), mask_in_chans // 4,
                                                   mask_in_chans, 2, stride2)
         self.mask_downscaling_ln2 = LayerNorm2d.load(vb.pp("mask_downscaling.4"), mask_in_chans)

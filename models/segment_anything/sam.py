@@ -13,6 +13,7 @@ import mlx.core as mx
 import candle_nn as cn
 from candle_nn import Module, VarBuilder
 
+from .image_encoder import ImageEncoderViT
 from .mask_decoder import MaskDecoder
 from .prompt_encoder import PromptEncoder
 from .tiny_vit import tiny_vit_5m
@@ -26,9 +27,10 @@ PIXEL_STD = (58.395, 57.12, 57.375)
 
 
 class Sam(Module):
-    """SAM with a given image encoder (``image_encoder.*``, ``prompt_encoder.*``, ``mask_decoder.*``).
+    """SAM over a given image encoder (``image_encoder.*``, ``prompt_encoder.*``,
+    ``mask_decoder.*``).
 
-    Build MobileSAM with :meth:`load_tiny`. Calling the model decodes prompts against a
+    Build MobileSAM with :meth:`load_tiny`, the original SAM with :meth:`load_vit`. Calling the model decodes prompts against a
     precomputed image embedding (see :meth:`forward`); :meth:`embed` runs the encoder.
     """
 
@@ -52,6 +54,12 @@ class Sam(Module):
     def load_tiny(cls, vb: VarBuilder) -> "Sam":
         """MobileSAM: the TinyViT-5M encoder (candle's ``Sam::new_tiny``)."""
         return cls(vb, tiny_vit_5m(vb.pp("image_encoder")))
+
+    @classmethod
+    def load_vit(cls, vb: VarBuilder, variant: str = "vit_b") -> "Sam":
+        """The original SAM with a ViT encoder: ``"vit_b"`` (candle's ``Sam::new(768, 12, 12,
+        &[2, 5, 8, 11])``), ``"vit_l"`` or ``"vit_h"``."""
+        return cls(vb, ImageEncoderViT.load(vb.pp("image_encoder"), variant))
 
     # -- image side ------------------------------------------------------------------------------
     def preprocess(self, pixels: mx.array) -> mx.array:

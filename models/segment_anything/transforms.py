@@ -36,7 +36,7 @@ class ResizeLongestSide:
         return preprocess_shape(original_size[0], original_size[1], self.target_length)
 
     def apply_coords(self, coords: np.ndarray, original_size: tuple[int, int]) -> np.ndarray:
-        """Scale ``(..., 2)`` pixel ``(x, y)`` coordinates from the original image to the resized one."""
+        """Scale ``(..., 2)`` pixel ``(x, y)`` from the original image to the resized one."""
         old_h, old_w = original_size
         new_h, new_w = self.target_size(original_size)
         coords = np.array(coords, dtype=np.float32, copy=True)
