@@ -141,6 +141,11 @@ def inspect_file(path: "str | os.PathLike", model: str | None = None,
     if variant is not None and (model is None or variant not in SPECS[model].variants):
         known = ", ".join(SPECS[model].variants) if model else "give --model too"
         raise CandleNNError(f"unknown variant {variant!r} for {model}; known: {known}")
+    if Path(path).suffix.lower() in (".pt", ".pth", ".bin", ".ckpt"):
+        raise WeightsFileError(
+            f"{path} looks like a PyTorch checkpoint; inspect reads .safetensors files. Convert "
+            "it first: candle-nn-weights convert --from torchvision|timm|ultralytics|mobile_sam "
+            f"{path} OUT.safetensors")
     tensors, raw = read_header(path)
     shapes = {n: t.shape for n, t in tensors.items()}
     matches: list[Match] = []

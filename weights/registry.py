@@ -109,14 +109,24 @@ def download(model: str, variant: str, *, force: bool = False) -> Path:
     try:
         path = Path(hf_hub_download(entry.repo_id, entry.filename, force_download=force))
     except Exception as exc:  # offline, HTTP errors, missing cache: all mean "not available"
-        offline = "offline mode (HF_HUB_OFFLINE) is on and the file is not in the cache" \
-            if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") \
-            else type(exc).__name__
         raise WeightsUnavailableError(
-            f"cannot download {entry.repo_id}/{entry.filename} ({offline}). {entry.how_to_get()}"
+            f"cannot download {entry.repo_id}/{entry.filename} ({_why(exc)}). {entry.how_to_get()}"
         ) from exc
     _check_download(entry, path)
     return path
+
+
+def _why(exc: Exception) -> str:
+    from huggingface_hub import constants
+
+    offline = getattr(constants, "HF_HUB_OFFLINE", False) or os.environ.get(
+        "HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if offline:
+        return "offline mode (HF_HUB_OFFLINE) is on and the file is not in the cache"
+    if type(exc).__name__ == "LocalEntryNotFoundError":
+        return "the Hub cannot be reached and the file is not in the cache"
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _check_download(entry: Checkpoint, path: Path) -> None:

@@ -14,9 +14,12 @@ Unpickling runs code named by the file, so it is an explicit, opt-in act of
 
 from __future__ import annotations
 
+import _compat_pickle
 import os
 import pickle
+import re
 import types
+import warnings
 from collections import OrderedDict
 from typing import Any, Iterator
 
@@ -100,6 +103,7 @@ def _stand_in(module: str, name: str) -> type:
 def _real_globals() -> dict[tuple[str, str], Any]:
     """The only real callables an ultralytics checkpoint may name (tensor rebuilding, containers,
     numpy scalars of the training metrics)."""
+    import codecs
     import copyreg
 
     import torch
@@ -111,6 +115,7 @@ def _real_globals() -> dict[tuple[str, str], Any]:
         ("builtins", "frozenset"): frozenset,
         ("builtins", "object"): object,
         ("copyreg", "_reconstructor"): copyreg._reconstructor,
+        ("_codecs", "encode"): codecs.encode,  # how protocol 2 spells bytes
         ("torch", "Size"): torch.Size,
         ("torch", "device"): torch.device,
         ("torch", "Tensor"): torch.Tensor,
@@ -141,6 +146,10 @@ class RestrictedUnpickler(pickle.Unpickler):
     _globals: dict[tuple[str, str], Any] | None = None
 
     def find_class(self, module: str, name: str) -> Any:
+        # Protocol-2 pickles (torch.save's default) name Python 2 modules: map them back.
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         if RestrictedUnpickler._globals is None:
             RestrictedUnpickler._globals = _real_globals()
         real = RestrictedUnpickler._globals.get((module, name))
@@ -166,14 +175,26 @@ def _pickle_module() -> types.ModuleType:
 def _torch_load(path: str, **kwargs: Any) -> Any:
     torch = require_torch()
     try:
-        return torch.load(path, map_location="cpu", **kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's protocol / FutureWarnings: not the user's
+            return torch.load(path, map_location="cpu", **kwargs)
     except ConversionError:
         raise
     except Exception as exc:  # corrupt zip, truncated pickle, refused globals, …
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConversionError(
-            f"cannot read {path} as a PyTorch checkpoint ({type(exc).__name__}: {reason[:300]})"
-        ) from exc
+        raise ConversionError(f"cannot read {path} as a PyTorch checkpoint: {_reason(exc)}") from exc
+
+
+def _reason(exc: Exception) -> str:
+    """A one-line cause from torch.load's (often paragraph-long) exception message."""
+    text = str(exc)
+    refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if refused:
+        return (f"it holds a {refused.group(1)} object, not only tensors (torch's weights-only "
+                "reader refused it); an ultralytics model is converted with --from ultralytics")
+    if isinstance(exc, EOFError) or "Ran out of input" in text:
+        return "the file is empty or truncated"
+    first = re.split(r"(?<=[.;])\s", text.strip().splitlines()[0] if text.strip() else "")[0]
+    return f"{type(exc).__name__}: {first[:200] or 'no details'}"
 
 
 def load_ultralytics(path: "str | os.PathLike") -> Any:
@@ -192,13 +213,7 @@ def load_state_dict(path: "str | os.PathLike") -> dict[str, Any]:
 
         handle = open_safetensors(path)
         return {k: handle.get_tensor(k) for k in handle.keys()}
-    try:
-        data = _torch_load(path, weights_only=True)
-    except ConversionError as exc:
-        raise ConversionError(
-            f"{exc}. It may hold objects rather than a plain state_dict: an ultralytics model is "
-            "converted with --from ultralytics") from exc
-    return unwrap_state_dict(data, path)
+    return unwrap_state_dict(_torch_load(path, weights_only=True), path)
 
 
 # The model's own weights first (as timm's load_checkpoint does), EMA copies only when alone.
