@@ -1,0 +1,297 @@
+"""YOLOv8 object detection and pose estimation (sizes n/s/m/l/x), NHWC, with candle's weights.
+
+Tensor names follow candle's ``candle-examples/examples/yolo-v8/model.rs``::
+
+    net.b1.0  net.b1.1                      stem: two stride-2 ConvBlocks
+    net.b2.0  net.b2.1  net.b2.2            C2f, stride-2 ConvBlock, C2f      → p3 (stride 8)
+    net.b3.0  net.b3.1                      stride-2 ConvBlock, C2f           → p4 (stride 16)
+    net.b4.0  net.b4.1  net.b5.0            stride-2 ConvBlock, C2f, SPPF     → p5 (stride 32)
+    fpn.n1 … fpn.n6                         the PAN neck (C2f, C2f, ConvBlock, C2f, ConvBlock, C2f)
+    head.cv2.* head.cv3.* head.dfl.conv     detection head; pose adds head.cv4.*
+
+Usage::
+
+    vb = cn.VarBuilder.from_safetensors("yolov8n.safetensors")
+    model = YoloV8.load(vb, "n", num_classes=80)
+    pred = model(images)  # images (N, H, W, 3) in [0, 1], H and W multiples of 32
+    # pred (N, 4 + 80, anchors): xywh in input pixels, then class scores
+
+:func:`infer_spec` reads the variant, task and class count from a checkpoint's tensor shapes, and
+:func:`load_model` builds the right model from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import candle_nn as cn
+import mlx.core as mx
+
+from .yolo_v8_blocks import C2f, ConvBlock, Sppf
+from .yolo_v8_head import STRIDES, DetectionHead, PoseHead
+
+__all__ = ["MULTIPLES", "Multiples", "DarkNet", "YoloV8Neck", "YoloV8", "YoloV8Pose", "YoloV8Spec",
+           "infer_spec", "load_model", "num_anchors"]
+
+
+@dataclass(frozen=True)
+class Multiples:
+    """Depth/width scaling of one size: ultralytics' ``[depth, width, max_channels]`` with
+    ``ratio = min(max_channels, 1024) / 512``, the extra width of the stride-32 stage."""
+
+    depth: float
+    width: float
+    ratio: float
+
+    def channels(self, base: float) -> int:
+        return int(base * self.width)
+
+    def repeats(self, base: int) -> int:
+        return round(base * self.depth)
+
+    def filters(self) -> tuple[int, int, int]:
+        """Channels of the neck's p3, p4, p5 outputs."""
+        return self.channels(256), self.channels(512), self.channels(512 * self.ratio)
+
+
+MULTIPLES: dict[str, Multiples] = {
+    "n": Multiples(depth=0.33, width=0.25, ratio=2.0),
+    "s": Multiples(depth=0.33, width=0.50, ratio=2.0),
+    "m": Multiples(depth=0.67, width=0.75, ratio=1.5),
+    "l": Multiples(depth=1.00, width=1.00, ratio=1.0),
+    "x": Multiples(depth=1.00, width=1.25, ratio=1.0),
+}
+
+
+def multiples(variant: str) -> Multiples:
+    if variant not in MULTIPLES:
+        raise ValueError(f"unknown YOLOv8 variant {variant!r}; choose one of {', '.join(MULTIPLES)}")
+    return MULTIPLES[variant]
+
+
+def _upsample2(x: mx.array) -> mx.array:
+    return cn.upsample_nearest2d(x, 2 * x.shape[1], 2 * x.shape[2])
+
+
+class DarkNet(cn.Module):
+    """The CSPDarknet backbone: ``(N, H, W, 3)`` → p3 ``(N, H/8, W/8, 256w)``,
+    p4 ``(N, H/16, W/16, 512w)``, p5 ``(N, H/32, W/32, 512wr)``."""
+
+    def __init__(self, b1: list, b2: list, b3: list, b4: list, b5: Sppf) -> None:
+        super().__init__(b5.device)
+        self.b1, self.b2, self.b3, self.b4, self.b5 = b1, b2, b3, b4, b5
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder, m: Multiples) -> "DarkNet":
+        c = m.channels
+        c64, c128, c256, c512, c_top = c(64), c(128), c(256), c(512), c(512 * m.ratio)
+        return cls(
+            b1=[ConvBlock.load(vb.pp("b1.0"), 3, c64, 3, 2),
+                ConvBlock.load(vb.pp("b1.1"), c64, c128, 3, 2)],
+            b2=[C2f.load(vb.pp("b2.0"), c128, c128, m.repeats(3), True),
+                ConvBlock.load(vb.pp("b2.1"), c128, c256, 3, 2),
+                C2f.load(vb.pp("b2.2"), c256, c256, m.repeats(6), True)],
+            b3=[ConvBlock.load(vb.pp("b3.0"), c256, c512, 3, 2),
+                C2f.load(vb.pp("b3.1"), c512, c512, m.repeats(6), True)],
+            b4=[ConvBlock.load(vb.pp("b4.0"), c512, c_top, 3, 2),
+                C2f.load(vb.pp("b4.1"), c_top, c_top, m.repeats(3), True)],
+            b5=Sppf.load(vb.pp("b5.0"), c_top, c_top, 5),
+        )
+
+    def forward(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        for block in self.b1 + self.b2:
+            x = block(x)
+        p3 = x
+        for block in self.b3:
+            x = block(x)
+        p4 = x
+        for block in self.b4:
+            x = block(x)
+        return p3, p4, self.b5(x)
+
+
+class YoloV8Neck(cn.Module):
+    """The PAN neck: top-down (upsample + C2f) then bottom-up (stride-2 conv + C2f) fusion.
+
+    ``(p3, p4, p5)`` → ``(p3', p4', p5')`` of the same sizes, with ``Multiples.filters()``
+    channels.
+    """
+
+    def __init__(self, n1: C2f, n2: C2f, n3: ConvBlock, n4: C2f, n5: ConvBlock, n6: C2f) -> None:
+        super().__init__(n1.device)
+        self.n1, self.n2, self.n3, self.n4, self.n5, self.n6 = n1, n2, n3, n4, n5, n6
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder, m: Multiples) -> "YoloV8Neck":
+        c = m.channels
+        n = m.repeats(3)
+        c256, c512, c_top = c(256), c(512), c(512 * m.ratio)
+        return cls(
+            n1=C2f.load(vb.pp("n1"), c_top + c512, c512, n, False),
+            n2=C2f.load(vb.pp("n2"), c512 + c256, c256, n, False),
+            n3=ConvBlock.load(vb.pp("n3"), c256, c256, 3, 2),
+            n4=C2f.load(vb.pp("n4"), c256 + c512, c512, n, False),
+            n5=ConvBlock.load(vb.pp("n5"), c512, c512, 3, 2),
+            n6=C2f.load(vb.pp("n6"), c512 + c_top, c_top, n, False),
+        )
+
+    def forward(self, p3: mx.array, p4: mx.array,
+                p5: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        cat = lambda *xs: mx.concatenate(xs, axis=-1)  # noqa: E731
+        x = self.n1(cat(_upsample2(p5), p4))
+        out3 = self.n2(cat(_upsample2(x), p3))
+        out4 = self.n4(cat(self.n3(out3), x))
+        out5 = self.n6(cat(self.n5(out4), p5))
+        return out3, out4, out5
+
+
+def num_anchors(height: int, width: int) -> int:
+    """Anchors (prediction columns) for an ``height × width`` input."""
+    return sum((height // s) * (width // s) for s in STRIDES)
+
+
+class _YoloV8Base(cn.Module):
+    """Backbone ``net``, neck ``fpn`` and a head; shared by detection and pose."""
+
+    def __init__(self, net: DarkNet, fpn: YoloV8Neck, head: cn.Module, spec: "YoloV8Spec") -> None:
+        super().__init__(net.device)
+        self.net, self.fpn, self.head = net, fpn, head
+        self.spec = spec
+
+    def _check_input(self, x: mx.array) -> None:
+        if x.ndim != 4 or x.shape[-1] != 3:
+            raise cn.ShapeMismatchError(
+                f"{type(self).__name__} expects an NHWC batch (N, H, W, 3), got shape {tuple(x.shape)}")
+        if x.shape[1] % 32 or x.shape[2] % 32 or not x.shape[1] or not x.shape[2]:
+            raise cn.ShapeMismatchError(
+                f"{type(self).__name__}: input height and width must be positive multiples of 32, "
+                f"got {x.shape[1]}×{x.shape[2]} (letterbox the image first)")
+
+    def intermediates(self, x: mx.array) -> dict[str, mx.array]:
+        """Every stage's output for ``x`` ``(N, H, W, 3)``: ``backbone_p3/p4/p5`` and
+        ``neck_p3/p4/p5`` (NHWC) and ``pred`` (as :meth:`forward`)."""
+        self._check_input(x)
+        with self.on_device():
+            backbone = self.net(x)
+            neck = self.fpn(*backbone)
+            pred = self.head(list(neck)).transpose(0, 2, 1)
+        names = ("p3", "p4", "p5")
+        return {**{f"backbone_{k}": v for k, v in zip(names, backbone)},
+                **{f"neck_{k}": v for k, v in zip(names, neck)}, "pred": pred}
+
+    def forward(self, x: mx.array) -> mx.array:
+        self._check_input(x)
+        # The heads work anchor-major; the public layout is ultralytics'/candle's (N, C, A).
+        return self.head(list(self.fpn(*self.net(x)))).transpose(0, 2, 1)
+
+
+class YoloV8(_YoloV8Base):
+    """YOLOv8 detector.
+
+    Call on ``(N, H, W, 3)`` floats in [0, 1] (H, W multiples of 32); returns the raw prediction
+    ``(N, 4 + num_classes, A)`` with ``A = num_anchors(H, W)``: box centre x, y, width, height in
+    input pixels, then per-class sigmoid scores (ultralytics' eval-mode ``Detect`` output).
+    """
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder, variant: str = "n", num_classes: int = 80) -> "YoloV8":
+        """Build from ``vb`` (candle names at its root). Raises ShapeMismatchError, naming the
+        checkpoint's own variant and class count, when the weights are of another model."""
+        spec = YoloV8Spec(variant, "detect", num_classes)
+        _check_weights(vb, spec)
+        m = multiples(variant)
+        return cls(DarkNet.load(vb.pp("net"), m), YoloV8Neck.load(vb.pp("fpn"), m),
+                   DetectionHead.load(vb.pp("head"), num_classes, m.filters()), spec)
+
+
+class YoloV8Pose(_YoloV8Base):
+    """YOLOv8 pose estimator: the detector's output plus ``num_keypoints`` keypoints per anchor.
+
+    Returns ``(N, 4 + num_classes + 3 * num_keypoints, A)``: the detector's channels, then per
+    keypoint x, y in input pixels and a visibility score.
+    """
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder, variant: str = "n", num_keypoints: int = 17,
+             num_classes: int = 1) -> "YoloV8Pose":
+        spec = YoloV8Spec(variant, "pose", num_classes, num_keypoints)
+        _check_weights(vb, spec)
+        m = multiples(variant)
+        return cls(DarkNet.load(vb.pp("net"), m), YoloV8Neck.load(vb.pp("fpn"), m),
+                   PoseHead.load(vb.pp("head"), num_classes, num_keypoints, m.filters()), spec)
+
+
+@dataclass(frozen=True)
+class YoloV8Spec:
+    """What a YOLOv8 checkpoint holds."""
+
+    variant: str
+    task: str  # "detect" or "pose"
+    num_classes: int
+    num_keypoints: int = 0
+
+    def __str__(self) -> str:
+        classes = f"{self.num_classes} class{'es' if self.num_classes != 1 else ''}"
+        if self.task == "pose":
+            return f"YOLOv8{self.variant}-pose ({classes}, {self.num_keypoints} keypoints)"
+        return f"YOLOv8{self.variant} ({classes})"
+
+
+_STEM = "net.b1.0.conv.weight"
+
+
+def infer_spec(vb: cn.VarBuilder, name: str = "the checkpoint") -> YoloV8Spec:
+    """Variant, task and class/keypoint counts of the checkpoint behind ``vb``, from tensor shapes.
+
+    Raises WeightsFileError (its message starting with ``name``) when ``vb`` does not hold a
+    YOLOv8 detection or pose checkpoint in candle's layout.
+    """
+    if not vb.contains(_STEM):
+        raise cn.WeightsFileError(
+            f"{name} is not a YOLOv8 checkpoint in candle's layout (it has no '{vb.path(_STEM)}')")
+    stem = vb.shape(_STEM)[0]
+    head = vb.path("net.b2.2.bottleneck.")
+    depth = len({n[len(head):].split(".")[0] for n in vb.names() if n.startswith(head)})
+    variant = next((v for v, m in MULTIPLES.items()
+                    if m.channels(64) == stem and m.repeats(6) == depth), None)
+    if variant is None:
+        raise cn.WeightsFileError(
+            f"{name}: stem width {stem} with {depth} bottlenecks in net.b2.2 matches no YOLOv8 "
+            f"size ({', '.join(MULTIPLES)})")
+    if vb.contains("head.proto.cv1.conv.weight"):
+        raise cn.WeightsFileError(f"{name} holds a YOLOv8 segmentation model, which is not supported")
+    num_classes = vb.shape("head.cv3.0.2.weight")[0]
+    if not vb.contains("head.cv4.0.2.weight"):
+        return YoloV8Spec(variant, "detect", num_classes)
+    nk = vb.shape("head.cv4.0.2.weight")[0]
+    if nk % 3:
+        raise cn.WeightsFileError(
+            f"{name}: pose head with {nk} keypoint channels; only (x, y, visibility) keypoints "
+            "(a multiple of 3) are supported")
+    return YoloV8Spec(variant, "pose", num_classes, nk // 3)
+
+
+def _check_weights(vb: cn.VarBuilder, wanted: YoloV8Spec) -> None:
+    """Fail early, with both descriptions, when a checkpoint is not the model being built.
+
+    Pose checkpoints also load as plain detectors (their detection head is complete). Sources
+    without the stem tensor (a fresh VarMap) are not checked.
+    """
+    if not vb.contains(_STEM):
+        return
+    found = infer_spec(vb)
+    same = (found.variant, found.num_classes) == (wanted.variant, wanted.num_classes)
+    if wanted.task == "pose":
+        same = same and (found.task, found.num_keypoints) == ("pose", wanted.num_keypoints)
+    if not same:
+        raise cn.ShapeMismatchError(
+            f"the weights hold {found}, not {wanted}: build the model the checkpoint holds "
+            "(load_model(vb) infers it) or use the weights of the model you want")
+
+
+def load_model(vb: cn.VarBuilder, spec: YoloV8Spec | None = None) -> YoloV8 | YoloV8Pose:
+    """The model ``spec`` describes (default: :func:`infer_spec` of ``vb``), loaded from ``vb``."""
+    spec = infer_spec(vb) if spec is None else spec
+    if spec.task == "pose":
+        return YoloV8Pose.load(vb, spec.variant, spec.num_keypoints, spec.num_classes)
+    return YoloV8.load(vb, spec.variant, spec.num_classes)

@@ -1,0 +1,103 @@
+"""YOLOv8's building blocks (ultralytics ``Conv``, ``Bottleneck``, ``C2f``, ``SPPF``), NHWC.
+
+Tensor names follow candle's ``yolo-v8/model.rs``: a :class:`ConvBlock` holds ``conv.weight``
+(no bias) and ``bn.*`` (eps 1e-3, folded into the convolution at load); a :class:`C2f` holds
+``cv1``, ``cv2`` and ``bottleneck.N``; an :class:`Sppf` holds ``cv1`` and ``cv2``.
+"""
+
+from __future__ import annotations
+
+import candle_nn as cn
+import mlx.core as mx
+
+BN_EPS = 1e-3
+
+
+class ConvBlock(cn.Module):
+    """Conv (no bias) → BatchNorm (eps 1e-3, folded at load) → SiLU.
+
+    Input ``(N, H, W, c1)`` → ``(N, H / stride, W / stride, c2)`` (padding ``k // 2``).
+    """
+
+    def __init__(self, conv: cn.Conv2d) -> None:
+        super().__init__(conv.device)
+        self.conv = conv
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder, c1: int, c2: int, k: int, stride: int = 1) -> "ConvBlock":
+        config = cn.Conv2dConfig(padding=k // 2, stride=stride)
+        conv = cn.conv2d_no_bias(c1, c2, k, config, vb.pp("conv"))
+        bn = cn.batch_norm(c2, BN_EPS, vb.pp("bn"))
+        return cls(conv.fold_batch_norm(bn))
+
+    def forward(self, x: mx.array) -> mx.array:
+        return cn.silu(self.conv(x))
+
+
+class Bottleneck(cn.Module):
+    """Two 3×3 ConvBlocks, with a residual connection when ``shortcut`` and ``c1 == c2``."""
+
+    def __init__(self, cv1: ConvBlock, cv2: ConvBlock, residual: bool) -> None:
+        super().__init__(cv1.device)
+        self.cv1, self.cv2 = cv1, cv2
+        self.residual = residual
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder, c1: int, c2: int, shortcut: bool) -> "Bottleneck":
+        return cls(ConvBlock.load(vb.pp("cv1"), c1, c2, 3), ConvBlock.load(vb.pp("cv2"), c2, c2, 3),
+                   shortcut and c1 == c2)
+
+    def forward(self, x: mx.array) -> mx.array:
+        y = self.cv2(self.cv1(x))
+        return x + y if self.residual else y
+
+
+class C2f(cn.Module):
+    """CSP bottleneck with two convolutions: ``cv1`` → split in halves → ``n`` bottlenecks, each
+    fed the previous output → concatenate every piece → ``cv2``.
+
+    Input ``(N, H, W, c1)`` → ``(N, H, W, c2)``.
+    """
+
+    def __init__(self, cv1: ConvBlock, cv2: ConvBlock, bottleneck: list[Bottleneck]) -> None:
+        super().__init__(cv1.device)
+        self.cv1, self.cv2 = cv1, cv2
+        self.bottleneck = bottleneck
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder, c1: int, c2: int, n: int, shortcut: bool) -> "C2f":
+        c = c2 // 2
+        return cls(ConvBlock.load(vb.pp("cv1"), c1, 2 * c, 1),
+                   ConvBlock.load(vb.pp("cv2"), (2 + n) * c, c2, 1),
+                   [Bottleneck.load(vb.pp(f"bottleneck.{i}"), c, c, shortcut) for i in range(n)])
+
+    def forward(self, x: mx.array) -> mx.array:
+        ys = mx.split(self.cv1(x), 2, axis=-1)
+        for block in self.bottleneck:
+            ys.append(block(ys[-1]))
+        return self.cv2(mx.concatenate(ys, axis=-1))
+
+
+class Sppf(cn.Module):
+    """Spatial pyramid pooling, fast: ``cv1``, three chained 5×5 stride-1 max pools, ``cv2`` on
+    the concatenation of the four.
+
+    The pools pad with -inf, as ultralytics' ``nn.MaxPool2d(k, 1, k // 2)`` (candle pads with
+    zeros, which differs where a whole window of the SiLU output is negative).
+    """
+
+    def __init__(self, cv1: ConvBlock, cv2: ConvBlock, k: int = 5) -> None:
+        super().__init__(cv1.device)
+        self.cv1, self.cv2 = cv1, cv2
+        self.k = k
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder, c1: int, c2: int, k: int = 5) -> "Sppf":
+        c = c1 // 2
+        return cls(ConvBlock.load(vb.pp("cv1"), c1, c, 1), ConvBlock.load(vb.pp("cv2"), 4 * c, c2, 1), k)
+
+    def forward(self, x: mx.array) -> mx.array:
+        ys = [self.cv1(x)]
+        for _ in range(3):
+            ys.append(cn.max_pool2d(ys[-1], self.k, 1, self.k // 2))
+        return self.cv2(mx.concatenate(ys, axis=-1))

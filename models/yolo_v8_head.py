@@ -1,0 +1,137 @@
+"""YOLOv8's detection head (box regression with DFL + class scores) and pose head, NHWC.
+
+Tensor names (candle's ``yolo-v8/model.rs``): ``cv2.{level}.{0,1,2}`` box branch,
+``cv3.{level}.{0,1,2}`` class branch, ``dfl.conv`` the DFL projection, and for pose
+``cv4.{level}.{0,1,2}`` the keypoint branch; ``{0,1}`` are :class:`ConvBlock` s, ``2`` a plain
+1×1 convolution with bias.
+
+Both heads return the decoded prediction anchor-major, ``(N, anchors, channels)``, with the anchors
+of the stride-8, 16 and 32 maps in that order, each map row-major (ultralytics' order).
+"""
+
+from __future__ import annotations
+
+import candle_nn as cn
+import mlx.core as mx
+
+from .yolo_v8_blocks import ConvBlock
+
+REG_MAX = 16  # DFL bins per box side
+STRIDES = (8, 16, 32)  # of the three feature maps the heads read (p3, p4, p5)
+
+
+def _branch(vb: cn.VarBuilder, c_in: int, c_mid: int, c_out: int) -> cn.Sequential:
+    """``0``: 3×3 ConvBlock, ``1``: 3×3 ConvBlock, ``2``: 1×1 conv with bias."""
+    return cn.seq([ConvBlock.load(vb.pp(0), c_in, c_mid, 3), ConvBlock.load(vb.pp(1), c_mid, c_mid, 3),
+                   cn.conv2d(c_mid, c_out, 1, cn.Conv2dConfig(), vb.pp(2))])
+
+
+def make_anchors(sizes: list[tuple[int, int]], strides: tuple[int, ...] = STRIDES,
+                 dtype: mx.Dtype = mx.float32) -> tuple[mx.array, mx.array]:
+    """Anchor centres ``(A, 2)`` (x, y in feature-map cells, +0.5) and strides ``(A, 1)``.
+
+    ``sizes`` are the ``(H, W)`` of the feature maps; ``A = sum(H * W)``.
+    """
+    points, stride_rows = [], []
+    for (h, w), stride in zip(sizes, strides):
+        sx = mx.broadcast_to((mx.arange(w, dtype=mx.float32) + 0.5)[None, :], (h, w))
+        sy = mx.broadcast_to((mx.arange(h, dtype=mx.float32) + 0.5)[:, None], (h, w))
+        points.append(mx.stack([sx, sy], axis=-1).reshape(h * w, 2))
+        stride_rows.append(mx.full((h * w, 1), float(stride), dtype=mx.float32))
+    return (mx.concatenate(points, axis=0).astype(dtype),
+            mx.concatenate(stride_rows, axis=0).astype(dtype))
+
+
+class Dfl(cn.Module):
+    """Distribution focal loss decoding: the expectation of a softmax over ``REG_MAX`` bins.
+
+    ``conv`` is a 1×1 convolution ``REG_MAX → 1`` (weights ``0..REG_MAX-1`` in trained models).
+    Input ``(N, A, 4 * REG_MAX)`` (side-major: left, top, right, bottom) → ``(N, A, 4)``.
+    """
+
+    def __init__(self, conv: cn.Conv2d, bins: int = REG_MAX) -> None:
+        super().__init__(conv.device)
+        self.conv = conv
+        self.bins = bins
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder, bins: int = REG_MAX) -> "Dfl":
+        return cls(cn.conv2d_no_bias(bins, 1, 1, cn.Conv2dConfig(), vb.pp("conv")), bins)
+
+    def forward(self, x: mx.array) -> mx.array:
+        n, a, _ = x.shape
+        # (N, A, 4, bins) is an NHWC "image" of A×4 pixels: the 1×1 conv contracts the bins.
+        probs = cn.softmax(x.reshape(n, a, 4, self.bins), axis=-1)
+        return self.conv(probs).reshape(n, a, 4)
+
+
+class DetectionHead(cn.Module):
+    """Boxes and class scores from the neck's three maps.
+
+    Output ``(N, A, 4 + num_classes)``: box centre x, y, width, height in input pixels, then the
+    per-class sigmoid scores.
+    """
+
+    def __init__(self, dfl: Dfl, cv2: list[cn.Sequential], cv3: list[cn.Sequential],
+                 num_classes: int) -> None:
+        super().__init__(dfl.device)
+        self.dfl, self.cv2, self.cv3 = dfl, cv2, cv3
+        self.num_classes = num_classes
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder, num_classes: int,
+             filters: tuple[int, int, int]) -> "DetectionHead":
+        """``filters``: channels of the neck's p3, p4, p5 outputs."""
+        c2 = max(16, filters[0] // 4, 4 * REG_MAX)
+        # ultralytics caps the class branch width at 100 (candle's max(filters[0], nc) agrees
+        # for every class count up to 100, which covers its published checkpoints).
+        c3 = max(filters[0], min(num_classes, 100))
+        cv2 = [_branch(vb.pp(f"cv2.{i}"), f, c2, 4 * REG_MAX) for i, f in enumerate(filters)]
+        cv3 = [_branch(vb.pp(f"cv3.{i}"), f, c3, num_classes) for i, f in enumerate(filters)]
+        return cls(Dfl.load(vb.pp("dfl")), cv2, cv3, num_classes)
+
+    def forward_with_anchors(self, feats: list[mx.array]) -> tuple[mx.array, mx.array, mx.array]:
+        """``(prediction (N, A, 4 + nc), anchors (A, 2), strides (A, 1))`` for NHWC ``feats``."""
+        n = feats[0].shape[0]
+        box = mx.concatenate([cv(f).reshape(n, -1, 4 * REG_MAX) for f, cv in zip(feats, self.cv2)], 1)
+        cls = mx.concatenate([cv(f).reshape(n, -1, self.num_classes) for f, cv in zip(feats, self.cv3)], 1)
+        anchors, strides = make_anchors([tuple(f.shape[1:3]) for f in feats], STRIDES, box.dtype)
+        dist = self.dfl(box)
+        x1y1 = anchors - dist[..., :2]
+        x2y2 = anchors + dist[..., 2:]
+        xywh = mx.concatenate([(x1y1 + x2y2) / 2, x2y2 - x1y1], axis=-1) * strides
+        return mx.concatenate([xywh, cn.sigmoid(cls)], axis=-1), anchors, strides
+
+    def forward(self, feats: list[mx.array]) -> mx.array:
+        return self.forward_with_anchors(feats)[0]
+
+
+class PoseHead(cn.Module):
+    """The detection head plus ``num_keypoints`` keypoints per anchor.
+
+    Output ``(N, A, 4 + num_classes + 3 * num_keypoints)``: the detection head's channels, then per
+    keypoint x, y (input pixels) and visibility (sigmoid).
+    """
+
+    def __init__(self, detect: DetectionHead, cv4: list[cn.Sequential], num_keypoints: int) -> None:
+        super().__init__(detect.device)
+        self.detect, self.cv4 = detect, cv4
+        self.num_keypoints = num_keypoints
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder, num_classes: int, num_keypoints: int,
+             filters: tuple[int, int, int]) -> "PoseHead":
+        nk = 3 * num_keypoints
+        c4 = max(filters[0] // 4, nk)
+        cv4 = [_branch(vb.pp(f"cv4.{i}"), f, c4, nk) for i, f in enumerate(filters)]
+        return cls(DetectionHead.load(vb, num_classes, filters), cv4, num_keypoints)
+
+    def forward(self, feats: list[mx.array]) -> mx.array:
+        det, anchors, strides = self.detect.forward_with_anchors(feats)
+        n, k = feats[0].shape[0], self.num_keypoints
+        kpt = mx.concatenate([cv(f).reshape(n, -1, 3 * k) for f, cv in zip(feats, self.cv4)], 1)
+        kpt = kpt.reshape(n, -1, k, 3)
+        # ultralytics' order of operations: (v * 2 + (anchor - 0.5)) * stride
+        xy = (kpt[..., :2] * 2.0 + (anchors[:, None, :] - 0.5)) * strides[:, None, :]
+        kpt = mx.concatenate([xy, cn.sigmoid(kpt[..., 2:])], axis=-1).reshape(n, -1, 3 * k)
+        return mx.concatenate([det, kpt], axis=-1)

@@ -1,0 +1,149 @@
+"""From YOLOv8's raw prediction to detections, as ultralytics' ``non_max_suppression``.
+
+Per image: keep anchors whose best class score exceeds ``conf``, sort by that score, run greedy
+class-aware NMS (a box is dropped when its IoU with a kept box of the same class exceeds ``iou``),
+keep at most ``max_det``, and map boxes (and keypoints) back to the original image with the
+:class:`~models.letterbox.Letterbox` that made the input. Everything here runs in NumPy on the
+host, after the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .letterbox import Letterbox
+
+
+@dataclass
+class Detection:
+    """One detected object, in original-image pixels.
+
+    Attributes:
+        box_xyxy: ``(4,)`` float32 ``x1, y1, x2, y2``.
+        score: the class score (sigmoid), in [0, 1].
+        class_id: index into the class names.
+        keypoints: pose models only: ``(K, 3)`` float32 ``x, y, visibility``.
+    """
+
+    box_xyxy: np.ndarray
+    score: float
+    class_id: int
+    keypoints: np.ndarray | None = field(default=None)
+
+    def to_dict(self, names: Sequence[str] | None = None) -> dict:
+        """JSON-ready: ``class_id``, ``class_name`` (when ``names``), ``score``, ``box_xyxy`` and
+        ``keypoints`` (pose only), rounded to 0.01 pixel / 1e-4."""
+        out = {"class_id": self.class_id}
+        if names is not None:
+            out["class_name"] = names[self.class_id] if self.class_id < len(names) else str(self.class_id)
+        out["score"] = round(float(self.score), 4)
+        out["box_xyxy"] = [round(float(v), 2) for v in self.box_xyxy]
+        if self.keypoints is not None:
+            out["keypoints"] = [[round(float(x), 2), round(float(y), 2), round(float(v), 4)]
+                                for x, y, v in self.keypoints]
+        return out
+
+
+def xywh_to_xyxy(xywh: np.ndarray) -> np.ndarray:
+    """``(..., 4)`` centre x, y, width, height → corners x1, y1, x2, y2."""
+    xy, half = xywh[..., :2], xywh[..., 2:4] / 2
+    return np.concatenate([xy - half, xy + half], axis=-1)
+
+
+def box_iou_one(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """IoU of one ``(4,)`` xyxy box with ``(M, 4)`` boxes, as torchvision (areas ``(x2-x1)(y2-y1)``;
+    a zero union gives NaN, which never counts as an overlap)."""
+    wh = np.clip(np.minimum(box[2:], boxes[:, 2:]) - np.maximum(box[:2], boxes[:, :2]), 0, None)
+    inter = wh[:, 0] * wh[:, 1]
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return inter / (area + areas - inter)
+
+
+def _greedy(boxes: np.ndarray, order: np.ndarray, iou_threshold: float,
+            max_det: int | None) -> list[int]:
+    """Greedy suppression over ``order`` (indices, best first), all boxes competing."""
+    keep: list[int] = []
+    while order.size and (max_det is None or len(keep) < max_det):
+        best, order = order[0], order[1:]
+        keep.append(int(best))
+        order = order[~(box_iou_one(boxes[best], boxes[order]) > iou_threshold)]
+    return keep
+
+
+def non_max_suppression(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float,
+                        class_ids: np.ndarray | None = None,
+                        max_det: int | None = None) -> np.ndarray:
+    """Greedy NMS; returns the indices of the kept boxes, best score first.
+
+    Args:
+        boxes: ``(M, 4)`` xyxy. scores: ``(M,)``.
+        iou_threshold: a box is suppressed when its IoU with a kept box is *above* this.
+        class_ids: ``(M,)``; when given, only boxes of the same class suppress each other.
+        max_det: keep at most this many (the same result as truncating afterwards).
+
+    Equal scores keep their input order (stable sort). Each step compares the current best box
+    with all remaining ones of its class at once: the cost is (kept) × (candidates of the class).
+    """
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    scores = np.asarray(scores).reshape(-1)
+    if len(boxes) != len(scores):
+        raise ValueError(f"{len(boxes)} boxes but {len(scores)} scores")
+    order = np.argsort(-scores, kind="stable")
+    if class_ids is None:
+        return np.asarray(_greedy(boxes, order, iou_threshold, max_det), dtype=np.intp)
+    # Classes never suppress each other: run each class alone, then merge by rank.
+    classes = np.asarray(class_ids).reshape(-1)[order]
+    ranks = np.empty(len(order), dtype=np.intp)
+    ranks[order] = np.arange(len(order))
+    keep = [i for c in np.unique(classes)
+            for i in _greedy(boxes, order[classes == c], iou_threshold, max_det)]
+    keep = np.asarray(sorted(keep, key=ranks.__getitem__), dtype=np.intp)
+    return keep if max_det is None else keep[:max_det]
+
+
+def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
+                conf: float = 0.25, iou: float = 0.45, max_det: int = 300,
+                max_nms: int = 30000) -> list[list[Detection]]:
+    """Detections per image from a raw prediction.
+
+    Args:
+        pred: ``(N, 4 + num_classes + 3K, A)`` (``mx.array`` or NumPy), the model's output for
+            ``N`` letterboxed images; ``K`` keypoints for pose models, 0 otherwise.
+        letterboxes: the ``N`` letterboxes that made the inputs (to map back to the originals).
+        conf: minimum class score (strictly above). iou: NMS IoU threshold.
+        max_det: detections kept per image. max_nms: best candidates entering NMS.
+    """
+    pred = np.asarray(pred, dtype=np.float32)
+    if pred.ndim != 3 or len(pred) != len(letterboxes):
+        raise ValueError(f"pred of shape {pred.shape} for {len(letterboxes)} letterboxed images")
+    extra = pred.shape[1] - 4 - num_classes
+    if extra < 0 or extra % 3:
+        raise ValueError(f"pred has {pred.shape[1]} channels: not 4 + {num_classes} classes + 3 per keypoint")
+    return [_one_image(p.T, lb, num_classes, extra // 3, conf, iou, max_det, max_nms)
+            for p, lb in zip(pred, letterboxes)]
+
+
+def _one_image(x: np.ndarray, lb: Letterbox, nc: int, nk: int, conf: float, iou: float,
+               max_det: int, max_nms: int) -> list[Detection]:
+    cls = x[:, 4:4 + nc]
+    class_ids = cls.argmax(axis=1)
+    scores = cls[np.arange(len(x)), class_ids]
+    candidates = np.flatnonzero(scores > conf)
+    candidates = candidates[np.argsort(-scores[candidates], kind="stable")[:max_nms]]
+    boxes = xywh_to_xyxy(x[candidates, :4])
+    kept = candidates[non_max_suppression(boxes, scores[candidates], iou, class_ids[candidates],
+                                           max_det)] if candidates.size else candidates
+    if not kept.size:
+        return []
+    out_boxes = lb.to_original(xywh_to_xyxy(x[kept, :4]))
+    kpts = None
+    if nk:
+        kpts = x[kept, 4 + nc:].reshape(-1, nk, 3).copy()
+        kpts[..., :2] = lb.to_original(kpts[..., :2])
+    return [Detection(out_boxes[i], float(scores[k]), int(class_ids[k]),
+                      None if kpts is None else kpts[i]) for i, k in enumerate(kept)]
