@@ -67,7 +67,7 @@ def _table() -> dict[tuple[str, str], Checkpoint]:
                                f"yolov8{size}-pose.safetensors", _YOLO_TENSORS[size] + _POSE_EXTRA))
     rows.append(Checkpoint("mobile_sam", "tiny", "lmz/candle-sam",
                            "mobile_sam-tiny-vitt.safetensors", 408))
-    rows.append(Checkpoint("sam", "vit_b", "lmz/candle-sam", "sam_vit_b_01ec64.safetensors"))
+    rows.append(Checkpoint("sam", "vit_b", "lmz/candle-sam", "sam_vit_b_01ec64.safetensors", 314))
     return {(r.model, r.variant): r for r in rows}
 
 

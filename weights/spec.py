@@ -105,6 +105,12 @@ def _load_mobile_sam(vb: VarBuilder, variant: str) -> object:
     return Sam.load_tiny(vb)
 
 
+def _load_sam(vb: VarBuilder, variant: str) -> object:
+    from models.segment_anything import Sam
+
+    return Sam.load_vit(vb, variant)
+
+
 _YOLO_CLASSES = "head.cv3.0.2.weight"
 SPECS: dict[str, ModelSpec] = {s.model: s for s in (
     ModelSpec("resnet", tuple(f"resnet{d}" for d in (18, 34, 50, 101, 152)), _load_resnet,
@@ -115,6 +121,7 @@ SPECS: dict[str, ModelSpec] = {s.model: s for s in (
               (Count("num_keypoints", "head.cv4.0.2.weight", 3, 17),
                Count("num_classes", _YOLO_CLASSES, 1, 1))),
     ModelSpec("mobile_sam", ("tiny",), _load_mobile_sam),
+    ModelSpec("sam", ("vit_b",), _load_sam),
 )}
 
 
