@@ -31,7 +31,8 @@ LEAF_CLASSES = {"conv": ("torch.nn.modules.conv", "Conv2d"),
                 "bn": ("torch.nn.modules.batchnorm", "BatchNorm2d")}
 
 
-def random_candle_tensors(shapes: Mapping[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
+def random_candle_tensors(shapes: Mapping[str, tuple[int, ...]],
+                          seed: int) -> dict[str, np.ndarray]:
     """float32 random values; ``running_var`` positive so BatchNorm stays finite."""
     rng = np.random.default_rng(seed)
     out = {}
@@ -49,7 +50,8 @@ def candle_to_ultralytics(tensors: Mapping[str, np.ndarray],
     layer_of = {v: k for k, v in name_map.items() if k.isdigit()}
     out = {}
     for name, value in tensors.items():
-        prefix = next(p for p in sorted(layer_of, key=len, reverse=True) if name.startswith(p + "."))
+        prefix = next(p for p in sorted(layer_of, key=len, reverse=True)
+                      if name.startswith(p + "."))
         rest = name[len(prefix) + 1:]
         if rest.startswith("bottleneck."):
             rest = "m." + rest[len("bottleneck."):]

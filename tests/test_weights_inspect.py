@@ -62,8 +62,8 @@ def test_wrong_variant_lists_shape_mismatches(capsys):
                str(_weights("yolov8n"))])
     out = capsys.readouterr().out
     assert rc == 1
-    assert "shape mismatch: net.b1.0.conv.weight is [16, 3, 3, 3], the model expects [32, 3, 3, 3]" \
-        in out
+    assert ("shape mismatch: net.b1.0.conv.weight is [16, 3, 3, 3], "
+            "the model expects [32, 3, 3, 3]") in out
     assert "it looks like: yolo_v8 n (80 classes) (fits)" in out
 
 

@@ -114,7 +114,8 @@ def test_refuses_a_pickle_with_unexpected_objects(tmp_path, capsys):
 
     src = tmp_path / "evil.pt"
     torch.save({"model": None, "ema": Sneaky()}, src)
-    assert main(["convert", "--from", "ultralytics", str(src), str(tmp_path / "o.safetensors")]) == 1
+    assert main(["convert", "--from", "ultralytics", str(src),
+                 str(tmp_path / "o.safetensors")]) == 1
     assert "refusing to unpickle posix.getcwd" in _one_error_line(capsys)
     assert not (tmp_path / "o.safetensors").exists()
 
@@ -145,7 +146,8 @@ def test_plain_state_dict_of_an_ultralytics_model_converts(tmp_path, three_class
 def test_corrupt_or_wrong_files_give_one_error(tmp_path, capsys, content):
     src = tmp_path / "bad.pt"
     src.write_bytes(content)
-    assert main(["convert", "--from", "ultralytics", str(src), str(tmp_path / "o.safetensors")]) == 1
+    assert main(["convert", "--from", "ultralytics", str(src),
+                 str(tmp_path / "o.safetensors")]) == 1
     _one_error_line(capsys)
 
 

@@ -29,7 +29,8 @@ READING A PICKLE: .pt/.pth checkpoints are Python pickles, and unpickling can ru
 the file. This command reads them only because you ask it to: state_dict files through
 torch.load(weights_only=True); ultralytics files through a restricted unpickler that turns
 ultralytics/torch.nn classes into inert stand-ins and refuses anything else. Convert only files
-you trust. (.safetensors sources need no unpickling.) Needs torch: pip install 'candle-nn-mlx[convert]'.
+you trust. (.safetensors sources need no unpickling.)
+Needs torch: pip install 'candle-nn-mlx[convert]'.
 """
 
 

@@ -104,7 +104,8 @@ def read_names(path: "str | os.PathLike") -> list[str]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConversionError(f"cannot read class names from {path}: {exc.strerror or exc}") from exc
+        raise ConversionError(
+            f"cannot read class names from {path}: {exc.strerror or exc}") from exc
     if str(path).endswith(".json"):
         try:
             data = json.loads(text)
@@ -196,7 +197,8 @@ def _ultralytics_model(ckpt: Any, where: str) -> tuple[dict[str, Any], Any, Any]
         if model is None:
             return unwrap_state_dict(ckpt, where), None, None
     else:
-        raise ConversionError(f"{where} holds a {type(ckpt).__name__}, not an ultralytics checkpoint")
+        raise ConversionError(
+            f"{where} holds a {type(ckpt).__name__}, not an ultralytics checkpoint")
     if isinstance(model, dict):
         return unwrap_state_dict(model, where), None, None
     if not isinstance(model, StandIn):
@@ -247,7 +249,8 @@ def _yolo_spec(tensors: Mapping[str, Any], where: str) -> Any:
         from models.yolo_v8 import infer_spec
     except ImportError as exc:
         raise ModelUnavailableError(f"the YOLOv8 model code is not available ({exc})") from exc
-    shapes = {k: np.broadcast_to(np.zeros((), np.uint8), tuple(v.shape)) for k, v in tensors.items()}
+    zero = np.zeros((), np.uint8)
+    shapes = {k: np.broadcast_to(zero, tuple(v.shape)) for k, v in tensors.items()}
     try:
         return infer_spec(VarBuilder.from_tensors(shapes))
     except CandleNNError as exc:
@@ -260,7 +263,8 @@ def convert_mobile_sam(sd: Mapping[str, Any], *, source: str, variant: str | Non
                        names: list[str] | None = None) -> Converted:
     """MobileSAM's ``mobile_sam.pt`` state_dict → candle names (already identical)."""
     if variant not in (None, "tiny"):
-        raise ConversionError(f"--variant {variant}: MobileSAM has only the 'tiny' (TinyViT-5M) variant")
+        raise ConversionError(
+            f"--variant {variant}: MobileSAM has only the 'tiny' (TinyViT-5M) variant")
     if num_classes is not None or names is not None:
         raise ConversionError("--num-classes/--names do not apply to MobileSAM")
     prefix, inner, outside = _strip_prefix(
@@ -275,7 +279,7 @@ def convert_mobile_sam(sd: Mapping[str, Any], *, source: str, variant: str | Non
     return converted
 
 
-# -- files -------------------------------------------------------------------------------------------
+# -- files ----------------------------------------------------------------------------------------
 def convert(kind: str, src: "str | os.PathLike", *, variant: str | None = None,
             num_classes: int | None = None, names: list[str] | None = None) -> Converted:
     """Read ``src`` (unpickling it: opt-in) and convert it; checked against our model."""
@@ -308,9 +312,12 @@ def check_against_model(converted: Converted) -> None:
         if match.extra:
             converted.notes.append(f"{len(match.extra)} tensors kept that the model does not read")
         return
-    problems = [f"missing {', '.join(match.missing[:6])}" + (" …" if len(match.missing) > 6 else "")
-                ] if match.missing else []
-    problems += [f"{n} is {list(got)}, expected {list(want)}" for n, got, want in match.mismatched[:4]]
+    problems = []
+    if match.missing:
+        more = " …" if len(match.missing) > 6 else ""
+        problems.append(f"missing {', '.join(match.missing[:6])}{more}")
+    problems += [f"{n} is {list(got)}, expected {list(want)}"
+                 for n, got, want in match.mismatched[:4]]
     raise ConversionError(
         f"{meta.source} converted to candle names does not fit {match.label()}: "
         + "; ".join(problems))

@@ -97,7 +97,8 @@ class InspectReport:
     def candidates(self) -> list[Match]:
         """The matches of the requested model/variant (all when none was requested)."""
         model, variant = self.requested
-        return [m for m in self.matches if model in (None, m.model) and variant in (None, m.variant)]
+        return [m for m in self.matches
+                if model in (None, m.model) and variant in (None, m.variant)]
 
     @property
     def fitting(self) -> list[Match]:
@@ -196,7 +197,8 @@ def format_report(report: InspectReport, *, show_tensors: bool = True, limit: in
             lines.append(f"  {name:<{width}}  {t.dtype:<4} {list(t.shape)}")
     fits = report.fitting
     for m in fits:
-        extra = f"; {len(m.extra)} extra tensors not used: {_list(m.extra, limit)}" if m.extra else ""
+        extra = (f"; {len(m.extra)} extra tensors not used: {_list(m.extra, limit)}"
+                 if m.extra else "")
         lines.append(f"fits: {m.label()}: all {m.expected} tensors{extra}")
     if not fits:
         closest = report.candidates[0] if report.candidates else None

@@ -147,7 +147,8 @@ def expected_tensors(model: str, variant: str, **counts: int) -> dict[str, Shape
 
 
 @functools.lru_cache(maxsize=64)
-def _record(model: str, variant: str, args: tuple[tuple[str, int], ...]) -> tuple[tuple[str, Shape], ...]:
+def _record(model: str, variant: str,
+            args: tuple[tuple[str, int], ...]) -> tuple[tuple[str, Shape], ...]:
     source = RecordingSource()
     vb = VarBuilder(source, dtype=mx.float32, device=Device.cpu())
     try:

@@ -181,7 +181,8 @@ def _torch_load(path: str, **kwargs: Any) -> Any:
     except ConversionError:
         raise
     except Exception as exc:  # corrupt zip, truncated pickle, refused globals, …
-        raise ConversionError(f"cannot read {path} as a PyTorch checkpoint: {_reason(exc)}") from exc
+        raise ConversionError(
+            f"cannot read {path} as a PyTorch checkpoint: {_reason(exc)}") from exc
 
 
 def _reason(exc: Exception) -> str:
