@@ -16,7 +16,8 @@ from .transformer import TwoWayTransformer
 from .transforms import ResizeLongestSide
 
 __all__ = [
-    "IMAGE_SIZE", "ImageEncoderViT", "MaskDecoder", "PIXEL_MEAN", "PIXEL_STD", "PositionEmbeddingRandom",
-    "PromptEncoder", "ResizeLongestSide", "Sam", "SamPredictor", "TINY_VIT_CONFIGS", "TinyViT",
-    "TinyViTConfig", "TwoWayTransformer", "VIT_CONFIGS", "ViTConfig", "tiny_vit_5m",
+    "IMAGE_SIZE", "ImageEncoderViT", "MaskDecoder", "PIXEL_MEAN", "PIXEL_STD",
+    "PositionEmbeddingRandom", "PromptEncoder", "ResizeLongestSide", "Sam", "SamPredictor",
+    "TINY_VIT_CONFIGS", "TinyViT", "TinyViTConfig", "TwoWayTransformer", "VIT_CONFIGS", "ViTConfig",
+    "tiny_vit_5m",
 ]

@@ -30,8 +30,9 @@ class Sam(Module):
     """SAM over a given image encoder (``image_encoder.*``, ``prompt_encoder.*``,
     ``mask_decoder.*``).
 
-    Build MobileSAM with :meth:`load_tiny`, the original SAM with :meth:`load_vit`. Calling the model decodes prompts against a
-    precomputed image embedding (see :meth:`forward`); :meth:`embed` runs the encoder.
+    Build MobileSAM with :meth:`load_tiny`, the original SAM with :meth:`load_vit`. Calling the
+    model decodes prompts against a precomputed image embedding (see :meth:`forward`);
+    :meth:`embed` runs the encoder.
     """
 
     mask_threshold: float = 0.0
