@@ -41,12 +41,16 @@ def resize_bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:
         return image.copy()
     r0, r1, v0, v1 = _linear_taps(h, height)
     c0, c1, u0, u1 = _linear_taps(w, width)
-    src = image.astype(np.int32)
-    # Horizontal pass: exact integers scaled by 2048.
-    rows = src[:, c0] * u0[None, :, None] + src[:, c1] * u1[None, :, None]
-    # Vertical pass as OpenCV's SIMD code: drop 4 bits, 16-bit high multiply, round by 2 bits.
-    top = (v0[:, None, None] * (rows[r0] >> 4)) >> 16
-    bottom = (v1[:, None, None] * (rows[r1] >> 4)) >> 16
+
+    def horizontal(rows: np.ndarray) -> np.ndarray:  # exact integers scaled by 2048
+        return (rows[:, c0].astype(np.int32) * u0[None, :, None]
+                + rows[:, c1].astype(np.int32) * u1[None, :, None])
+
+    # Only the source rows that are read get the horizontal pass (a large photo is never
+    # widened to int32 whole). Vertical pass as OpenCV's SIMD code: drop 4 bits, 16-bit high
+    # multiply, round by 2 bits.
+    top = (v0[:, None, None] * (horizontal(image[r0]) >> 4)) >> 16
+    bottom = (v1[:, None, None] * (horizontal(image[r1]) >> 4)) >> 16
     return np.clip((top + bottom + 2) >> 2, 0, 255).astype(np.uint8)
 
 

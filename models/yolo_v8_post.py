@@ -108,7 +108,7 @@ def non_max_suppression(boxes: np.ndarray, scores: np.ndarray, iou_threshold: fl
 
 def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
                 conf: float = 0.25, iou: float = 0.45, max_det: int = 300,
-                max_nms: int = 30000) -> list[list[Detection]]:
+                max_nms: int = 30000, agnostic: bool = False) -> list[list[Detection]]:
     """Detections per image from a raw prediction.
 
     Args:
@@ -117,6 +117,7 @@ def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
         letterboxes: the ``N`` letterboxes that made the inputs (to map back to the originals).
         conf: minimum class score (strictly above). iou: NMS IoU threshold.
         max_det: detections kept per image. max_nms: best candidates entering NMS.
+        agnostic: boxes of different classes suppress each other too.
     """
     pred = np.asarray(pred, dtype=np.float32)
     if pred.ndim != 3 or len(pred) != len(letterboxes):
@@ -124,20 +125,20 @@ def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
     extra = pred.shape[1] - 4 - num_classes
     if extra < 0 or extra % 3:
         raise ValueError(f"pred has {pred.shape[1]} channels: not 4 + {num_classes} classes + 3 per keypoint")
-    return [_one_image(p.T, lb, num_classes, extra // 3, conf, iou, max_det, max_nms)
+    return [_one_image(p.T, lb, num_classes, extra // 3, conf, iou, max_det, max_nms, agnostic)
             for p, lb in zip(pred, letterboxes)]
 
 
 def _one_image(x: np.ndarray, lb: Letterbox, nc: int, nk: int, conf: float, iou: float,
-               max_det: int, max_nms: int) -> list[Detection]:
+               max_det: int, max_nms: int, agnostic: bool) -> list[Detection]:
     cls = x[:, 4:4 + nc]
     class_ids = cls.argmax(axis=1)
     scores = cls[np.arange(len(x)), class_ids]
     candidates = np.flatnonzero(scores > conf)
     candidates = candidates[np.argsort(-scores[candidates], kind="stable")[:max_nms]]
     boxes = xywh_to_xyxy(x[candidates, :4])
-    kept = candidates[non_max_suppression(boxes, scores[candidates], iou, class_ids[candidates],
-                                           max_det)] if candidates.size else candidates
+    groups = None if agnostic else class_ids[candidates]
+    kept = candidates[non_max_suppression(boxes, scores[candidates], iou, groups, max_det)]
     if not kept.size:
         return []
     out_boxes = lb.to_original(xywh_to_xyxy(x[kept, :4]))

@@ -202,6 +202,8 @@ def test_postprocess_filters_sorts_and_maps_back() -> None:
     np.testing.assert_allclose(dets[2].box_xyxy, [1100, 1060, 1280, 1200])
     assert all(d.keypoints is None for d in dets)
     assert postprocess(pred, [lb], num_classes=2, conf=0.95)[0] == []
+    agnostic = postprocess(pred, [lb], num_classes=2, conf=0.25, iou=0.45, agnostic=True)[0]
+    assert [(d.class_id, round(d.score, 2)) for d in agnostic] == [(0, 0.9), (0, 0.3)]
 
 
 def test_postprocess_keypoints_and_json() -> None:
