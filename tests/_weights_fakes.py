@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 import sys
 import types
-from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Iterator, Mapping
 
@@ -27,8 +26,28 @@ ULTRA_LAYER_CLASSES = {  # yolov8.yaml: index -> (module, class)
     **{i: ("torch.nn.modules.upsampling", "Upsample") for i in (10, 13)},
     **{i: ("ultralytics.nn.modules.conv", "Concat") for i in (11, 14, 17, 20)},
 }
-LEAF_CLASSES = {"conv": ("torch.nn.modules.conv", "Conv2d"),
-                "bn": ("torch.nn.modules.batchnorm", "BatchNorm2d")}
+CONV = ("ultralytics.nn.modules.conv", "Conv")
+TORCH_CONV = ("torch.nn.modules.conv", "Conv2d")
+
+
+def _child_class(path: list[str], part: str) -> tuple[str, str]:
+    """The class ultralytics uses for child ``part`` of the module at ``model.<path>``."""
+    head = path[0] == "22"
+    if part == "conv":
+        return TORCH_CONV
+    if part == "bn":
+        return ("torch.nn.modules.batchnorm", "BatchNorm2d")
+    if part in ("m", "cv2", "cv3", "cv4") and (part == "m" or head) and len(path) == 1:
+        return ("torch.nn.modules.container", "ModuleList")
+    if part == "dfl":
+        return ("ultralytics.nn.modules.block", "DFL")
+    if path[-1] == "m":
+        return ("ultralytics.nn.modules.block", "Bottleneck")
+    if head and len(path) == 2:  # cv2.0 …: Sequential(Conv, Conv, Conv2d)
+        return ("torch.nn.modules.container", "Sequential")
+    if head and len(path) == 3:
+        return TORCH_CONV if part == "2" else CONV
+    return CONV
 
 
 def random_candle_tensors(shapes: Mapping[str, tuple[int, ...]],
@@ -76,7 +95,8 @@ def fake_modules() -> Iterator[dict[tuple[str, str], type]]:
                 if pkg not in saved:
                     saved[pkg] = sys.modules.get(pkg)
                     sys.modules[pkg] = types.ModuleType(pkg)
-            klass = type(name, (), {"__module__": module, "__qualname__": name})
+            base = types.SimpleNamespace if name == "IterableSimpleNamespace" else _torch_module()
+            klass = type(name, (base,), {"__module__": module, "__qualname__": name})
             setattr(sys.modules[module], name, klass)
             made[(module, name)] = klass
         return made[(module, name)]
@@ -92,10 +112,21 @@ def fake_modules() -> Iterator[dict[tuple[str, str], type]]:
                 sys.modules[module] = old
 
 
+def _torch_module() -> type:
+    import torch
+
+    return torch.nn.Module
+
+
 def _node(cls: type, **attrs) -> object:
+    """An ``nn.Module`` of class ``cls`` with the full state a real one pickles (hook dicts,
+    ``training``…), built without calling ``cls.__init__`` (whose arguments we do not know)."""
+    import torch
+
     obj = cls.__new__(cls)
-    obj.__dict__.update({"training": False, "_parameters": OrderedDict(), "_buffers": OrderedDict(),
-                         "_non_persistent_buffers_set": set(), "_modules": OrderedDict(), **attrs})
+    torch.nn.Module.__init__(obj)
+    obj.eval()
+    obj.__dict__.update(attrs)
     return obj
 
 
@@ -112,15 +143,21 @@ def ultralytics_checkpoint(ultra: Mapping[str, np.ndarray], *, pose: bool, names
     for i in range(layers):
         module, name = head_cls if i == 22 else ULTRA_LAYER_CLASSES.get(
             i, ("ultralytics.nn.modules.conv", "Conv"))
-        attrs = {"nc": len(names), "kpt_shape": [17, 3]} if i == 22 else {}
+        attrs = {"nc": len(names), "kpt_shape": [17, 3], "reg_max": 16,
+                 "stride": torch.tensor([8.0, 16.0, 32.0])} if i == 22 else {"i": i, "f": -1}
         seq._modules[str(i)] = _node(factory(module, name), **attrs)
+        if module.endswith(".conv") and name == "Conv":
+            seq._modules[str(i)]._modules["act"] = torch.nn.SiLU(inplace=True)
+        elif name == "SPPF":
+            seq._modules[str(i)]._modules["m"] = torch.nn.MaxPool2d(5, 1, 2)
+        elif name == "Upsample":
+            seq._modules[str(i)] = torch.nn.Upsample(scale_factor=2.0, mode="nearest")
     for key, value in ultra.items():
         parts = key.split(".")
         node = seq._modules[parts[1]]
-        for part in parts[2:-1]:
+        for depth, part in enumerate(parts[2:-1], start=2):
             if part not in node._modules:
-                module, name = LEAF_CLASSES.get(part, ("torch.nn.modules.container", "Sequential"))
-                node._modules[part] = _node(factory(module, name))
+                node._modules[part] = _node(factory(*_child_class(parts[1:depth], part)))
             node = node._modules[part]
         t = torch.from_numpy(np.ascontiguousarray(value)).half()
         if parts[-1].startswith("running_"):
@@ -129,9 +166,8 @@ def ultralytics_checkpoint(ultra: Mapping[str, np.ndarray], *, pose: bool, names
             node._parameters[parts[-1]] = torch.nn.Parameter(t, requires_grad=False)
         if parts[-1] == "running_var":
             node._buffers["num_batches_tracked"] = torch.tensor(7)
-    args_cls = factory("ultralytics.utils", "IterableSimpleNamespace")
-    args = args_cls.__new__(args_cls)
-    args.__dict__.update({"task": "pose" if pose else "detect", "imgsz": 640})
+    args = factory("ultralytics.utils", "IterableSimpleNamespace")(
+        task="pose" if pose else "detect", imgsz=640)
     model = _node(factory("ultralytics.nn.tasks", top_cls), names=dict(names),
                   yaml={"nc": len(names)}, args=args)
     model._modules["model"] = seq
