@@ -1,8 +1,8 @@
 """``candle-segment-anything``: segment an object in an image with MobileSAM from point/box prompts.
 
     candle-segment-anything --image bike.jpg --point 0.6,0.55 [--point X,Y ...] [--neg-point X,Y]
-                            [--box X1,Y1,X2,Y2] [--multimask] [--weights FILE] [--device cpu]
-                            [--out DIR]
+                            [--box X1,Y1,X2,Y2] [--multimask] [--model tiny|vit_b|vit_l|vit_h]
+                            [--weights FILE] [--device cpu] [--out DIR]
 
 Coordinates: each value in ``[0, 1]`` is a fraction of the image width (x) or height (y), as in
 candle's example; larger values are pixels. Writes ``<stem>_mask.png`` (the best mask, white on
@@ -30,6 +30,7 @@ from weights.registry import resolve_weights
 
 TINT = np.array([30, 144, 255], dtype=np.float32)  # mask colour in the overlay
 POSITIVE, NEGATIVE, BOX = (0, 220, 0), (230, 0, 0), (255, 200, 0)
+MODELS = ("tiny", "vit_b", "vit_l", "vit_h")
 
 
 class PromptError(CandleNNError):
@@ -126,7 +127,8 @@ def overlay_image(rgb: np.ndarray, mask: np.ndarray, prompts: Prompts):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="candle-segment-anything",
-        description="Segment the object at the given points / box with MobileSAM (TinyViT).",
+        description="Segment the object at the given points / box with MobileSAM (TinyViT) "
+                    "or SAM.",
         epilog="Coordinates in [0, 1] are fractions of the width/height; larger values are pixels.")
     parser.add_argument("--image", required=True, help="the image file to segment")
     parser.add_argument("--point", action="append", default=[], metavar="X,Y",
@@ -137,9 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a box around the object (top-left, bottom-right)")
     parser.add_argument("--multimask", action="store_true",
                         help="predict SAM's three candidate masks and keep the best-scored one")
+    parser.add_argument("--model", default="tiny", choices=MODELS,
+                        help="tiny: MobileSAM's TinyViT-5M (default); vit_b/vit_l/vit_h: the "
+                             "original SAM's ViT encoder")
     parser.add_argument("--weights", default=None,
-                        help="MobileSAM safetensors file (default: candle's "
-                             "mobile_sam-tiny-vitt.safetensors from the Hugging Face hub)")
+                        help="safetensors file with candle's tensor names (default: candle's "
+                             "published file for --model from the Hugging Face hub: "
+                             "mobile_sam-tiny-vitt.safetensors, sam_vit_b_01ec64.safetensors)")
     add_device_argument(parser)
     parser.add_argument("--out", default=".", help="output folder (default: the current folder)")
     return parser
@@ -151,10 +157,12 @@ def _main(argv: Sequence[str] | None) -> int:
     height, width = rgb.shape[:2]
     prompts = parse_prompts(args.point, args.neg_point, args.box, height, width)
     device = parse_device(args.device)
-    weights = resolve_weights("mobile_sam", "tiny", args.weights)
+    registry_model = "mobile_sam" if args.model == "tiny" else "sam"
+    weights = resolve_weights(registry_model, args.model, args.weights)
+    vb = VarBuilder.from_safetensors(weights, device=device)
+    sam = Sam.load_tiny(vb) if args.model == "tiny" else Sam.load_vit(vb, args.model)
     out_dir = prepare_out_dir(args.out)
 
-    sam = Sam.load_tiny(VarBuilder.from_safetensors(weights, device=device))
     predictor = SamPredictor(sam)
     predictor.set_image(rgb)
     masks, scores, _ = predictor.predict(

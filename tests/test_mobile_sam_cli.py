@@ -53,6 +53,15 @@ def test_missing_image_and_weights(capsys, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_weights_of_another_model(capsys, tmp_path):
+    """MobileSAM weights with --model vit_b: one error line naming the missing tensor."""
+    code, _, err = run(capsys, "--point", "0.5,0.5", "--model", "vit_b",
+                       "--out", str(tmp_path / "out"))
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith("error: tensor 'image_encoder.patch_embed.proj.weight' not found")
+    assert not (tmp_path / "out").exists()
+
+
 def test_prompt_coordinates():
     """Values in [0, 1] are fractions of width/height, larger ones pixels, per value."""
     p = parse_prompts(["0.5,0.25", "580,240"], ["0,556"], "0.1,10,1,0.5", height=556, width=800)
