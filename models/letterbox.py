@@ -18,7 +18,8 @@ _COEF_BITS = 11  # OpenCV's INTER_RESIZE_COEF_BITS
 _COEF_ONE = 1 << _COEF_BITS
 
 
-def _linear_taps(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _linear_taps(size_in: int,
+                 size_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per output index: source indices ``i0``, ``i1`` and their fixed-point weights ``w0``,
     ``w1`` (summing to 2048), by OpenCV's rule ``src = (dst + 0.5) * in / out - 0.5`` in float32,
     clamped to the image."""
@@ -35,7 +36,7 @@ def _linear_taps(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray, n
 
 
 def resize_bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Resize ``(H, W, C)`` uint8 to ``(height, width, C)`` uint8 as ``cv2.resize(INTER_LINEAR)``."""
+    """Resize ``(H, W, C)`` uint8 to ``(height, width, C)`` uint8 as OpenCV's INTER_LINEAR."""
     h, w = image.shape[:2]
     if (h, w) == (height, width):
         return image.copy()
@@ -79,8 +80,8 @@ class Letterbox:
         return (self.image.astype(np.float32) / 255.0)[None]
 
     def to_original(self, xy: np.ndarray) -> np.ndarray:
-        """Map ``(..., 2k)`` letterboxed ``x, y, x, y, …`` to original pixels, clipped to the image
-        (ultralytics' ``scale_boxes`` / ``scale_coords``)."""
+        """Map ``(..., 2k)`` letterboxed ``x, y, x, y, …`` to original pixels, clipped to the
+        image (ultralytics' ``scale_boxes`` / ``scale_coords``)."""
         xy = np.asarray(xy, dtype=np.float32)
         shape = xy.shape
         xy = (xy.reshape(-1, 2) - np.asarray(self.pad, np.float32)) / np.float32(self.scale)
@@ -100,11 +101,12 @@ def letterbox(image: np.ndarray, size: "int | tuple[int, int]" = 640, *, auto: b
 
     ``auto=False`` pads to exactly ``size``; ``auto=True`` pads only up to the next multiple of
     ``stride`` (ultralytics' minimal "rect" padding). ``scaleup=False`` never enlarges. Rounding
-    is ultralytics': ``r = min(h'/h, w'/w)``, unpadded size ``round(w * r) × round(h * r)``, padding
-    split ``round(d/2 - 0.1)`` before and ``round(d/2 + 0.1)`` after.
+    is ultralytics': ``r = min(h'/h, w'/w)``, unpadded size ``round(w * r) × round(h * r)``,
+    padding split ``round(d/2 - 0.1)`` before and ``round(d/2 + 0.1)`` after.
     """
     if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
-        raise ValueError(f"letterbox expects an (H, W, 3) uint8 image, got {image.shape} {image.dtype}")
+        raise ValueError(
+            f"letterbox expects an (H, W, 3) uint8 image, got {image.shape} {image.dtype}")
     h, w = image.shape[:2]
     new_h, new_w = _pair(size)
     r = min(new_h / h, new_w / w)

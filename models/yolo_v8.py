@@ -6,7 +6,7 @@ Tensor names follow candle's ``candle-examples/examples/yolo-v8/model.rs``::
     net.b2.0  net.b2.1  net.b2.2            C2f, stride-2 ConvBlock, C2f      → p3 (stride 8)
     net.b3.0  net.b3.1                      stride-2 ConvBlock, C2f           → p4 (stride 16)
     net.b4.0  net.b4.1  net.b5.0            stride-2 ConvBlock, C2f, SPPF     → p5 (stride 32)
-    fpn.n1 … fpn.n6                         the PAN neck (C2f, C2f, ConvBlock, C2f, ConvBlock, C2f)
+    fpn.n1 … fpn.n6                         PAN neck: C2f, C2f, ConvBlock, C2f, ConvBlock, C2f
     head.cv2.* head.cv3.* head.dfl.conv     detection head; pose adds head.cv4.*
 
 Usage::
@@ -65,7 +65,8 @@ MULTIPLES: dict[str, Multiples] = {
 
 def multiples(variant: str) -> Multiples:
     if variant not in MULTIPLES:
-        raise ValueError(f"unknown YOLOv8 variant {variant!r}; choose one of {', '.join(MULTIPLES)}")
+        raise ValueError(
+            f"unknown YOLOv8 variant {variant!r}; choose one of {', '.join(MULTIPLES)}")
     return MULTIPLES[variant]
 
 
@@ -77,7 +78,8 @@ class DarkNet(cn.Module):
     """The CSPDarknet backbone: ``(N, H, W, 3)`` → p3 ``(N, H/8, W/8, 256w)``,
     p4 ``(N, H/16, W/16, 512w)``, p5 ``(N, H/32, W/32, 512wr)``."""
 
-    def __init__(self, b1: list, b2: list, b3: list, b4: list, b5: Sppf) -> None:
+    def __init__(self, b1: list[cn.Module], b2: list[cn.Module], b3: list[cn.Module],
+                 b4: list[cn.Module], b5: Sppf) -> None:
         super().__init__(b5.device)
         self.b1, self.b2, self.b3, self.b4, self.b5 = b1, b2, b3, b4, b5
 
@@ -161,7 +163,8 @@ class _YoloV8Base(cn.Module):
     def _check_input(self, x: mx.array) -> None:
         if x.ndim != 4 or x.shape[-1] != 3:
             raise cn.ShapeMismatchError(
-                f"{type(self).__name__} expects an NHWC batch (N, H, W, 3), got shape {tuple(x.shape)}")
+                f"{type(self).__name__} expects an NHWC batch (N, H, W, 3), "
+                f"got shape {tuple(x.shape)}")
         if x.shape[1] % 32 or x.shape[2] % 32 or not x.shape[1] or not x.shape[2]:
             raise cn.ShapeMismatchError(
                 f"{type(self).__name__}: input height and width must be positive multiples of 32, "
@@ -259,7 +262,8 @@ def infer_spec(vb: cn.VarBuilder, name: str = "the checkpoint") -> YoloV8Spec:
             f"{name}: stem width {stem} with {depth} bottlenecks in net.b2.2 matches no YOLOv8 "
             f"size ({', '.join(MULTIPLES)})")
     if vb.contains("head.proto.cv1.conv.weight"):
-        raise cn.WeightsFileError(f"{name} holds a YOLOv8 segmentation model, which is not supported")
+        raise cn.WeightsFileError(
+            f"{name} holds a YOLOv8 segmentation model, which is not supported")
     num_classes = vb.shape("head.cv3.0.2.weight")[0]
     if not vb.contains("head.cv4.0.2.weight"):
         return YoloV8Spec(variant, "detect", num_classes)

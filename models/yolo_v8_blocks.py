@@ -94,7 +94,8 @@ class Sppf(cn.Module):
     @classmethod
     def load(cls, vb: cn.VarBuilder, c1: int, c2: int, k: int = 5) -> "Sppf":
         c = c1 // 2
-        return cls(ConvBlock.load(vb.pp("cv1"), c1, c, 1), ConvBlock.load(vb.pp("cv2"), 4 * c, c2, 1), k)
+        return cls(ConvBlock.load(vb.pp("cv1"), c1, c, 1),
+                   ConvBlock.load(vb.pp("cv2"), 4 * c, c2, 1), k)
 
     def forward(self, x: mx.array) -> mx.array:
         ys = [self.cv1(x)]

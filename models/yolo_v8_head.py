@@ -22,7 +22,8 @@ STRIDES = (8, 16, 32)  # of the three feature maps the heads read (p3, p4, p5)
 
 def _branch(vb: cn.VarBuilder, c_in: int, c_mid: int, c_out: int) -> cn.Sequential:
     """``0``: 3×3 ConvBlock, ``1``: 3×3 ConvBlock, ``2``: 1×1 conv with bias."""
-    return cn.seq([ConvBlock.load(vb.pp(0), c_in, c_mid, 3), ConvBlock.load(vb.pp(1), c_mid, c_mid, 3),
+    return cn.seq([ConvBlock.load(vb.pp(0), c_in, c_mid, 3),
+                   ConvBlock.load(vb.pp(1), c_mid, c_mid, 3),
                    cn.conv2d(c_mid, c_out, 1, cn.Conv2dConfig(), vb.pp(2))])
 
 
@@ -93,8 +94,10 @@ class DetectionHead(cn.Module):
     def forward_with_anchors(self, feats: list[mx.array]) -> tuple[mx.array, mx.array, mx.array]:
         """``(prediction (N, A, 4 + nc), anchors (A, 2), strides (A, 1))`` for NHWC ``feats``."""
         n = feats[0].shape[0]
-        box = mx.concatenate([cv(f).reshape(n, -1, 4 * REG_MAX) for f, cv in zip(feats, self.cv2)], 1)
-        cls = mx.concatenate([cv(f).reshape(n, -1, self.num_classes) for f, cv in zip(feats, self.cv3)], 1)
+        box = mx.concatenate([cv(f).reshape(n, -1, 4 * REG_MAX)
+                              for f, cv in zip(feats, self.cv2)], axis=1)
+        cls = mx.concatenate([cv(f).reshape(n, -1, self.num_classes)
+                              for f, cv in zip(feats, self.cv3)], axis=1)
         anchors, strides = make_anchors([tuple(f.shape[1:3]) for f in feats], STRIDES, box.dtype)
         dist = self.dfl(box)
         x1y1 = anchors - dist[..., :2]

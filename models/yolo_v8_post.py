@@ -38,7 +38,8 @@ class Detection:
         ``keypoints`` (pose only), rounded to 0.01 pixel / 1e-4."""
         out = {"class_id": self.class_id}
         if names is not None:
-            out["class_name"] = names[self.class_id] if self.class_id < len(names) else str(self.class_id)
+            known = self.class_id < len(names)
+            out["class_name"] = names[self.class_id] if known else str(self.class_id)
         out["score"] = round(float(self.score), 4)
         out["box_xyxy"] = [round(float(v), 2) for v in self.box_xyxy]
         if self.keypoints is not None:
@@ -124,7 +125,8 @@ def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
         raise ValueError(f"pred of shape {pred.shape} for {len(letterboxes)} letterboxed images")
     extra = pred.shape[1] - 4 - num_classes
     if extra < 0 or extra % 3:
-        raise ValueError(f"pred has {pred.shape[1]} channels: not 4 + {num_classes} classes + 3 per keypoint")
+        raise ValueError(f"pred has {pred.shape[1]} channels: not 4 + {num_classes} classes "
+                         "+ 3 per keypoint")
     return [_one_image(p.T, lb, num_classes, extra // 3, conf, iou, max_det, max_nms, agnostic)
             for p, lb in zip(pred, letterboxes)]
 

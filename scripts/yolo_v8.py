@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--size", type=_size, default=640,
                         help="longest side of the model input, a multiple of 32 (default 640)")
     parser.add_argument("--square", action="store_true",
-                        help="pad every input to size x size (default: pad only to a multiple of 32)")
+                        help="pad every input to size x size "
+                             "(default: pad only up to a multiple of 32)")
     add_device_argument(parser)
     parser.add_argument("--out", default="out", help="output folder (default: ./out)")
     parser.add_argument("--json", action="store_true",
@@ -157,7 +158,8 @@ def detect(args: argparse.Namespace) -> tuple[list[ImageResult], list[str]]:
 def _print_result(result: ImageResult, names: Sequence[str]) -> None:
     h, w = result.size_hw
     count = len(result.detections)
-    print(f"{result.image}: {w}x{h}, {count} detection{'s' if count != 1 else ''} -> {result.output}")
+    plural = "s" if count != 1 else ""
+    print(f"{result.image}: {w}x{h}, {count} detection{plural} -> {result.output}")
     for det in result.detections:
         box = ", ".join(f"{v:.1f}" for v in det.box_xyxy)
         print(f"  {names[det.class_id]:<15} {det.score:.3f}  [{box}]")

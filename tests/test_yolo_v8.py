@@ -44,7 +44,8 @@ def fixture_outputs():
             model = load_model(_vb(name, device))
             out = model.intermediates(mx.array(nchw_to_nhwc(io["input.image"])))
             mx.eval(out)
-            got = {k: np.array(v) if k == "pred" else nhwc_to_nchw(np.array(v)) for k, v in out.items()}
+            got = {k: np.array(v) if k == "pred" else nhwc_to_nchw(np.array(v))
+                   for k, v in out.items()}
             cache[key] = (got, io, meta)
         return cache[key]
 
@@ -110,8 +111,8 @@ def test_rectangular_input(detector) -> None:
     assert out["neck_p3"].shape == (1, 48, 80, 64) and out["neck_p5"].shape == (1, 12, 20, 256)
     pred = np.array(out["pred"])[0]
     assert np.isfinite(pred).all()
-    # Each box centre lies within 7.5 cells of its anchor (DFL distances are 0..15 cells per side), so
-    # the anchors must be laid out row-major per map, stride 8 then 16 then 32, x before y.
+    # Each box centre lies within 7.5 cells of its anchor (DFL distances are 0..15 cells per
+    # side), so the anchors must be laid out row-major per map, stride 8, 16, 32, x before y.
     centres, strides = [], []
     for s in (8, 16, 32):
         ys, xs = np.mgrid[0:384 // s, 0:640 // s]
@@ -165,7 +166,8 @@ def test_every_size_matches_ultralytics_parameter_count(variant) -> None:
     assert _parameters(shapes) == ULTRALYTICS_PARAMETERS[variant]
     width = {"n": 16, "s": 32, "m": 48, "l": 64, "x": 80}[variant]
     assert shapes["net.b1.0.conv.weight"] == (width, 3, 3, 3)
-    c2f_depth = sum(1 for k in shapes if k.startswith("net.b2.2.bottleneck.") and k.endswith("cv1.conv.weight"))
+    c2f_depth = sum(1 for k in shapes
+                    if k.startswith("net.b2.2.bottleneck.") and k.endswith("cv1.conv.weight"))
     assert c2f_depth == {"n": 2, "s": 2, "m": 4, "l": 6, "x": 6}[variant]
     assert shapes["head.dfl.conv.weight"] == (1, 16, 1, 1)
 

@@ -1,7 +1,7 @@
-"""``candle-yolo-v8`` as a new user runs it: good images (detect and pose), and every way to get it
-wrong. Runs in-process (``main([...])``) with the fixtures' weights, at ``--size 320`` to stay quick.
-
-A failure must print exactly one ``error: …`` line, exit non-zero, and leave no half-written image.
+"""``candle-yolo-v8`` as a new user runs it: good images (detect and pose), and every way to get
+it wrong. Runs in-process (``main([...])``) with the fixtures' weights, at ``--size 320`` to stay
+quick. A failure must print exactly one ``error: …`` line, exit non-zero, and leave no
+half-written image.
 """
 
 from __future__ import annotations

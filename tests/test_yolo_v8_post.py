@@ -19,7 +19,7 @@ def test_letterbox_reproduces_the_fixture_input(name) -> None:
     lb = letterbox(io["input.raw_rgb"], tuple(meta["letterbox"]["input_hw"]), auto=False)
     assert lb.scale == pytest.approx(meta["letterbox"]["scale"])
     assert lb.orig_hw == tuple(meta["letterbox"]["orig_hw"])
-    assert lb.pad == (0, 97)  # 556 * 0.8 = 444.8 -> 445 rows; 195 rows of padding: 97 above, 98 below
+    assert lb.pad == (0, 97)  # 556 * 0.8 = 444.8 -> 445 rows; 195 of padding: 97 above, 98 below
     x = lb.as_input()
     ref = io["input.image"].transpose(0, 2, 3, 1)
     assert x.shape == ref.shape and x.dtype == np.float32
@@ -93,7 +93,9 @@ def reference_nms(boxes, scores, iou_threshold, classes) -> list[int]:
             continue
         keep.append(i)
         for j in order[pos + 1:]:
-            if not suppressed[j] and classes[j] == classes[i] and _iou(boxes[i], boxes[j]) > iou_threshold:
+            if suppressed[j] or classes[j] != classes[i]:
+                continue
+            if _iou(boxes[i], boxes[j]) > iou_threshold:
                 suppressed[j] = True
     return keep
 
