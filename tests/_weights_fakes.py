@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib
+import pathlib
 import sys
 import types
 from contextlib import contextmanager
@@ -173,7 +174,8 @@ def ultralytics_checkpoint(ultra: Mapping[str, np.ndarray], *, pose: bool, names
     model._modules["model"] = seq
     return {"date": "2026-11-22T10:00:00", "version": "8.3.40", "model": None, "ema": model,
             "updates": 10, "optimizer": None, "train_args": {"epochs": 1, "imgsz": 640},
-            "train_metrics": {"metrics/mAP50(B)": np.float64(0.25)}}
+            "train_metrics": {"metrics/mAP50(B)": np.float64(0.25)},
+            "train_results": {"epoch": np.arange(3), "path": pathlib.PurePosixPath("runs/a")}}
 
 
 def save_ultralytics(path, ckpt_factory) -> None:

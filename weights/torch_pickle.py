@@ -132,11 +132,13 @@ def _real_globals() -> dict[tuple[str, str], Any]:
                        "bool"):
         found[("torch", dtype_name)] = getattr(torch, dtype_name)
     try:
-        from numpy._core.multiarray import scalar
+        from numpy._core.multiarray import _reconstruct, scalar
     except ImportError:  # numpy < 2
-        from numpy.core.multiarray import scalar
+        from numpy.core.multiarray import _reconstruct, scalar
     for mod in ("numpy.core.multiarray", "numpy._core.multiarray"):
         found[(mod, "scalar")] = scalar
+        found[(mod, "_reconstruct")] = _reconstruct
+    found[("numpy", "ndarray")] = np.ndarray
     return found
 
 
