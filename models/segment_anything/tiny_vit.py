@@ -163,7 +163,7 @@ class WindowAttention(Module):
         qkv = self.qkv(self.norm(x)).reshape(b, n, self.num_heads, 3 * self.head_dim)
         qkv = qkv.transpose(0, 2, 1, 3)
         q, k, v = mx.split(qkv, 3, axis=-1)
-        bias = mx.take(self.attention_biases, self._bias_index, axis=1)  # (heads, N, N)
+        bias = mx.take(self.attention_biases, self._bias_index, axis=1)[None]  # (1, heads, N, N)
         out = cn.scaled_dot_product_attention(q, k, v, scale=self.head_dim ** -0.5, mask=bias)
         return self.proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
 
