@@ -112,6 +112,22 @@ class Payload:
     """Not a tensor: torch's weights-only reader must refuse it."""
 
 
+def test_names_option_is_checked_and_output_never_overwrites_the_source(tmp_path, capsys):
+    candle = _fixture("resnet18")
+    src = tmp_path / "r.safetensors"
+    save_file(candle, str(src))
+    names = tmp_path / "names.json"
+    names.write_text('["a", "b"]')
+    assert main(["convert", "--from", "torchvision", str(src), str(tmp_path / "o.safetensors"),
+                 "--names", str(names)]) == 1
+    assert "2 class names from --names for a head of 1000 classes" in _one_error_line(capsys)
+    assert main(["convert", "--from", "torchvision", str(src), str(src)]) == 1
+    assert "OUT is the source checkpoint" in _one_error_line(capsys)
+    assert main(["convert", "--from", "torchvision", str(src), str(tmp_path / "o.safetensors"),
+                 "--names", str(tmp_path / "none.txt")]) == 1
+    assert "cannot read class names" in _one_error_line(capsys)
+
+
 def test_state_dict_with_unexpected_objects_is_refused(tmp_path, capsys):
     src = tmp_path / "odd.pt"
     torch.save({"conv1.weight": torch.zeros(1), "extra": Payload()}, src)

@@ -11,6 +11,7 @@ Errors are one ``error: …`` line on stderr and exit status 1 (scripts.common.r
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Sequence
 
 from candle_nn import CandleNNError
@@ -86,6 +87,8 @@ def _list() -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    if Path(args.src).resolve() == Path(args.out).resolve():
+        raise CandleNNError(f"OUT is the source checkpoint {args.src}; pass another output path")
     names = read_names(args.names) if args.names else None
     converted = convert(args.kind, args.src, variant=args.variant, num_classes=args.num_classes,
                         names=names)
