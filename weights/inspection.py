@@ -158,9 +158,11 @@ def inspect_file(path: "str | os.PathLike", model: str | None = None,
             except ModelUnavailableError as exc:
                 unavailable[spec.model] = str(exc)
                 break
-    matches.sort(key=lambda m: m.score, reverse=True)
-    return InspectReport(Path(path), tensors, WeightsMetadata.from_dict(raw), raw, matches,
-                         unavailable, (model, variant))
+    meta = WeightsMetadata.from_dict(raw)
+    # Best first: the most matching tensors, then the model the file's metadata names, then the
+    # fewest unused tensors (a pose file also fits the plain detector, which ignores cv4).
+    matches.sort(key=lambda m: (m.score[0], m.model == meta.model, m.score[1]), reverse=True)
+    return InspectReport(Path(path), tensors, meta, raw, matches, unavailable, (model, variant))
 
 
 def _list(names: list[str], limit: int) -> str:

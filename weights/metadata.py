@@ -4,18 +4,14 @@ safetensors metadata is a flat ``str -> str`` map. Every key we write starts wit
 values are plain strings except ``candle_nn.names`` (a JSON list). The CLIs read these keys to pick
 the variant and the class labels by default (see weights/README.md for the table).
 
-=========================  ==================================================================
-key                        value
-=========================  ==================================================================
-``candle_nn.model``        ``resnet`` | ``yolo_v8`` | ``yolo_v8_pose`` | ``mobile_sam``
-``candle_nn.variant``      the registry variant: ``resnet50``, ``n`` … ``x``, ``tiny``
-``candle_nn.task``         ``classify`` | ``detect`` | ``pose`` | ``segment``
-``candle_nn.num_classes``  decimal class count (ResNet head, YOLOv8 classes)
-``candle_nn.num_keypoints`` decimal keypoint count (YOLOv8 pose)
-``candle_nn.names``        JSON list of class names, index order (``["person", "bicycle", …]``)
-``candle_nn.source``       what it was converted from: ``ultralytics:best.pt`` etc.
-``candle_nn.format``       ``1`` (bumped if the meaning of these keys ever changes)
-=========================  ==================================================================
+* ``candle_nn.model``: ``resnet`` | ``yolo_v8`` | ``yolo_v8_pose`` | ``mobile_sam`` | ``sam``
+* ``candle_nn.variant``: the registry variant (``resnet50``, ``n`` … ``x``, ``tiny``)
+* ``candle_nn.task``: ``classify`` | ``detect`` | ``pose`` | ``segment``
+* ``candle_nn.num_classes``: decimal class count (ResNet head, YOLOv8 classes)
+* ``candle_nn.num_keypoints``: decimal keypoint count (YOLOv8 pose)
+* ``candle_nn.names``: JSON list of class names in index order (``["person", "bicycle", …]``)
+* ``candle_nn.source``: what it was converted from (``ultralytics:best.pt``)
+* ``candle_nn.format``: ``1`` (bumped if the meaning of these keys ever changes)
 """
 
 from __future__ import annotations
