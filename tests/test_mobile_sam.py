@@ -170,6 +170,35 @@ def test_prompt_encoder_negative_point_padding_numpy(fixture, model):
     assert rel_err(np.array(sparse), ref) < 1e-5
 
 
+def test_prompt_encoder_mask_input_numpy(fixture, model):
+    """A mask prompt: two stride-2 2x2 convs with LayerNorm2d + GELU, then a 1x1 conv."""
+    from safetensors.numpy import load_file
+
+    t = {k[len("prompt_encoder.mask_downscaling."):]: v.astype(np.float64)
+         for k, v in load_file(str(fixture.weights)).items()
+         if k.startswith("prompt_encoder.mask_downscaling.")}
+    erf = np.vectorize(math.erf)
+
+    def conv2x2(x, w, b):  # NHWC, stride 2, PyTorch weight (O, I, 2, 2)
+        n, h, wd, c = x.shape
+        patches = x.reshape(n, h // 2, 2, wd // 2, 2, c)
+        return np.einsum("bipjqc,ocpq->bijo", patches, w) + b
+
+    def ln_gelu(x, i):
+        mu = x.mean(-1, keepdims=True)
+        x = (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-6)
+        x = x * t[f"{i}.weight"] + t[f"{i}.bias"]
+        return 0.5 * x * (1 + erf(x / math.sqrt(2)))
+
+    mask = np.random.default_rng(0).normal(size=(1, 256, 256, 1)).astype(np.float32) * 4
+    x = ln_gelu(conv2x2(mask.astype(np.float64), t["0.weight"], t["0.bias"]), 1)
+    x = ln_gelu(conv2x2(x, t["3.weight"], t["3.bias"]), 4)
+    ref = np.einsum("bhwc,oc->bhwo", x, t["6.weight"][:, :, 0, 0]) + t["6.bias"]
+    _, dense = model.sam.prompt_encoder(masks=mx.array(mask))
+    assert dense.shape == (1, 64, 64, 256)
+    assert rel_err(np.array(dense), ref) < 1e-5
+
+
 def test_dense_positional_encoding_numpy(fixture, model):
     """image_pe is the encoding of the 64x64 grid's cell centres."""
     ys, xs = np.meshgrid(np.arange(64), np.arange(64), indexing="ij")
