@@ -84,6 +84,22 @@ def test_prefixed_non_1000_head_converts_and_matches_the_candle_named_forward(
     np.testing.assert_array_equal(logits[0], logits[1])
 
 
+def test_headless_backbone_converts_and_inspects_as_headless(tmp_path, capsys):
+    from models.resnet import ResNet
+
+    candle = {k: v for k, v in _fixture("resnet18").items() if not k.startswith("fc.")}
+    src, out = tmp_path / "backbone.pth", tmp_path / "backbone.safetensors"
+    torch.save({"model": _torch_sd(candle, prefix="encoder.")}, src)
+    assert main(["convert", "--from", "timm", str(src), str(out)]) == 0
+    assert read_metadata(out).num_classes is None
+    features = ResNet.load(cn.VarBuilder.from_safetensors(out, device="cpu"), "resnet18", None)(
+        mx.zeros((1, 32, 32, 3)))
+    assert features.shape == (1, 512)
+    capsys.readouterr()
+    assert main(["inspect", "--summary", str(out)]) == 0
+    assert "fits: resnet resnet18 (headless): all 100 tensors" in capsys.readouterr().out
+
+
 def test_safetensors_source_needs_no_pickle(tmp_path):
     candle = _fixture("resnet18")
     src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"

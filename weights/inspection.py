@@ -39,7 +39,7 @@ class Match:
 
     model: str
     variant: str
-    counts: dict[str, int]
+    counts: dict[str, int | None]
     expected: int
     missing: list[str] = field(default_factory=list)
     mismatched: list[tuple[str, Shape, Shape]] = field(default_factory=list)  # name, file, model
@@ -63,7 +63,9 @@ class Match:
         return f"{self.model} {self.variant}" + (f" ({counts})" if counts else "")
 
 
-def _count_words(arg: str, n: int) -> str:
+def _count_words(arg: str, n: int | None) -> str:
+    if n is None:
+        return "headless"
     noun = {"num_classes": ("class", "classes"), "num_keypoints": ("keypoint", "keypoints")}.get(
         arg, (arg, arg))
     return f"{n} {noun[0] if n == 1 else noun[1]}"

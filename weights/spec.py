@@ -55,12 +55,14 @@ class RecordingSource(_Source):
 @dataclass(frozen=True)
 class Count:
     """A size argument of a model's ``load`` (class or keypoint count) and where a file shows it:
-    ``shape(tensor)[0] // divisor``."""
+    ``shape(tensor)[0] // divisor``. A file without ``tensor`` implies ``default``, or ``None``
+    (headless) when ``optional``."""
 
     arg: str
     tensor: str
     divisor: int
     default: int
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,16 +74,16 @@ class ModelSpec:
     load: Callable[..., object]
     counts: tuple[Count, ...] = ()
 
-    def counts_from(self, shapes: Mapping[str, Shape]) -> dict[str, int]:
+    def counts_from(self, shapes: Mapping[str, Shape]) -> dict[str, int | None]:
         """The size arguments a file implies (the defaults where it does not say)."""
         out = {}
         for c in self.counts:
             shape = shapes.get(c.tensor)
-            out[c.arg] = shape[0] // c.divisor if shape else c.default
+            out[c.arg] = shape[0] // c.divisor if shape else (None if c.optional else c.default)
         return out
 
 
-def _load_resnet(vb: VarBuilder, variant: str, num_classes: int) -> object:
+def _load_resnet(vb: VarBuilder, variant: str, num_classes: int | None) -> object:
     from models.resnet import ResNet
 
     return ResNet.load(vb, variant, num_classes)
@@ -114,7 +116,7 @@ def _load_sam(vb: VarBuilder, variant: str) -> object:
 _YOLO_CLASSES = "head.cv3.0.2.weight"
 SPECS: dict[str, ModelSpec] = {s.model: s for s in (
     ModelSpec("resnet", tuple(f"resnet{d}" for d in (18, 34, 50, 101, 152)), _load_resnet,
-              (Count("num_classes", "fc.weight", 1, 1000),)),
+              (Count("num_classes", "fc.weight", 1, 1000, optional=True),)),
     ModelSpec("yolo_v8", tuple("nsmlx"), _load_yolo,
               (Count("num_classes", _YOLO_CLASSES, 1, 80),)),
     ModelSpec("yolo_v8_pose", tuple("nsmlx"), _load_yolo_pose,
@@ -129,10 +131,11 @@ class ModelUnavailableError(CandleNNError):
     """The model class needed to build an expected-tensor table cannot be imported or built."""
 
 
-def expected_tensors(model: str, variant: str, **counts: int) -> dict[str, Shape]:
+def expected_tensors(model: str, variant: str, **counts: int | None) -> dict[str, Shape]:
     """``name -> shape`` (PyTorch layout) of every tensor ``model``/``variant`` reads.
 
-    ``counts``: the size arguments (``num_classes=``, ``num_keypoints=``); defaults otherwise.
+    ``counts``: the size arguments (``num_classes=``, ``num_keypoints=``; ``None``: headless
+    where the model allows it); defaults otherwise.
     Raises CandleNNError for an unknown model/variant, ModelUnavailableError when the model
     class cannot be imported or built.
     """
@@ -142,13 +145,13 @@ def expected_tensors(model: str, variant: str, **counts: int) -> dict[str, Shape
     if variant not in spec.variants:
         raise CandleNNError(
             f"unknown {model} variant {variant!r}; known: {', '.join(spec.variants)}")
-    args = {c.arg: int(counts.get(c.arg, c.default)) for c in spec.counts}
+    args = {c.arg: counts.get(c.arg, c.default) for c in spec.counts}
     return dict(_record(model, variant, tuple(sorted(args.items()))))
 
 
 @functools.lru_cache(maxsize=64)
 def _record(model: str, variant: str,
-            args: tuple[tuple[str, int], ...]) -> tuple[tuple[str, Shape], ...]:
+            args: tuple[tuple[str, int | None], ...]) -> tuple[tuple[str, Shape], ...]:
     source = RecordingSource()
     vb = VarBuilder(source, dtype=mx.float32, device=Device.cpu())
     try:
