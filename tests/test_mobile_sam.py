@@ -301,3 +301,16 @@ def test_upsample2x2_equals_conv_transpose2d(device):
     fast = Upsample2x2.load(vb, 16, 8, 2, cfg)(x)
     assert fast.shape == (2, 10, 14, 8)
     assert rel_err(np.array(fast), np.array(cn.ConvTranspose2d.load(vb, 16, 8, 2, cfg)(x))) < 1e-6
+
+
+def test_upsample2x2_other_configs_fall_back(device):
+    from models.segment_anything.mask_decoder import Upsample2x2
+
+    rng = np.random.default_rng(1)
+    tensors = {"weight": rng.normal(size=(4, 3, 3, 3)).astype(np.float32),
+               "bias": rng.normal(size=(3,)).astype(np.float32)}
+    vb = cn.VarBuilder.from_tensors(tensors, device=device)
+    cfg = cn.ConvTranspose2dConfig(stride=2, padding=1)
+    x = mx.array(rng.normal(size=(1, 4, 4, 4)).astype(np.float32))
+    np.testing.assert_array_equal(np.array(Upsample2x2.load(vb, 4, 3, 3, cfg)(x)),
+                                  np.array(cn.ConvTranspose2d.load(vb, 4, 3, 3, cfg)(x)))
