@@ -1,0 +1,198 @@
+"""ResNet-18/34/50/101/152 (He et al. 2015; torchvision's v1.5 layout), loaded with candle's names.
+
+Tensor names, as candle-transformers' ``resnet.rs`` and torchvision write them::
+
+    conv1, bn1                                     7x7/2 stem conv + BatchNorm
+    layer{1..4}.{i}.conv1|bn1|conv2|bn2            basic blocks (18, 34)
+    layer{1..4}.{i}.conv1|bn1|conv2|bn2|conv3|bn3  bottlenecks (50, 101, 152); stride on conv2
+    layer{2..4}.0.downsample.0|1                   1x1 projection conv + BatchNorm
+    fc                                             classifier (absent when headless)
+
+Every BatchNorm (eps 1e-5) is folded into its convolution at load. Inputs are NHWC float batches
+``(N, H, W, 3)`` normalised with ImageNet's mean/std (see :mod:`models.imagenet`); outputs are
+logits ``(N, num_classes)``, or pooled features ``(N, 512 | 2048)`` for a headless model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from candle_nn import (BatchNorm2d, Conv2d, Conv2dConfig, Linear, Module, VarBuilder,
+                       WeightsFileError, max_pool2d, relu)
+
+
+@dataclass(frozen=True)
+class ResNetConfig:
+    """A depth: block type and number of blocks in each of the four stages."""
+
+    bottleneck: bool
+    blocks: tuple[int, int, int, int]
+
+    @property
+    def expansion(self) -> int:
+        return 4 if self.bottleneck else 1
+
+    @property
+    def feature_dim(self) -> int:
+        return 512 * self.expansion
+
+
+VARIANTS: dict[str, ResNetConfig] = {
+    "resnet18": ResNetConfig(False, (2, 2, 2, 2)),
+    "resnet34": ResNetConfig(False, (3, 4, 6, 3)),
+    "resnet50": ResNetConfig(True, (3, 4, 6, 3)),
+    "resnet101": ResNetConfig(True, (3, 4, 23, 3)),
+    "resnet152": ResNetConfig(True, (3, 8, 36, 3)),
+}
+STAGE_WIDTHS = (64, 128, 256, 512)
+
+
+def conv_bn(vb: VarBuilder, conv: str, bn: str, in_channels: int, out_channels: int,
+            kernel_size: int, stride: int = 1) -> Conv2d:
+    """``vb.conv`` (no bias, "same" padding) with ``vb.bn`` folded in."""
+    config = Conv2dConfig(padding=kernel_size // 2, stride=stride)
+    layer = Conv2d.load(vb.pp(conv), in_channels, out_channels, kernel_size, config, bias=False)
+    return layer.fold_batch_norm(BatchNorm2d.load(vb.pp(bn), out_channels))
+
+
+class ResidualBlock(Module):
+    """A residual block: ``relu(body(x) + shortcut(x))``, the body being convs with ReLUs between.
+
+    Basic blocks have two 3x3 convs; bottlenecks 1x1 → 3x3 (strided) → 1x1 with 4x expansion.
+    The shortcut is the identity or the ``downsample`` projection.
+    """
+
+    def __init__(self, convs: list[Conv2d], downsample: Conv2d | None) -> None:
+        super().__init__(convs[0].device)
+        self.convs = convs
+        if downsample is not None:
+            self.downsample = downsample
+
+    @classmethod
+    def load(cls, vb: VarBuilder, config: ResNetConfig, in_channels: int, width: int,
+             stride: int) -> "ResidualBlock":
+        out_channels = width * config.expansion
+        if config.bottleneck:
+            convs = [conv_bn(vb, "conv1", "bn1", in_channels, width, 1),
+                     conv_bn(vb, "conv2", "bn2", width, width, 3, stride),
+                     conv_bn(vb, "conv3", "bn3", width, out_channels, 1)]
+        else:
+            convs = [conv_bn(vb, "conv1", "bn1", in_channels, width, 3, stride),
+                     conv_bn(vb, "conv2", "bn2", width, width, 3)]
+        downsample = None
+        if stride != 1 or in_channels != out_channels:
+            downsample = conv_bn(vb.pp("downsample"), "0", "1", in_channels, out_channels, 1, stride)
+        return cls(convs, downsample)
+
+    def forward(self, x: mx.array) -> mx.array:
+        y = x
+        for i, conv in enumerate(self.convs):
+            y = conv(y)
+            if i + 1 < len(self.convs):
+                y = relu(y)
+        shortcut = self.downsample(x) if "downsample" in self else x
+        return relu(y + shortcut)
+
+
+class ResNet(Module):
+    """A ResNet classifier (or, with ``fc=None``, a pooled-feature extractor).
+
+    Call it on ``(N, H, W, 3)`` normalised NHWC floats to get logits ``(N, num_classes)`` (headless:
+    features ``(N, feature_dim)``). :meth:`forward_features` also returns the intermediate maps.
+    """
+
+    def __init__(self, variant: str, stem: Conv2d, stages: list[list[ResidualBlock]],
+                 fc: Linear | None) -> None:
+        super().__init__(stem.device)
+        self.variant = variant
+        self.config = VARIANTS[variant]
+        self.stem = stem
+        self.stages = stages
+        if fc is not None:
+            self.fc = fc
+
+    @classmethod
+    def load(cls, vb: VarBuilder, variant: str = "resnet18",
+             num_classes: int | None = 1000) -> "ResNet":
+        """Build ``variant`` from ``vb``; ``num_classes=None`` builds it headless (no ``fc``)."""
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown ResNet variant {variant!r}; choose one of {list(VARIANTS)}")
+        config = VARIANTS[variant]
+        stem = conv_bn(vb, "conv1", "bn1", 3, 64, 7, stride=2)
+        stages, channels = [], 64
+        for index, (width, count) in enumerate(zip(STAGE_WIDTHS, config.blocks)):
+            layer = vb.pp(f"layer{index + 1}")
+            blocks = []
+            for i in range(count):
+                stride = 2 if i == 0 and index > 0 else 1
+                blocks.append(ResidualBlock.load(layer.pp(i), config, channels, width, stride))
+                channels = width * config.expansion
+            stages.append(blocks)
+        fc = None if num_classes is None else Linear.load(vb.pp("fc"), channels, num_classes)
+        return cls(variant, stem, stages, fc)
+
+    @property
+    def num_classes(self) -> int | None:
+        """Classifier size, or ``None`` for a headless model."""
+        return self.fc.out_features if "fc" in self else None
+
+    def forward_features(self, x: mx.array) -> dict[str, mx.array]:
+        """Intermediate outputs: ``stem`` (after the max-pool), ``layer1``..``layer4`` (NHWC) and
+        ``pooled`` ``(N, feature_dim)``."""
+        with self.on_device():
+            out = {"stem": max_pool2d(relu(self.stem(x)), 3, 2, 1)}
+            y = out["stem"]
+            for index, blocks in enumerate(self.stages):
+                for block in blocks:
+                    y = block(y)
+                out[f"layer{index + 1}"] = y
+            out["pooled"] = y.mean(axis=(1, 2))
+        return out
+
+    def forward(self, x: mx.array) -> mx.array:
+        pooled = self.forward_features(x)["pooled"]
+        return self.fc(pooled) if "fc" in self else pooled
+
+
+def infer_variant(vb: VarBuilder, name: str = "the weights") -> tuple[str, int | None]:
+    """``(variant, num_classes)`` of the ResNet whose tensors ``vb`` holds (``None``: headless).
+
+    Read from the tensor names (bottleneck ``conv3`` or not, blocks per stage) and the ``fc``
+    shape. Raises WeightsFileError (naming ``name``) when the tensors are no candle ResNet.
+    """
+    if not (vb.contains("conv1.weight") and vb.contains("layer1.0.conv1.weight")):
+        raise WeightsFileError(
+            f"{name} holds no ResNet (no conv1.weight / layer1.0.conv1.weight); "
+            "pass a ResNet checkpoint in candle's layout")
+    counts = []
+    for stage in range(1, 5):
+        n = 0
+        while vb.contains(f"layer{stage}.{n}.conv1.weight"):
+            n += 1
+        counts.append(n)
+    found = ResNetConfig(vb.contains("layer1.0.conv3.weight"), tuple(counts))  # type: ignore[arg-type]
+    for name, config in VARIANTS.items():
+        if config == found:
+            num_classes = vb.shape("fc.weight")[0] if vb.contains("fc.weight") else None
+            return name, num_classes
+    kind = "bottleneck" if found.bottleneck else "basic"
+    raise WeightsFileError(f"{name} holds a ResNet with {kind} blocks {tuple(counts)} per "
+                           "stage, which is none of resnet18/34/50/101/152")
+
+
+def _variant_loader(variant: str):
+    def load(vb: VarBuilder, num_classes: int | None = 1000) -> ResNet:
+        return ResNet.load(vb, variant, num_classes)
+
+    load.__name__ = variant
+    load.__doc__ = f"{variant} from ``vb`` (``num_classes=None``: headless)."
+    return load
+
+
+resnet18 = _variant_loader("resnet18")
+resnet34 = _variant_loader("resnet34")
+resnet50 = _variant_loader("resnet50")
+resnet101 = _variant_loader("resnet101")
+resnet152 = _variant_loader("resnet152")

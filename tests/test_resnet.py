@@ -1,0 +1,185 @@
+"""ResNet: parity with torchvision's resnet18 (fixture), the other depths' structure, and a
+NumPy reference of the bottleneck path."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import assert_matches, load_fixture, nchw_to_nhwc
+
+import candle_nn as cn
+from models.imagenet import class_names, preprocess, preprocess_batch
+from models.resnet import VARIANTS, ResidualBlock, ResNet, infer_variant, resnet50
+from weights.spec import expected_tensors
+
+# torchvision's parameter counts (sum of numel over model.parameters(), 1000 classes).
+TORCHVISION_PARAMS = {"resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032,
+                      "resnet101": 44_549_160, "resnet152": 60_192_808}
+
+
+@pytest.fixture(scope="module")
+def fixture():
+    return load_fixture("resnet18")
+
+
+@pytest.fixture(scope="module", params=cn.Device.available(), ids=str)
+def outputs(request, fixture):
+    io, _, folder = fixture
+    vb = cn.VarBuilder.from_safetensors(folder / "weights.safetensors", device=request.param)
+    model = ResNet.load(vb, "resnet18", 1000)
+    x = mx.array(nchw_to_nhwc(io["input.image"]))
+    feats = model.forward_features(x)
+    feats["logits"] = model(x)
+    return {k: np.array(v) for k, v in feats.items()}
+
+
+@pytest.mark.parametrize("key", ["stem", "layer1", "layer2", "layer3", "layer4", "logits"])
+def test_resnet18_matches_torchvision(outputs, fixture, key):
+    io, meta, _ = fixture
+    ref = io[f"output.{key}"]
+    got = outputs[key] if key == "logits" else outputs[key].transpose(0, 3, 1, 2)
+    assert_matches(meta, key, got, ref)
+
+
+def test_preprocessing_reproduces_the_fixture_input(fixture):
+    io, _, _ = fixture
+    ours = preprocess(io["input.raw_rgb"])
+    ref = io["input.image"][0].transpose(1, 2, 0)
+    assert ours.shape == (224, 224, 3) and ours.dtype == np.float32
+    # PIL's and torchvision's antialiased bilinear filters differ slightly.
+    assert np.abs(ours - ref).max() / np.abs(ref).max() < 1e-2
+    assert np.abs(ours - ref).mean() < 1e-3
+    assert preprocess_batch([io["input.raw_rgb"]] * 2).shape == (2, 224, 224, 3)
+
+
+def test_preprocessing_rejects_non_rgb():
+    with pytest.raises(ValueError, match="uint8"):
+        preprocess(np.zeros((10, 10), np.uint8))
+
+
+def test_class_names_ship_with_the_package():
+    names = class_names()
+    assert len(names) == 1000 and names[0] == "tench" and names[444] == "bicycle-built-for-two"
+
+
+def _torchvision_layout(variant: str, num_classes: int = 1000) -> dict[str, tuple[int, ...]]:
+    """Every tensor name and shape of torchvision's resnet, from its construction rules."""
+    config = VARIANTS[variant]
+    out: dict[str, tuple[int, ...]] = {}
+
+    def conv_bn(conv: str, bn: str, cin: int, cout: int, k: int) -> None:
+        out[f"{conv}.weight"] = (cout, cin, k, k)
+        for name in ("weight", "bias", "running_mean", "running_var"):
+            out[f"{bn}.{name}"] = (cout,)
+
+    conv_bn("conv1", "bn1", 3, 64, 7)
+    cin = 64
+    for stage, (width, count) in enumerate(zip((64, 128, 256, 512), config.blocks), 1):
+        cout = width * config.expansion
+        for i in range(count):
+            p = f"layer{stage}.{i}"
+            if config.bottleneck:
+                conv_bn(f"{p}.conv1", f"{p}.bn1", cin, width, 1)
+                conv_bn(f"{p}.conv2", f"{p}.bn2", width, width, 3)
+                conv_bn(f"{p}.conv3", f"{p}.bn3", width, cout, 1)
+            else:
+                conv_bn(f"{p}.conv1", f"{p}.bn1", cin, width, 3)
+                conv_bn(f"{p}.conv2", f"{p}.bn2", width, width, 3)
+            if i == 0 and (stage > 1 or cin != cout):
+                conv_bn(f"{p}.downsample.0", f"{p}.downsample.1", cin, cout, 1)
+            cin = cout
+    out["fc.weight"], out["fc.bias"] = (num_classes, cin), (num_classes,)
+    return out
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_depth_reads_torchvision_names_and_shapes(variant):
+    tensors = expected_tensors("resnet", variant, num_classes=1000)
+    assert tensors == _torchvision_layout(variant)
+    params = sum(math.prod(s) for n, s in tensors.items() if "running_" not in n)
+    assert params == TORCHVISION_PARAMS[variant]
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_depth_runs_and_is_recognised(variant):
+    varmap = cn.VarMap()
+    vb = cn.VarBuilder.from_varmap(varmap, seed=1, device="cpu")
+    model = ResNet.load(vb, variant, num_classes=7)
+    logits = model(mx.random.normal((2, 64, 64, 3), key=mx.random.key(0)))
+    assert logits.shape == (2, 7) and bool(mx.all(mx.isfinite(logits)))
+    assert infer_variant(cn.VarBuilder.from_tensors(varmap.all_vars())) == (variant, 7)
+
+
+def test_headless_model_returns_pooled_features():
+    vb = cn.VarBuilder.from_varmap(cn.VarMap(), seed=2, device="cpu")
+    model = resnet50(vb, num_classes=None)
+    assert model.num_classes is None
+    assert model(mx.zeros((1, 64, 64, 3))).shape == (1, 2048)
+    assert not any(name.startswith("fc.") for name in vb.accessed())
+
+
+def test_infer_variant_rejects_other_models(fixture):
+    vb = cn.VarBuilder.from_tensors({"net.b1.0.conv.weight": np.zeros((16, 3, 3, 3), np.float32)})
+    with pytest.raises(cn.WeightsFileError, match="holds no ResNet"):
+        infer_variant(vb)
+
+
+def test_unknown_variant_is_a_clear_error():
+    with pytest.raises(ValueError, match="resnet18"):
+        ResNet.load(cn.VarBuilder.from_varmap(cn.VarMap()), "resnet19")
+
+
+def _np_conv(x, w, stride=1, pad=0):
+    """NHWC x, OIHW w, float64, zero padding."""
+    x = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    o, i, kh, kw = w.shape
+    n, h, wd, _ = x.shape
+    oh, ow = (h - kh) // stride + 1, (wd - kw) // stride + 1
+    out = np.zeros((n, oh, ow, o))
+    for a in range(kh):
+        for b in range(kw):
+            patch = x[:, a:a + stride * oh:stride, b:b + stride * ow:stride, :]
+            out += patch @ w[:, :, a, b].T
+    return out
+
+
+def _np_bn(x, p, eps=1e-5):
+    return (x - p["running_mean"]) / np.sqrt(p["running_var"] + eps) * p["weight"] + p["bias"]
+
+
+def test_bottleneck_with_downsample_matches_numpy():
+    rng = np.random.default_rng(50)
+    cin, width, stride = 32, 16, 2
+    cout = width * 4
+    tensors: dict[str, np.ndarray] = {}
+
+    def conv_bn(conv, bn, ci, co, k):
+        tensors[f"{conv}.weight"] = rng.normal(0, 1 / math.sqrt(ci * k * k), (co, ci, k, k))
+        tensors[f"{bn}.weight"] = rng.uniform(0.5, 1.5, co)
+        tensors[f"{bn}.bias"] = rng.normal(0, 0.1, co)
+        tensors[f"{bn}.running_mean"] = rng.normal(0, 0.1, co)
+        tensors[f"{bn}.running_var"] = rng.uniform(0.5, 2.0, co)
+
+    conv_bn("conv1", "bn1", cin, width, 1)
+    conv_bn("conv2", "bn2", width, width, 3)
+    conv_bn("conv3", "bn3", width, cout, 1)
+    conv_bn("downsample.0", "downsample.1", cin, cout, 1)
+    tensors = {k: v.astype(np.float32) for k, v in tensors.items()}
+    vb = cn.VarBuilder.from_tensors(tensors, device="cpu")
+    block = ResidualBlock.load(vb, VARIANTS["resnet50"], cin, width, stride)
+    x = rng.normal(size=(2, 9, 11, cin)).astype(np.float32)
+    got = np.array(block(mx.array(x)))
+
+    t = {k: v.astype(np.float64) for k, v in tensors.items()}
+    bn = lambda name: {k.split(".")[-1]: v for k, v in t.items() if k.startswith(name + ".")}  # noqa: E731
+    relu = lambda a: np.maximum(a, 0)  # noqa: E731
+    y = relu(_np_bn(_np_conv(x, t["conv1.weight"]), bn("bn1")))
+    y = relu(_np_bn(_np_conv(y, t["conv2.weight"], stride, 1), bn("bn2")))
+    y = _np_bn(_np_conv(y, t["conv3.weight"]), bn("bn3"))
+    short = _np_bn(_np_conv(x, t["downsample.0.weight"], stride), bn("downsample.1"))
+    ref = relu(y + short)
+    assert got.shape == ref.shape == (2, 5, 6, cout)
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5

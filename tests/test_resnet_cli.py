@@ -1,0 +1,135 @@
+"""candle-resnet as a new user would run it: good and bad inputs, one clear line on failure."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, fixture_dir
+
+import candle_nn as cn
+from models.resnet import ResNet
+from scripts.resnet import main
+
+BIKE = str(FIXTURES / "images" / "bike.jpg")
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return str(fixture_dir("resnet18") / "weights.safetensors")
+
+
+def _fails(capsys, argv, *fragments):
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in err, err
+    return err
+
+
+def test_one_image_prints_top_k(capsys, weights):
+    assert main(["--image", BIKE, "--weights", weights, "--top-k", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{BIKE}:" and len(lines) == 4
+    probs = [float(line.split("%")[0]) for line in lines[1:]]
+    assert probs == sorted(probs, reverse=True) and 0 < probs[0] <= 100
+
+
+def test_folder_and_repeated_images_give_json(capsys, weights, tmp_path):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        shutil.copy(BIKE, folder / name)
+    (folder / "notes.txt").write_text("not an image, not picked from a folder")
+    argv = ["--image", str(folder), "--image", BIKE, "--weights", weights, "--json",
+            "--batch-size", "2"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["model"] == "resnet18" and len(doc["images"]) == 3
+    tops = [tuple(e["index"] for e in img["top_k"]) for img in doc["images"]]
+    assert tops[0] == tops[1] == tops[2]  # the same picture, batched or not
+    total = sum(e["probability"] for e in doc["images"][0]["top_k"])
+    assert 0 < total <= 1.0 + 1e-6
+
+
+def test_missing_image(capsys, weights):
+    _fails(capsys, ["--image", "no/such.jpg", "--weights", weights], "image not found", "no/such.jpg")
+
+
+def test_non_image_file(capsys, weights, tmp_path):
+    bogus = tmp_path / "photo.jpg"
+    bogus.write_bytes(b"this is not a jpeg")
+    _fails(capsys, ["--image", str(bogus), "--weights", weights], "not a readable image")
+
+
+def test_empty_folder(capsys, weights, tmp_path):
+    _fails(capsys, ["--image", str(tmp_path), "--weights", weights], "no image files")
+
+
+def test_weights_of_another_variant(capsys, weights):
+    _fails(capsys, ["--image", BIKE, "--weights", weights, "--variant", "resnet50"],
+           "holds resnet18 weights, not resnet50")
+
+
+def test_weights_of_another_model(capsys):
+    other = str(fixture_dir("yolov8n") / "weights.safetensors")
+    _fails(capsys, ["--image", BIKE, "--weights", other], "holds no ResNet")
+
+
+def test_headless_weights_cannot_classify(capsys, tmp_path):
+    varmap = cn.VarMap()
+    ResNet.load(cn.VarBuilder.from_varmap(varmap, seed=0), "resnet18", num_classes=None)
+    path = tmp_path / "headless.safetensors"
+    varmap.save(path)
+    _fails(capsys, ["--image", BIKE, "--weights", str(path)], "headless resnet18")
+
+
+def test_custom_head_gets_numbered_labels(capsys, tmp_path):
+    varmap = cn.VarMap()
+    ResNet.load(cn.VarBuilder.from_varmap(varmap, seed=0), "resnet18", num_classes=3)
+    path = tmp_path / "three.safetensors"
+    varmap.save(path)
+    assert main(["--image", BIKE, "--weights", str(path), "--json"]) == 0
+    labels = {e["label"] for e in json.loads(capsys.readouterr().out)["images"][0]["top_k"]}
+    assert labels == {"0", "1", "2"}
+
+
+def test_missing_and_corrupt_weights(capsys, tmp_path, weights):
+    _fails(capsys, ["--image", BIKE, "--weights", str(tmp_path / "none.safetensors")],
+           "weights file not found")
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(open(weights, "rb").read()[:5000])
+    _fails(capsys, ["--image", BIKE, "--weights", str(broken)], "broken.safetensors")
+
+
+def test_offline_default_weights_say_what_to_download(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    _fails(capsys, ["--image", BIKE, "--variant", "resnet34"], "resnet34.safetensors", "--weights")
+
+
+@pytest.mark.skipif(bool(cn.Device.available()[1:]), reason="this machine has a GPU")
+def test_gpu_without_gpu(capsys, weights):
+    _fails(capsys, ["--image", BIKE, "--weights", weights, "--device", "gpu"], "no GPU")
+
+
+def test_bad_numbers(capsys, weights):
+    _fails(capsys, ["--image", BIKE, "--weights", weights, "--top-k", "0"], "--top-k")
+    with pytest.raises(SystemExit):
+        main(["--image", BIKE, "--variant", "resnet19"])
+
+
+def test_cli_results_match_the_model(capsys, weights):
+    """The printed top-1 is the argmax of the model's logits on the preprocessed image."""
+    from models.imagenet import class_names, preprocess
+    from scripts.common import load_rgb
+
+    import mlx.core as mx
+
+    model = ResNet.load(cn.VarBuilder.from_safetensors(weights, device="cpu"), "resnet18")
+    logits = np.array(model(mx.array(preprocess(load_rgb(BIKE))[None])))
+    assert main(["--image", BIKE, "--weights", weights, "--top-k", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith(class_names()[int(logits.argmax())])
