@@ -72,7 +72,9 @@ def save_image_atomic(image, path: "str | os.PathLike") -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            image.save(fh, format=_pil_format(path))
+            fmt = _pil_format(path)
+            image.save(fh, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException as exc:
         if os.path.exists(tmp):
@@ -81,6 +83,12 @@ def save_image_atomic(image, path: "str | os.PathLike") -> Path:
             raise CandleNNError(f"cannot write {path}: {exc.strerror or exc}") from exc
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _pil_format(path: Path) -> str:
