@@ -1,0 +1,440 @@
+"""Op x device matrix: every candle_nn layer's forward on every available device, against a
+float64 NumPy reference written here.
+
+Weights are handed over in candle/PyTorch layout through ``VarBuilder.from_tensors`` (conv
+``(O, I/groups, kH, kW)``, transposed conv ``(I, O, kH, kW)``, linear ``(out, in)``), so the layout
+conversion done at load is part of what is tested. Images are NHWC.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import rel_err
+
+import candle_nn as cn
+
+TOL = 1e-5  # max|err| / max|ref|, float32 vs float64
+
+
+def rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def randn(r: np.random.Generator, *shape: int) -> np.ndarray:
+    return r.standard_normal(shape).astype(np.float32)
+
+
+def close(got, ref, tol: float = TOL) -> None:
+    got = np.array(got)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert np.isfinite(got).all()
+    err = rel_err(got, ref)
+    assert err <= tol, f"rel err {err:.3e} > {tol:.0e}"
+
+
+def on(device: cn.Device, fn, *args, **kwargs):
+    """Run a stateless op on ``device``'s stream and evaluate it there."""
+    with mx.stream(device.stream):
+        out = fn(*args, **kwargs)
+        mx.eval(out)
+    return out
+
+
+def vb_of(tensors: dict[str, np.ndarray], device: cn.Device) -> cn.VarBuilder:
+    return cn.VarBuilder.from_tensors(tensors, device=device)
+
+
+def f64(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64)
+
+
+# -- NumPy references (NHWC, float64) ------------------------------------------------------------
+def pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def ref_conv2d(x, w_oihw, b, padding=0, stride=1, dilation=1, groups=1):
+    """Direct convolution: one matmul per kernel tap and group."""
+    x, w = f64(x), f64(w_oihw)
+    (ph, pw), (sh, sw), (dh, dw) = pair(padding), pair(stride), pair(dilation)
+    n, h, wd, cin = x.shape
+    cout, cig, kh, kw = w.shape
+    xp = np.pad(x, [(0, 0), (ph, ph), (pw, pw), (0, 0)])
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    cog = cout // groups
+    out = np.zeros((n, oh, ow, cout))
+    for g in range(groups):
+        for i in range(kh):
+            for j in range(kw):
+                patch = xp[:, i * dh: i * dh + sh * (oh - 1) + 1: sh,
+                           j * dw: j * dw + sw * (ow - 1) + 1: sw, g * cig:(g + 1) * cig]
+                out[..., g * cog:(g + 1) * cog] += patch @ w[g * cog:(g + 1) * cog, :, i, j].T
+    return out if b is None else out + f64(b)
+
+
+def ref_conv_transpose2d(x, w_iohw, b, padding=0, output_padding=0, stride=1, dilation=1):
+    """Scatter-add definition: input pixel (h, w) adds ``x[h, w] @ W[:, :, i, j]`` at
+    ``(h * s + i * d - p, w * s + j * d - p)``."""
+    x, w = f64(x), f64(w_iohw)
+    (ph, pw), (oph, opw) = pair(padding), pair(output_padding)
+    (sh, sw), (dh, dw) = pair(stride), pair(dilation)
+    n, h, wd, _ = x.shape
+    _, cout, kh, kw = w.shape
+    oh = (h - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+    ow = (wd - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+    # Canvas large enough for every scatter target before cropping by the padding.
+    canvas = np.zeros((n, oh + 2 * ph + sh * h + dh * kh, ow + 2 * pw + sw * wd + dw * kw, cout))
+    for ih in range(h):
+        for iw in range(wd):
+            for i in range(kh):
+                for j in range(kw):
+                    canvas[:, ih * sh + i * dh, iw * sw + j * dw, :] += x[:, ih, iw, :] @ w[:, :, i, j]
+    out = canvas[:, ph:ph + oh, pw:pw + ow, :]
+    return out if b is None else out + f64(b)
+
+
+def ref_pool(x, k, s, p, mode):
+    x = f64(x)
+    (kh, kw), (sh, sw), (ph, pw) = pair(k), pair(s), pair(p)
+    fill = -np.inf if mode == "max" else 0.0
+    xp = np.pad(x, [(0, 0), (ph, ph), (pw, pw), (0, 0)], constant_values=fill)
+    n, h, w, c = xp.shape
+    oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
+    out = np.empty((n, oh, ow, c))
+    for i in range(oh):
+        for j in range(ow):
+            win = xp[:, i * sh:i * sh + kh, j * sw:j * sw + kw, :]
+            out[:, i, j] = win.max(axis=(1, 2)) if mode == "max" else win.mean(axis=(1, 2))
+    return out
+
+
+def ref_layer_norm(x, w, b, eps, remove_mean=True):
+    x = f64(x)
+    if remove_mean:
+        x = x - x.mean(-1, keepdims=True)
+    y = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    if w is not None:
+        y = y * f64(w)
+    if b is not None:
+        y = y + f64(b)
+    return y
+
+
+def ref_softmax(x, axis=-1):
+    x = f64(x)
+    e = np.exp(x - x.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+
+_erf = np.vectorize(math.erf)
+
+
+# -- Linear --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_linear(device, bias):
+    r = rng(1)
+    w, b, x = randn(r, 24, 40), randn(r, 24), randn(r, 3, 5, 40)
+    tensors = {"fc.weight": w, "fc.bias": b} if bias else {"fc.weight": w}
+    layer = (cn.linear if bias else cn.linear_no_bias)(40, 24, vb_of(tensors, device).pp("fc"))
+    assert layer.device == device and ("bias" in layer) == bias
+    ref = f64(x) @ f64(w).T + (f64(b) if bias else 0.0)
+    close(layer(mx.array(x)), ref)
+
+
+def test_linear_b_without_bias_ignores_a_stored_bias(device):
+    r = rng(2)
+    tensors = {"weight": randn(r, 4, 6), "bias": randn(r, 4)}
+    layer = cn.linear_b(6, 4, False, vb_of(tensors, device))
+    x = randn(r, 2, 6)
+    close(layer(mx.array(x)), f64(x) @ f64(tensors["weight"]).T)
+
+
+# -- Conv2d --------------------------------------------------------------------------------------
+CONV_CASES = {
+    # id: (in, out, kernel, config kwargs, input HxW)
+    "3x3_pad1": (4, 6, 3, dict(padding=1), (9, 9)),
+    "1x1": (5, 7, 1, dict(), (6, 6)),
+    "7x7_s2_p3": (3, 8, 7, dict(padding=3, stride=2), (17, 17)),
+    "stride2_nopad": (4, 4, 3, dict(stride=2), (10, 10)),
+    "dilation2": (4, 5, 3, dict(padding=2, dilation=2), (11, 11)),
+    "groups2": (6, 4, 3, dict(padding=1, groups=2), (8, 8)),
+    "depthwise": (6, 6, 3, dict(padding=1, groups=6), (8, 8)),
+    "depthwise_mult2_s2": (4, 8, 3, dict(padding=1, stride=2, groups=4), (9, 9)),
+    "rect_kernel": (3, 5, (1, 3), dict(padding=(0, 1)), (7, 6)),
+    "rect_input_mixed": (4, 6, (3, 5), dict(padding=(1, 2), stride=(2, 1), dilation=(1, 2)),
+                         (13, 9)),
+}
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("case", list(CONV_CASES))
+def test_conv2d(device, case, bias):
+    cin, cout, k, cfg, (h, w) = CONV_CASES[case]
+    kh, kw = pair(k)
+    groups = cfg.get("groups", 1)
+    r = rng(sum(map(ord, case)))
+    weight, b = randn(r, cout, cin // groups, kh, kw), randn(r, cout)
+    x = randn(r, 2, h, w, cin)
+    tensors = {"weight": weight, "bias": b} if bias else {"weight": weight}
+    config = cn.Conv2dConfig(**cfg)
+    conv = cn.Conv2d.load(vb_of(tensors, device), cin, cout, k, config, bias=bias)
+    assert conv.weight.shape == (cout, kh, kw, cin // groups)  # MLX layout
+    close(conv(mx.array(x)), ref_conv2d(x, weight, b if bias else None, **cfg))
+
+
+def test_conv2d_helpers_and_group_check(device):
+    r = rng(3)
+    vb = vb_of({"c.weight": randn(r, 4, 2, 3, 3), "c.bias": randn(r, 4)}, device)
+    assert "bias" in cn.conv2d(2, 4, 3, cn.Conv2dConfig(), vb.pp("c"))
+    assert "bias" not in cn.conv2d_no_bias(2, 4, 3, cn.Conv2dConfig(), vb.pp("c"))
+    with pytest.raises(cn.ShapeMismatchError, match="groups=3"):
+        cn.Conv2d.load(vb.pp("c"), 2, 4, 3, cn.Conv2dConfig(groups=3))
+
+
+# -- ConvTranspose2d -----------------------------------------------------------------------------
+CONVT_CASES = {
+    # id: (kernel, stride, padding, output_padding, dilation)
+    "k2_s2": (2, 2, 0, 0, 1),
+    "k3_s1": (3, 1, 0, 0, 1),
+    "k3_s2_p1": (3, 2, 1, 0, 1),
+    "k3_s2_p1_op1": (3, 2, 1, 1, 1),
+    "k4_s2_p1": (4, 2, 1, 0, 1),
+    "k4_s2_p0_op1": (4, 2, 0, 1, 1),
+    "k3_s2_p2_op1": (3, 2, 2, 1, 1),
+    "k3_s1_p1_d2": (3, 1, 1, 0, 2),
+    "rect": ((2, 3), (2, 1), (0, 1), (1, 0), 1),
+}
+
+
+@pytest.mark.parametrize("case", list(CONVT_CASES))
+def test_conv_transpose2d(device, case):
+    k, s, p, op, d = CONVT_CASES[case]
+    kh, kw = pair(k)
+    cin, cout = 5, 3
+    r = rng(sum(map(ord, case)))
+    weight, b = randn(r, cin, cout, kh, kw), randn(r, cout)  # PyTorch (I, O, kH, kW)
+    x = randn(r, 2, 5, 4, cin)
+    config = cn.ConvTranspose2dConfig(padding=p, output_padding=op, stride=s, dilation=d)
+    layer = cn.ConvTranspose2d.load(vb_of({"weight": weight, "bias": b}, device), cin, cout, k,
+                                    config)
+    assert layer.weight.shape == (cout, kh, kw, cin)
+    ref = ref_conv_transpose2d(x, weight, b, p, op, s, d)
+    close(layer(mx.array(x)), ref)
+
+
+def test_conv_transpose2d_helper_without_stored_bias_fails(device):
+    r = rng(4)
+    vb = vb_of({"weight": randn(r, 2, 3, 2, 2)}, device)
+    with pytest.raises(cn.MissingTensorError, match="bias"):
+        cn.conv_transpose2d(2, 3, 2, cn.ConvTranspose2dConfig(stride=2), vb)
+    layer = cn.ConvTranspose2d.load(vb, 2, 3, 2, cn.ConvTranspose2dConfig(stride=2), bias=False)
+    x = randn(r, 1, 3, 3, 2)
+    close(layer(mx.array(x)), ref_conv_transpose2d(x, vb.get(None, "weight"), None, stride=2))
+
+
+# -- pooling -------------------------------------------------------------------------------------
+POOL_CASES = {
+    "k2": (2, None, 0),
+    "k3_s2_p1": (3, 2, 1),
+    "k3_s1_p1": (3, 1, 1),
+    "k2_s1": (2, 1, 0),
+    "rect": ((2, 3), (1, 2), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("case", list(POOL_CASES))
+def test_pooling(device, case, mode):
+    k, s, p = POOL_CASES[case]
+    x = randn(rng(5), 2, 9, 8, 3)
+    cls = cn.MaxPool2d if mode == "max" else cn.AvgPool2d
+    fn = cn.max_pool2d if mode == "max" else cn.avg_pool2d
+    ref = ref_pool(x, k, s if s is not None else k, p, mode)
+    close(on(device, cls(k, s, p, device=device), mx.array(x)), ref)
+    close(on(device, fn, mx.array(x), k, s, p), ref)
+
+
+def test_max_pool_with_negative_inputs_ignores_padding(device):
+    x = -np.abs(randn(rng(6), 1, 5, 5, 2)) - 1.0  # all < 0: a zero pad would win the max
+    close(on(device, cn.max_pool2d, mx.array(x), 3, 2, 1), ref_pool(x, 3, 2, 1, "max"))
+
+
+# -- normalisation -------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["affine", "not_affine", "rms", "rms_not_affine", "eps_float"])
+def test_layer_norm(device, kind):
+    r = rng(7)
+    d = 48
+    w, b = randn(r, d), randn(r, d)
+    x = randn(r, 2, 7, d) * 3 + 1.5
+    eps = 1e-5
+    tensors = {"ln.weight": w, "ln.bias": b}
+    vb = vb_of(tensors, device).pp("ln")
+    if kind == "affine":
+        layer, ref = cn.LayerNorm.load(vb, d), ref_layer_norm(x, w, b, eps)
+    elif kind == "not_affine":
+        layer = cn.LayerNorm.load(vb, d, cn.LayerNormConfig(affine=False))
+        ref = ref_layer_norm(x, None, None, eps)
+    elif kind == "rms":
+        layer = cn.rms_norm(d, eps, vb)
+        ref = ref_layer_norm(x, w, None, eps, remove_mean=False)
+        assert "bias" not in layer
+    elif kind == "rms_not_affine":
+        layer = cn.LayerNorm.load(vb, d, cn.LayerNormConfig(remove_mean=False, affine=False))
+        ref = ref_layer_norm(x, None, None, eps, remove_mean=False)
+    else:
+        eps = 0.5  # large enough to matter
+        layer, ref = cn.layer_norm(d, eps, vb), ref_layer_norm(x, w, b, eps)
+    close(layer(mx.array(x)), ref)
+
+
+def test_layer_norm2d_normalises_channels_of_nhwc(device):
+    r = rng(8)
+    c = 16
+    w, b, x = randn(r, c), randn(r, c), randn(r, 2, 5, 6, c)
+    layer = cn.LayerNorm2d.load(vb_of({"weight": w, "bias": b}, device), c)
+    assert layer.config.eps == 1e-6
+    close(layer(mx.array(x)), ref_layer_norm(x, w, b, 1e-6))
+
+
+def bn_tensors(r, c):
+    return {"weight": randn(r, c), "bias": randn(r, c), "running_mean": randn(r, c),
+            "running_var": (np.abs(randn(r, c)) + 0.1).astype(np.float32)}
+
+
+def ref_bn(x, t, eps):
+    return ((f64(x) - f64(t["running_mean"])) / np.sqrt(f64(t["running_var"]) + eps)
+            * f64(t["weight"]) + f64(t["bias"]))
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-3])
+def test_batch_norm2d(device, eps):
+    r = rng(9)
+    t = bn_tensors(r, 6)
+    x = randn(r, 2, 4, 5, 6)
+    close(cn.batch_norm(6, eps, vb_of(t, device))(mx.array(x)), ref_bn(x, t, eps))
+
+
+@pytest.mark.parametrize("conv_bias", [True, False], ids=["bias", "no_bias"])
+def test_batch_norm_folds_into_conv(device, conv_bias):
+    r = rng(10)
+    t = {f"bn.{k}": v for k, v in bn_tensors(r, 8).items()}
+    t["conv.weight"], t["conv.bias"] = randn(r, 8, 4, 3, 3), randn(r, 8)
+    vb = vb_of(t, device)
+    cfg = cn.Conv2dConfig(padding=1, stride=2)
+    conv = cn.Conv2d.load(vb.pp("conv"), 4, 8, 3, cfg, bias=conv_bias)
+    bn = cn.BatchNorm2d.load(vb.pp("bn"), 8)
+    folded = conv.fold_batch_norm(bn)
+    assert folded.device == device and "bias" in folded and folded.config == cfg
+    x = randn(r, 2, 9, 9, 4)
+    ref = ref_bn(ref_conv2d(x, t["conv.weight"], t["conv.bias"] if conv_bias else None,
+                            padding=1, stride=2), {k[3:]: v for k, v in t.items() if k[:3] == "bn."},
+                 1e-5)
+    close(folded(mx.array(x)), ref)
+    close(bn(conv(mx.array(x))), ref)
+
+
+# -- embedding, sequential -----------------------------------------------------------------------
+def test_embedding(device):
+    r = rng(11)
+    table = randn(r, 10, 7)
+    emb = cn.embedding(10, 7, vb_of({"emb.weight": table}, device).pp("emb"))
+    ids = np.array([[0, 9, 3], [3, 3, 1]], dtype=np.int32)
+    close(emb(mx.array(ids)), f64(table)[ids])
+    assert emb.embeddings.shape == (10, 7)
+
+
+def test_sequential(device):
+    r = rng(12)
+    t = {"0.weight": randn(r, 16, 8), "0.bias": randn(r, 16), "2.weight": randn(r, 4, 16)}
+    vb = vb_of(t, device)
+    model = cn.seq([cn.linear(8, 16, vb.pp(0)), cn.relu, cn.linear_no_bias(16, 4, vb.pp(2)),
+                    cn.Activation("silu")])
+    assert model.device == device and len(model) == 4
+    x = randn(r, 3, 8)
+    h = np.maximum(f64(x) @ f64(t["0.weight"]).T + f64(t["0.bias"]), 0) @ f64(t["2.weight"]).T
+    close(model(mx.array(x)), h / (1 + np.exp(-h)))
+    model.append(cn.Activation("sigmoid"))
+    close(model(mx.array(x)), 1 / (1 + np.exp(-(h / (1 + np.exp(-h))))))
+
+
+# -- activations ---------------------------------------------------------------------------------
+ACT_REFS = {
+    "relu": lambda x: np.maximum(x, 0),
+    "silu": lambda x: x / (1 + np.exp(-x)),
+    "gelu": lambda x: 0.5 * x * (1 + _erf(x / math.sqrt(2))),
+    "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+}
+
+
+@pytest.mark.parametrize("name", list(ACT_REFS))
+def test_activation(device, name):
+    x = np.concatenate([np.linspace(-8, 8, 401, dtype=np.float32), randn(rng(13), 99) * 3])
+    ref = ACT_REFS[name](f64(x))
+    close(on(device, getattr(cn, name), mx.array(x)), ref)
+    close(on(device, cn.Activation(name), mx.array(x)), ref)
+    close(on(device, cn.ACTIVATIONS[name], mx.array(x)), ref)
+
+
+def test_gelu_exact_and_tanh_differ():
+    x = mx.array(np.float32([1.5]))
+    assert abs(cn.gelu(x).item() - cn.gelu_tanh(x).item()) > 1e-5
+
+
+def test_unknown_activation_is_rejected():
+    with pytest.raises(ValueError, match="unknown activation"):
+        cn.Activation("swishy")
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_softmax(device, axis):
+    x = randn(rng(14), 3, 5, 7) * 10 + 50  # large offsets: needs the max subtraction
+    close(on(device, cn.softmax, mx.array(x), axis=axis), ref_softmax(x, axis))
+
+
+# -- upsampling ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [(10, 12), (20, 9), (7, 11), (13, 17), (3, 4), (5, 6), (8, 3)],
+                         ids=str)
+def test_upsample_nearest2d(device, size):
+    x = randn(rng(15), 2, 5, 6, 3)
+    oh, ow = size
+    rows = (np.arange(oh) * 5) // oh  # PyTorch 'nearest': floor(dst * in / out)
+    cols = (np.arange(ow) * 6) // ow
+    ref = f64(x)[:, rows][:, :, cols]
+    got = on(device, cn.upsample_nearest2d, mx.array(x), oh, ow)
+    np.testing.assert_array_equal(np.array(got), ref.astype(np.float32))
+
+
+# -- attention -----------------------------------------------------------------------------------
+def ref_attention(q, k, v, scale, mask=None):
+    s = f64(q) @ np.swapaxes(f64(k), -1, -2) * scale
+    if mask is not None:
+        s = s + (np.where(mask, 0.0, -np.inf) if mask.dtype == bool else f64(mask))
+    return ref_softmax(s) @ f64(v)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "additive", "additive_broadcast", "bool"])
+def test_scaled_dot_product_attention(device, mask_kind):
+    r = rng(16)
+    b, h, lq, lk, d, dv = 2, 3, 5, 7, 16, 16
+    q, k, v = randn(r, b, h, lq, d), randn(r, b, h, lk, d), randn(r, b, h, lk, dv)
+    mask = None
+    if mask_kind == "additive":
+        mask = randn(r, b, h, lq, lk) * 2
+    elif mask_kind == "additive_broadcast":
+        mask = np.triu(np.full((lq, lk), -1e9, np.float32), 1)  # causal, (Lq, Lk)
+    elif mask_kind == "bool":
+        mask = np.tril(np.ones((lq, lk), bool), 2)
+    scale = 1 / math.sqrt(d)
+    ref = ref_attention(q, k, v, scale, mask)
+    got = on(device, cn.scaled_dot_product_attention, mx.array(q), mx.array(k), mx.array(v),
+             mask=None if mask is None else mx.array(mask))
+    close(got, ref)
+    got = on(device, cn.scaled_dot_product_attention, mx.array(q), mx.array(k), mx.array(v),
+             scale=0.3, mask=None if mask is None else mx.array(mask))
+    close(got, ref_attention(q, k, v, 0.3, mask))
