@@ -106,7 +106,7 @@ def test_zero_detections_still_write_the_image(capsys, paths, tmp_path) -> None:
     assert json.loads(out)["images"][0]["detections"] == []
     # Nothing drawn: the file is the original re-encoded with the same JPEG settings.
     reencoded = io.BytesIO()
-    Image.open(paths["bike"]).convert("RGB").save(reencoded, format="JPEG")
+    Image.open(paths["bike"]).convert("RGB").save(reencoded, format="JPEG", quality=95)
     assert (tmp_path / "bike_detect.jpg").read_bytes() == reencoded.getvalue()
 
 
