@@ -164,7 +164,7 @@ def test_unwritable_output_folder(capsys, paths, tmp_path) -> None:
 
 def test_failed_write_leaves_no_partial_image(capsys, paths, tmp_path, monkeypatch) -> None:
     class DiskFull:
-        def save(self, fh, format=None):
+        def save(self, fh, format=None, **options):
             fh.write(b"\xff\xd8 half a JPEG")
             raise OSError(28, "No space left on device")
 
