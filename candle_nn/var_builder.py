@@ -61,6 +61,31 @@ def open_safetensors(path: str) -> Any:
         ) from exc
 
 
+def _read_bfloat16(path: str, name: str) -> mx.array:
+    """Read a bfloat16 tensor's raw bytes (safetensors' MLX loader goes through NumPy, which has
+    no bfloat16). The header was already validated by ``safe_open``."""
+    import json
+    import struct
+
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        entry = json.loads(f.read(n))[name]
+    begin, end = entry["data_offsets"]
+    raw = np.fromfile(path, dtype=np.uint16, count=(end - begin) // 2, offset=8 + n + begin)
+    return mx.array(raw).view(mx.bfloat16).reshape(entry["shape"])
+
+
+def read_tensor(handle: Any, path: str, name: str) -> mx.array:
+    """Tensor ``name`` of the safetensors file ``path`` opened as ``handle`` (any dtype,
+    bfloat16 included); unreadable data raises WeightsFileError."""
+    try:
+        if handle.get_slice(name).get_dtype() == "BF16":
+            return _read_bfloat16(path, name)
+        return handle.get_tensor(name)
+    except Exception as exc:  # the Rust reader's errors have no common Python base
+        raise WeightsFileError(f"cannot read tensor '{name}' from {path}: {exc}") from exc
+
+
 class _Source:
     """Where tensors come from. Subclasses implement the four methods below."""
 
@@ -123,12 +148,7 @@ class _SafetensorsSource(_Source):
     def fetch(self, path, shape, init, dtype):
         if path not in self._where:
             raise self.missing(path)
-        try:
-            return self._where[path].get_tensor(path)
-        except Exception as exc:
-            raise WeightsFileError(
-                f"cannot read tensor '{path}' from {self._file_of[path]}: {exc}"
-            ) from exc
+        return read_tensor(self._where[path], self._file_of[path], path)
 
     def describe(self) -> str:
         return ", ".join(self.paths)

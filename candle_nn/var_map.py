@@ -54,14 +54,15 @@ class VarMap:
 
     def load(self, path: str | os.PathLike) -> None:
         """Replace/add variables with the tensors of a safetensors file (shapes must agree)."""
-        from .var_builder import open_safetensors
+        from .var_builder import open_safetensors, read_tensor
 
-        handle = open_safetensors(os.fspath(path))
+        path = os.fspath(path)
+        handle = open_safetensors(path)
         for name in handle.keys():
-            value = handle.get_tensor(name)
+            value = read_tensor(handle, path, name)
             if name in self._vars and tuple(self._vars[name].shape) != tuple(value.shape):
                 raise ShapeMismatchError(
-                    f"'{name}' in {os.fspath(path)} has shape {tuple(value.shape)}, "
+                    f"'{name}' in {path} has shape {tuple(value.shape)}, "
                     f"the VarMap holds {tuple(self._vars[name].shape)}"
                 )
             self._vars[name] = value
