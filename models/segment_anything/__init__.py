@@ -6,6 +6,8 @@ from a VarBuilder over a checkpoint with ``image_encoder.*`` / ``prompt_encoder.
 mask prompts. Everything is NHWC.
 """
 
+import candle_nn  # noqa: F401  (first: it preloads the fast CPU BLAS before MLX is imported)
+
 from .image_encoder import VIT_CONFIGS, ImageEncoderViT, ViTConfig
 from .mask_decoder import MaskDecoder
 from .predictor import SamPredictor
