@@ -15,7 +15,8 @@ WEIGHTS = str(FIXTURES / "mobile_sam" / "weights.safetensors")
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(["--image", IMAGE, "--weights", WEIGHTS, "--device", "cpu", *args])
+    """The CLI on the fixture image and weights, on the default device (the GPU when present)."""
+    code = main(["--image", IMAGE, "--weights", WEIGHTS, *args])
     out, err = capsys.readouterr()
     return code, out, err
 
