@@ -321,10 +321,9 @@ class VarBuilder:
                 "or class count."
             )
         self._accessed.add(path)
-        with mx.stream(self._device.stream):
-            if value.dtype in _FLOAT_DTYPES or value.dtype == mx.float64:
-                if value.dtype != self._dtype:
-                    value = value.astype(self._dtype)
+        if value.dtype != self._dtype and (value.dtype in _FLOAT_DTYPES or value.dtype == mx.float64):
+            with mx.stream(self._device.stream):
+                value = value.astype(self._dtype)
         return value
 
     def __repr__(self) -> str:
