@@ -83,7 +83,8 @@ class ResidualBlock(Module):
                      conv_bn(vb, "conv2", "bn2", width, width, 3)]
         downsample = None
         if stride != 1 or in_channels != out_channels:
-            downsample = conv_bn(vb.pp("downsample"), "0", "1", in_channels, out_channels, 1, stride)
+            downsample = conv_bn(vb.pp("downsample"), "0", "1", in_channels, out_channels, 1,
+                                 stride)
         return cls(convs, downsample)
 
     def forward(self, x: mx.array) -> mx.array:
@@ -166,19 +167,20 @@ def infer_variant(vb: VarBuilder, name: str = "the weights") -> tuple[str, int |
         raise WeightsFileError(
             f"{name} holds no ResNet (no conv1.weight / layer1.0.conv1.weight); "
             "pass a ResNet checkpoint in candle's layout")
-    counts = []
+    counts: list[int] = []
     for stage in range(1, 5):
         n = 0
         while vb.contains(f"layer{stage}.{n}.conv1.weight"):
             n += 1
         counts.append(n)
-    found = ResNetConfig(vb.contains("layer1.0.conv3.weight"), tuple(counts))  # type: ignore[arg-type]
-    for name, config in VARIANTS.items():
+    blocks = (counts[0], counts[1], counts[2], counts[3])
+    found = ResNetConfig(vb.contains("layer1.0.conv3.weight"), blocks)
+    for variant, config in VARIANTS.items():
         if config == found:
             num_classes = vb.shape("fc.weight")[0] if vb.contains("fc.weight") else None
-            return name, num_classes
+            return variant, num_classes
     kind = "bottleneck" if found.bottleneck else "basic"
-    raise WeightsFileError(f"{name} holds a ResNet with {kind} blocks {tuple(counts)} per "
+    raise WeightsFileError(f"{name} holds a ResNet with {kind} blocks {blocks} per "
                            "stage, which is none of resnet18/34/50/101/152")
 
 

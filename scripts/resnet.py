@@ -98,8 +98,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return 0
     for path, top in zip(images, results):
         print(f"{path}:")
-        for i, prob in top:
-            print(f"  {100 * prob:6.2f}%  {names[i]}")
+        for i, prob in top:  # candle's example prints `{label:24}: {percent:.2}%`
+            print(f"  {names[i]:24}: {100 * prob:.2f}%")
     return 0
 
 
