@@ -126,3 +126,33 @@ def test_registry_module_keeps_resolve_weights_signature():
 
     params = list(inspect.signature(registry.resolve_weights).parameters)
     assert params == ["model", "variant", "path"]
+
+
+def test_no_network_fails_at_once_without_retries(monkeypatch, tmp_path, capsys):
+    """Not in offline mode, nothing cached, and the hub's name does not resolve: one clear error
+    straight away instead of huggingface_hub's minute of retries."""
+    import socket
+
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    network_calls = []
+    real = huggingface_hub.hf_hub_download
+
+    def spy(*args, **kwargs):
+        if not kwargs.get("local_files_only"):
+            network_calls.append(args)
+        return real(*args, **kwargs)
+
+    def no_dns(*args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", spy)
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    with pytest.raises(WeightsUnavailableError, match=r"cannot be resolved.*--weights PATH"):
+        download("resnet", "resnet50")
+    assert network_calls == []

@@ -8,7 +8,10 @@ to pass it.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,13 +110,60 @@ def download(model: str, variant: str, *, force: bool = False) -> Path:
             f"huggingface_hub is not installed, so {entry.filename} cannot be downloaded "
             f"(pip install 'candle-nn-mlx[hub]'). {entry.how_to_get()}") from None
     try:
-        path = Path(hf_hub_download(entry.repo_id, entry.filename, force_download=force))
+        if not force:  # a cached copy needs no network at all
+            try:
+                return _checked(entry, Path(hf_hub_download(entry.repo_id, entry.filename,
+                                                            local_files_only=True)))
+            except WeightsFileError:
+                raise
+            except Exception:
+                pass
+        _check_hub_reachable()
+        with _quiet_hub_retries():
+            path = Path(hf_hub_download(entry.repo_id, entry.filename, force_download=force))
+    except WeightsFileError:
+        raise
     except Exception as exc:  # offline, HTTP errors, missing cache: all mean "not available"
         raise WeightsUnavailableError(
             f"cannot download {entry.repo_id}/{entry.filename} ({_why(exc)}). {entry.how_to_get()}"
         ) from exc
+    return _checked(entry, path)
+
+
+def _checked(entry: Checkpoint, path: Path) -> Path:
     _check_download(entry, path)
     return path
+
+
+class _HubUnreachable(Exception):
+    """The hub's host name does not resolve: fail at once instead of huggingface_hub's retries."""
+
+
+def _check_hub_reachable() -> None:
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return  # a proxy resolves names for us
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    host = urlparse(getattr(constants, "ENDPOINT", "https://huggingface.co")).hostname
+    if host:
+        try:
+            socket.getaddrinfo(host, 443)
+        except OSError as exc:
+            raise _HubUnreachable(f"{host} cannot be resolved: no network?") from exc
+
+
+@contextlib.contextmanager
+def _quiet_hub_retries():
+    """Hide huggingface_hub's per-retry log lines; its final error is reported as one line."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _why(exc: Exception) -> str:
@@ -125,6 +175,8 @@ def _why(exc: Exception) -> str:
         return "offline mode (HF_HUB_OFFLINE) is on and the file is not in the cache"
     if type(exc).__name__ == "LocalEntryNotFoundError":
         return "the Hub cannot be reached and the file is not in the cache"
+    if isinstance(exc, _HubUnreachable):
+        return str(exc)
     first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
