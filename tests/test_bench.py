@@ -98,11 +98,13 @@ def test_chart_is_written_when_matplotlib_is_installed(quick) -> None:
 
 
 def test_isolated_run_and_unknown_peer(tmp_path, capsys) -> None:
-    """The default mode runs each implementation in its own process."""
+    """The default mode runs each implementation in its own process; --rounds keeps the best."""
     assert bench.main(["--quick", "--models", "resnet18", "--device", "cpu", "--peers", "none",
-                       "--json", str(tmp_path / "r.json")]) == 0
+                       "--rounds", "2", "--json", str(tmp_path / "r.json")]) == 0
     (row,) = json.loads((tmp_path / "r.json").read_text())["results"]
     assert row["impl"] == "candle_nn" and row["status"] in ("ok", "unavailable"), row
+    if row["status"] == "ok":  # best of two rounds
+        assert len(row["rounds_median_ms"]) == 2 and row["median_ms"] == min(row["rounds_median_ms"])
     with pytest.raises(SystemExit, match="unknown peer"):
         bench.main(["--quick", "--peers", "pytorch"])
 
