@@ -11,6 +11,8 @@ libraries of one cannot slow down another (PyTorch's OpenMP threads spin after a
 preloads OpenBLAS); ``--in-process`` runs everything here instead (faster, for smoke tests).
 
     candle-nn-bench --threads 2 --json bench.json         # every model, every device
+    candle-nn-bench --json b.json --markdown b.md          # also a Markdown table for the README
+    candle-nn-bench --report b.json                        # print a saved run's table again
     candle-nn-bench --quick                                # smoke run: ResNet-18, few iterations
 """
 
@@ -306,8 +308,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--in-process", action="store_true",
                    help="run every implementation in this process (default: one process each)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--markdown", metavar="PATH", help="write a Markdown results table (README)")
     p.add_argument("--chart", metavar="PATH",
                    help="write a PNG chart (default: beside --json; needs matplotlib)")
+    p.add_argument("--report", metavar="JSON",
+                   help="measure nothing: print (and --markdown/--chart) a saved --json run")
     p.add_argument("--profile", action="store_true",
                    help="instead of comparing: print where candle_nn's forward spends its time "
                         "(self time per module class and the costliest modules), batch 1")
@@ -324,6 +329,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from scripts import bench_report
 
+    if args.report:
+        report = json.loads(Path(args.report).read_text())
+        _emit(report, args)
+        return 0
     args.models = args.models or list(QUICK_MODELS if args.quick else MODELS)
     if args.rounds < 1:
         raise SystemExit("error: --rounds must be at least 1")
@@ -351,14 +360,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row = run_job(job) if args.in_process else _run_isolated(job, args.timeout)
                 rows[i] = _best(rows[i], row)
     report = bench_report.build(meta, rows)
-    print(bench_report.table(report))
     if args.json:
         bench_report.write_json(report, args.json)
         print(f"wrote {args.json}", file=sys.stderr)
+    _emit(report, args)
+    return 0
+
+
+def _emit(report: dict, args: argparse.Namespace) -> None:
+    """The terminal table, and the Markdown table and chart when asked for."""
+    from scripts import bench_report
+
+    print(bench_report.table(report))
+    if args.markdown:
+        Path(args.markdown).write_text(bench_report.markdown(report))
+        print(f"wrote {args.markdown}", file=sys.stderr)
     chart = args.chart or (str(Path(args.json).with_suffix(".png")) if args.json else None)
     if chart:
         print(bench_report.write_chart(report, chart), file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

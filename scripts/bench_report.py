@@ -83,6 +83,29 @@ def table(report: dict) -> str:
     return "\n\n".join(parts)
 
 
+def markdown(report: dict) -> str:
+    """A Markdown table for the README: one line per model, device and dtype, with candle_nn's
+    batch-1 median and throughput and its ratios to each measured peer."""
+    rows = [r for r in report["results"] if r["status"] == "ok"]
+    peers = list(dict.fromkeys(r["impl"] for r in rows if not r["impl"].startswith(OURS_PREFIX)))
+    head = ["model", "device", "dtype", "candle_nn bs1 ms", "batch img/s", "load s"]
+    for peer in peers:
+        head += [f"{peer} bs1 ms", f"× {peer} (bs1 / batch)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for ours in (r for r in rows if r["impl"].startswith(OURS_PREFIX)):
+        name = ours["model"] + ("" if ours["impl"] == OURS_PREFIX else f" ({ours['impl'][10:]})")
+        cells = [name, ours["device"], ours["dtype"], f"{ours['median_ms']:.1f}",
+                 f"{ours['throughput_ips']:.1f} (bs{ours['batch']})", f"{ours['load_s']:.2f}"]
+        for peer in peers:
+            hit = next((r for r in rows if r["impl"] == peer and _key(r) == _key(ours)), None)
+            ratio = next((q for q in report["ratios"] if q["peer"] == peer
+                          and q["ours"] == ours["impl"] and _key(q) == _key(ours)), None)
+            cells += ["-" if hit is None else f"{hit['median_ms']:.1f}",
+                      "-" if ratio is None else f"{ratio['bs1']:.2f} / {ratio['batch']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_json(report: dict, path: str | os.PathLike) -> None:
     """Write the report (written to a temp file, then renamed)."""
     path = Path(path)

@@ -36,7 +36,8 @@ def quick(tmp_path_factory) -> tuple[dict, str, object]:
     buffer = io.StringIO()  # capsys is function-scoped: capture this module-scoped run by hand
     with contextlib.redirect_stdout(buffer):
         code = bench.main(["--quick", "--models", "resnet18", "--device", "cpu", "--threads", "2",
-                           "--in-process", "--json", str(out / "r.json")])
+                           "--in-process", "--json", str(out / "r.json"),
+                           "--markdown", str(out / "r.md")])
     assert code == 0
     return json.loads((out / "r.json").read_text()), buffer.getvalue(), out
 
@@ -89,6 +90,16 @@ def test_table_lists_measurements_ratios_and_what_was_not_measured(quick) -> Non
     for row in report["results"]:
         if row["status"] != "ok":
             assert f"{row['impl']}: {row['status']} - {row['reason']}" in text
+
+
+def test_markdown_table_and_report_of_a_saved_run(quick, capsys) -> None:
+    report, text, out = quick
+    md = (out / "r.md").read_text().splitlines()
+    assert md[0].startswith("| model | device | dtype | candle_nn bs1 ms")
+    ours = [r for r in report["results"] if r["impl"] == "candle_nn" and r["status"] == "ok"]
+    assert len(md) == 2 + len(ours)
+    assert bench.main(["--report", str(out / "r.json")]) == 0
+    assert capsys.readouterr().out.strip() == text.strip()
 
 
 def test_chart_is_written_when_matplotlib_is_installed(quick) -> None:
