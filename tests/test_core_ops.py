@@ -398,16 +398,41 @@ def test_softmax(device, axis):
 
 
 # -- upsampling ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("size", [(10, 12), (20, 9), (7, 11), (13, 17), (3, 4), (5, 6), (8, 3)],
-                         ids=str)
-def test_upsample_nearest2d(device, size):
-    x = randn(rng(15), 2, 5, 6, 3)
+def nearest_rows(size_in: int, size_out: int) -> np.ndarray:
+    """PyTorch's ``mode="nearest"`` source indices, ``floor(dst * in / out)`` as its kernel
+    computes it: in float32 (``scale = float(in) / out``), with exact paths for ``out == in`` and
+    ``out == 2 * in``. For a few sizes (e.g. 4 -> 82) float32 rounding moves an index away from
+    the exact rational floor; PyTorch's value is the reference."""
+    if size_out == size_in:
+        return np.arange(size_out)
+    if size_out == 2 * size_in:
+        return np.arange(size_out) >> 1
+    scale = np.float32(size_in) / np.float32(size_out)
+    idx = np.floor(np.arange(size_out, dtype=np.float32) * scale).astype(np.int64)
+    return np.minimum(idx, size_in - 1)
+
+
+def test_nearest_rule_reference():
+    assert list(nearest_rows(2, 5)) == [0, 0, 0, 1, 1]
+    assert list(nearest_rows(5, 3)) == [0, 1, 3]
+    for size_in, size_out in [(5, 10), (5, 15), (7, 7), (3, 12)]:
+        np.testing.assert_array_equal(nearest_rows(size_in, size_out),
+                                      (np.arange(size_out) * size_in) // size_out)
+    # where float32 and exact arithmetic part ways, PyTorch's float32 result is the reference
+    assert not np.array_equal(nearest_rows(4, 82), (np.arange(82) * 4) // 82)
+
+
+@pytest.mark.parametrize("size", [(10, 12), (15, 18), (20, 9), (7, 11), (13, 17), (3, 4), (5, 6),
+                                  (8, 3), (2, 1), (4, 82), (82, 4)], ids=str)
+@pytest.mark.parametrize("hw", [(5, 6), (4, 4)], ids=str)
+def test_upsample_nearest2d(device, size, hw):
+    h, w = hw
+    x = randn(rng(15), 2, h, w, 3)
     oh, ow = size
-    rows = (np.arange(oh) * 5) // oh  # PyTorch 'nearest': floor(dst * in / out)
-    cols = (np.arange(ow) * 6) // ow
-    ref = f64(x)[:, rows][:, :, cols]
+    ref = x[:, nearest_rows(h, oh)][:, :, nearest_rows(w, ow)]
     got = on(device, cn.upsample_nearest2d, mx.array(x), oh, ow)
-    np.testing.assert_array_equal(np.array(got), ref.astype(np.float32))
+    assert got.shape == (2, oh, ow, 3)
+    np.testing.assert_array_equal(np.array(got), ref)
 
 
 # -- attention -----------------------------------------------------------------------------------
