@@ -10,9 +10,9 @@ def upsample_nearest2d(x: mx.array, height: int, width: int) -> mx.array:
     """Resize ``(N, H, W, C)`` to ``(N, height, width, C)`` by nearest neighbour.
 
     Source index is ``floor(dst * in / out)``, PyTorch's ``mode="nearest"`` (and candle's) rule,
-    evaluated like PyTorch's kernel with a float32 scale, so the indices equal PyTorch's for every
-    size (candle uses float64, which differs for a few sizes, e.g. 4 -> 82). Integer scale factors
-    take an exact broadcast fast path.
+    evaluated like PyTorch's kernel with a float32 scale, so the indices match PyTorch's (checked
+    for all sizes up to 80 -> 400; candle uses float64, which differs for a few, e.g. 4 -> 82).
+    Integer scale factors take an exact broadcast fast path.
     """
     n, h, w, c = x.shape
     if height % h == 0 and width % w == 0:

@@ -321,8 +321,12 @@ class VarBuilder:
                 "or class count."
             )
         self._accessed.add(path)
-        if value.dtype != self._dtype and (value.dtype in _FLOAT_DTYPES or value.dtype == mx.float64):
-            with mx.stream(self._device.stream):
+        floating = value.dtype in _FLOAT_DTYPES or value.dtype == mx.float64
+        if floating and value.dtype != self._dtype:
+            # MLX has float64 on the CPU only (Metal has none, CUDA lacks most kernels): narrow a
+            # float64 source (an F64 file, a NumPy default array) there; the rest on the device.
+            stream = mx.cpu if value.dtype == mx.float64 else self._device.stream
+            with mx.stream(stream):
                 value = value.astype(self._dtype)
         return value
 

@@ -30,7 +30,8 @@ class TwoLayers(cn.Module):
         return self.b(self.a(x))
 
 
-def init_values(seed: int, device: cn.Device | None = None, dtype=mx.float32) -> dict[str, np.ndarray]:
+def init_values(seed: int, device: cn.Device | None = None,
+                dtype: mx.Dtype = mx.float32) -> dict[str, np.ndarray]:
     varmap = cn.VarMap()
     TwoLayers(cn.VarBuilder.from_varmap(varmap, seed=seed, device=device or cn.Device.cpu(),
                                         dtype=dtype))

@@ -93,7 +93,8 @@ def ref_conv_transpose2d(x, w_iohw, b, padding=0, output_padding=0, stride=1, di
         for iw in range(wd):
             for i in range(kh):
                 for j in range(kw):
-                    canvas[:, ih * sh + i * dh, iw * sw + j * dw, :] += x[:, ih, iw, :] @ w[:, :, i, j]
+                    oy, ox = ih * sh + i * dh, iw * sw + j * dw
+                    canvas[:, oy, ox, :] += x[:, ih, iw, :] @ w[:, :, i, j]
     out = canvas[:, ph:ph + oh, pw:pw + ow, :]
     return out if b is None else out + f64(b)
 
@@ -331,9 +332,9 @@ def test_batch_norm_folds_into_conv(device, conv_bias):
     folded = conv.fold_batch_norm(bn)
     assert folded.device == device and "bias" in folded and folded.config == cfg
     x = randn(r, 2, 9, 9, 4)
-    ref = ref_bn(ref_conv2d(x, t["conv.weight"], t["conv.bias"] if conv_bias else None,
-                            padding=1, stride=2), {k[3:]: v for k, v in t.items() if k[:3] == "bn."},
-                 1e-5)
+    conv_ref = ref_conv2d(x, t["conv.weight"], t["conv.bias"] if conv_bias else None,
+                          padding=1, stride=2)
+    ref = ref_bn(conv_ref, {k[3:]: v for k, v in t.items() if k.startswith("bn.")}, 1e-5)
     close(folded(mx.array(x)), ref)
     close(bn(conv(mx.array(x))), ref)
 

@@ -14,7 +14,8 @@ import candle_nn as cn
 def conv_bn(vb: cn.VarBuilder, conv: str, bn: str, cin: int, cout: int, k: int, stride: int,
             padding: int) -> cn.Conv2d:
     """A bias-free conv with its BatchNorm folded in."""
-    c = cn.conv2d_no_bias(cin, cout, k, cn.Conv2dConfig(padding=padding, stride=stride), vb.pp(conv))
+    config = cn.Conv2dConfig(padding=padding, stride=stride)
+    c = cn.conv2d_no_bias(cin, cout, k, config, vb.pp(conv))
     return c.fold_batch_norm(cn.batch_norm(cout, 1e-5, vb.pp(bn)))
 
 

@@ -106,7 +106,8 @@ BAD.update({f"truncated_at_{n}": VALID[:n] for n in range(0, len(VALID), 3)})
 # Files that must load (the reference outcome for the mutations).
 GOOD: dict[str, bytes] = {
     "valid": VALID,
-    "valid_unpadded": struct.pack("<Q", len(json.dumps(HEADER))) + json.dumps(HEADER).encode() + DATA,
+    "valid_unpadded": (struct.pack("<Q", len(json.dumps(HEADER))) + json.dumps(HEADER).encode()
+                       + DATA),
     "valid_no_metadata": pack({k: v for k, v in HEADER.items() if k != "__metadata__"}),
     "valid_zero_size": pack({"z": {"dtype": "F32", "shape": [0, 3], "data_offsets": [0, 0]}}, b""),
 }
