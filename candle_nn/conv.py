@@ -18,7 +18,7 @@ import mlx.core as mx
 from .device import Device
 from .errors import ShapeMismatchError
 from .init import DEFAULT_KAIMING_NORMAL, Init
-from .module import Module
+from .module import Module, check_same_device
 from .var_builder import VarBuilder
 
 IntOrPair = "int | tuple[int, int]"
@@ -96,7 +96,15 @@ class Conv2d(Module):
         """A new Conv2d equal to ``bn(self(x))`` (inference), with the BN folded in."""
         from .batch_norm import BatchNorm2d
 
-        assert isinstance(bn, BatchNorm2d)
+        if not isinstance(bn, BatchNorm2d):
+            raise TypeError(f"fold_batch_norm expects a BatchNorm2d, not {type(bn).__name__}")
+        check_same_device("Conv2d.fold_batch_norm", self.device, bn.device, "the Conv2d",
+                          "the BatchNorm2d")
+        if bn.weight.shape[0] != self.out_channels:
+            raise ShapeMismatchError(
+                f"Conv2d.fold_batch_norm: the BatchNorm2d has {bn.weight.shape[0]} channels, "
+                f"the Conv2d {self.out_channels} output channels"
+            )
         with self.on_device():
             scale, shift = bn.scale_shift()
             weight = self.weight * scale.reshape(-1, 1, 1, 1).astype(self.weight.dtype)

@@ -46,8 +46,8 @@ def avg_pool2d(x: mx.array, kernel_size: "int | tuple[int, int]",
     return _pool(x, kernel_size, stride, padding, 0.0, mx.mean)
 
 
-class MaxPool2d(Module):
-    """:func:`max_pool2d` as a module. ``stride`` defaults to ``kernel_size``."""
+class _Pool2d(Module):
+    """Shared constructor of the pooling modules. ``stride`` defaults to ``kernel_size``."""
 
     def __init__(self, kernel_size: "int | tuple[int, int]",
                  stride: "int | tuple[int, int] | None" = None,
@@ -55,11 +55,16 @@ class MaxPool2d(Module):
         super().__init__(device)
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
 
+
+class MaxPool2d(_Pool2d):
+    """:func:`max_pool2d` as a module. ``stride`` defaults to ``kernel_size``."""
+
     def forward(self, x: mx.array) -> mx.array:
         return max_pool2d(x, self.kernel_size, self.stride, self.padding)
 
 
-class AvgPool2d(MaxPool2d):
+# Siblings, not parent and child: ``isinstance(avg_pool, MaxPool2d)`` must be False.
+class AvgPool2d(_Pool2d):
     """:func:`avg_pool2d` as a module. ``stride`` defaults to ``kernel_size``."""
 
     def forward(self, x: mx.array) -> mx.array:

@@ -78,12 +78,14 @@ def _read_bfloat16(path: str, name: str) -> mx.array:
 def read_tensor(handle: Any, path: str, name: str) -> mx.array:
     """Tensor ``name`` of the safetensors file ``path`` opened as ``handle`` (any dtype,
     bfloat16 included); unreadable data raises WeightsFileError."""
+    dtype = "unknown dtype"
     try:
-        if handle.get_slice(name).get_dtype() == "BF16":
+        dtype = handle.get_slice(name).get_dtype()
+        if dtype == "BF16":
             return _read_bfloat16(path, name)
         return handle.get_tensor(name)
     except Exception as exc:  # the Rust reader's errors have no common Python base
-        raise WeightsFileError(f"cannot read tensor '{name}' from {path}: {exc}") from exc
+        raise WeightsFileError(f"cannot read tensor '{name}' ({dtype}) from {path}: {exc}") from exc
 
 
 class _Source:
