@@ -464,3 +464,66 @@ def test_scaled_dot_product_attention(device, mask_kind):
     got = on(device, cn.scaled_dot_product_attention, mx.array(q), mx.array(k), mx.array(v),
              scale=0.3, mask=None if mask is None else mx.array(mask))
     close(got, ref_attention(q, k, v, 0.3, mask))
+
+
+def test_linear_on_a_vector(device):
+    r = rng(17)
+    w, b, x = randn(r, 5, 3), randn(r, 5), randn(r, 3)
+    layer = cn.linear(3, 5, vb_of({"weight": w, "bias": b}, device))
+    close(layer(mx.array(x)), f64(w) @ f64(x) + f64(b))
+
+
+# -- half precision: no silent promotion to float32, values within the format's precision --------
+HALF_TOL = {mx.float16: 4e-3, mx.bfloat16: 3e-2}
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16], ids=str)
+def test_half_precision_layers_keep_their_dtype(device, dtype):
+    r = rng(18)
+    t = {"fc.weight": randn(r, 8, 6), "fc.bias": randn(r, 8),
+         "conv.weight": randn(r, 4, 3, 3, 3) * 0.3, "conv.bias": randn(r, 4),
+         "up.weight": randn(r, 4, 2, 2, 2), "up.bias": randn(r, 2),
+         "ln.weight": randn(r, 4), "ln.bias": randn(r, 4), "emb.weight": randn(r, 5, 4)}
+    t.update({f"bn.{k}": v for k, v in bn_tensors(r, 4).items()})
+    vb = cn.VarBuilder.from_tensors(t, dtype=dtype, device=device)
+    assert vb.dtype == dtype
+    fc = cn.linear(6, 8, vb.pp("fc"))
+    conv = cn.Conv2d.load(vb.pp("conv"), 3, 4, 3, cn.Conv2dConfig(padding=1))
+    bn = cn.BatchNorm2d.load(vb.pp("bn"), 4)
+    folded = conv.fold_batch_norm(bn)
+    up = cn.ConvTranspose2d.load(vb.pp("up"), 4, 2, 2, cn.ConvTranspose2dConfig(stride=2))
+    ln = cn.LayerNorm.load(vb.pp("ln"), 4)
+    emb = cn.Embedding.load(vb.pp("emb"), 5, 4)
+    x, xl = randn(r, 1, 6, 6, 3), randn(r, 2, 6)
+    xh = mx.array(x).astype(dtype)
+    ref_c = ref_bn(ref_conv2d(x, t["conv.weight"], t["conv.bias"], padding=1),
+                   {k[3:]: v for k, v in t.items() if k.startswith("bn.")}, 1e-5)
+    outputs = {
+        "linear": (fc(mx.array(xl).astype(dtype)),
+                   f64(xl) @ f64(t["fc.weight"]).T + f64(t["fc.bias"])),
+        "conv+bn": (bn(conv(xh)), ref_c),
+        "folded": (folded(xh), ref_c),
+        "conv_transpose": (up(mx.array(ref_c.astype(np.float32)).astype(dtype)),
+                           ref_conv_transpose2d(ref_c, t["up.weight"], t["up.bias"], stride=2)),
+        "layer_norm": (ln(mx.array(ref_c.astype(np.float32)).astype(dtype)),
+                       ref_layer_norm(ref_c, t["ln.weight"], t["ln.bias"], 1e-5)),
+        "embedding": (emb(mx.array(np.array([4, 0]))), f64(t["emb.weight"])[[4, 0]]),
+    }
+    for name, (got, ref) in outputs.items():
+        assert got.dtype == dtype, f"{name}: {got.dtype}"
+        close(got.astype(mx.float32), ref, HALF_TOL[dtype])
+    with mx.stream(device.stream):
+        for name in ACT_REFS:
+            got = getattr(cn, name)(xh)
+            assert got.dtype == dtype, name
+            close(got.astype(mx.float32), ACT_REFS[name](f64(x)), HALF_TOL[dtype])
+        q = mx.array(randn(r, 1, 2, 3, 8)).astype(dtype)
+        mask = mx.array(randn(r, 3, 3))  # float32 additive mask on half-precision queries
+        got = cn.scaled_dot_product_attention(q, q, q, mask=mask)
+        assert got.dtype == dtype
+        qf = np.array(q.astype(mx.float32))
+        close(got.astype(mx.float32), ref_attention(qf, qf, qf, 1 / math.sqrt(8), np.array(mask)),
+              HALF_TOL[dtype])
+        assert cn.softmax(xh).dtype == dtype
+        assert cn.upsample_nearest2d(xh, 9, 9).dtype == dtype
+        assert cn.max_pool2d(xh, 2).dtype == cn.avg_pool2d(xh, 2).dtype == dtype
