@@ -14,7 +14,10 @@ memory-mapped: only the tensors a model asks for are read.
 from __future__ import annotations
 
 import difflib
+import functools
+import json
 import os
+import struct
 from typing import Any, Iterable, Mapping, Sequence
 
 import mlx.core as mx
@@ -61,17 +64,23 @@ def open_safetensors(path: str) -> Any:
         ) from exc
 
 
+@functools.lru_cache(maxsize=4)
+def _header(path: str, mtime_ns: int, size: int) -> tuple[int, dict[str, Any]]:
+    """``(offset of the data, header entries)`` of one version of a safetensors file, parsed once
+    (not once per tensor: a file of N bfloat16 tensors would cost N header parses)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return 8 + n, json.loads(f.read(n))
+
+
 def _read_bfloat16(path: str, name: str) -> mx.array:
     """Read a bfloat16 tensor's raw bytes (safetensors' MLX loader goes through NumPy, which has
     no bfloat16). The header was already validated by ``safe_open``."""
-    import json
-    import struct
-
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        entry = json.loads(f.read(n))[name]
+    stat = os.stat(path)
+    start, entries = _header(path, stat.st_mtime_ns, stat.st_size)
+    entry = entries[name]
     begin, end = entry["data_offsets"]
-    raw = np.fromfile(path, dtype=np.uint16, count=(end - begin) // 2, offset=8 + n + begin)
+    raw = np.fromfile(path, dtype=np.uint16, count=(end - begin) // 2, offset=start + begin)
     return mx.array(raw).view(mx.bfloat16).reshape(entry["shape"])
 
 
