@@ -55,6 +55,8 @@ def open_safetensors(path: str) -> Any:
         )
     if os.path.isdir(path):
         raise WeightsFileError(f"weights path is a directory, not a .safetensors file: {path}")
+    if not os.path.isfile(path):  # a FIFO would block safe_open forever, a device is no file
+        raise WeightsFileError(f"weights path is not a regular file: {path}")
     try:
         return safe_open(path, framework="mlx")
     except Exception as exc:  # the Rust parser's errors have no common Python base

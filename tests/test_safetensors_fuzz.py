@@ -216,3 +216,19 @@ def test_random_mutations_only_raise_candle_nn_errors(tmp_path):
     ok, rejected = map(int, proc.stdout.split())
     assert ok + rejected == n
     assert rejected > n // 2, "the mutations should break most files"
+
+
+def test_special_files_are_rejected_without_hanging(tmp_path):
+    """A FIFO used to block ``safe_open`` forever; device files are not weights files either."""
+    fifo = tmp_path / "weights.safetensors"
+    os.mkfifo(fifo)
+    code = ("import sys, candle_nn as cn\n"
+            "for p in sys.argv[1:]:\n"
+            "    try:\n        cn.VarBuilder.from_safetensors(p)\n"
+            "    except cn.WeightsFileError as e:\n        print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(fifo), "/dev/null"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and all("not a regular file" in line for line in lines), lines
