@@ -9,6 +9,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import candle_nn as cn
+from candle_nn import var_builder
 
 
 def bits(a: mx.array) -> np.ndarray:
@@ -66,16 +67,27 @@ def test_contains_shape_names_metadata(model_file):
     assert "model.safetensors" in repr(vb)
 
 
-def test_lazy_loading_reads_only_requested_tensors(tmp_path):
+def test_lazy_loading_reads_only_requested_tensors(tmp_path, monkeypatch):
     tensors = {f"blocks.{i}.weight": np.full((8, 8), i, np.float32) for i in range(300)}
     path = tmp_path / "many.safetensors"
     save_file(tensors, str(path))
+    reads = []
+    real_read = var_builder.read_tensor
+
+    def spy(handle, file, name):
+        reads.append(name)
+        return real_read(handle, file, name)
+
+    monkeypatch.setattr(var_builder, "read_tensor", spy)
     vb = cn.VarBuilder.from_safetensors(path)
-    assert vb.accessed() == set()
+    assert vb.accessed() == set() and reads == []
+    assert vb.shape("blocks.5.weight") == (8, 8) and vb.contains("blocks.299.weight")
+    assert reads == []  # shapes and names come from the header
     got = vb.pp("blocks").pp(17).get((8, 8), "weight")
     vb.pp("blocks").pp(250).get((8, 8), "weight")
     assert float(got[0, 0]) == 17.0
     assert vb.accessed() == {"blocks.17.weight", "blocks.250.weight"}
+    assert reads == ["blocks.17.weight", "blocks.250.weight"]  # the other 298 were never read
     assert vb.pp("blocks").accessed() == vb.accessed()  # shared with children
 
 
