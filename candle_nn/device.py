@@ -95,8 +95,8 @@ class Device:
         if not isinstance(spec, str):
             raise DeviceUnavailableError(f"cannot parse device from {spec!r}")
         text = spec.strip().lower()
-        kind, _, idx = text.partition(":")
-        if idx and not idx.isdigit():
+        kind, colon, idx = text.partition(":")
+        if colon and not idx.isdigit():  # "gpu:" and "gpu:x" are typos, not "gpu:0"
             raise DeviceUnavailableError(f"bad device {spec!r}: expected 'cpu', 'gpu' or 'gpu:N'")
         return cls(kind, int(idx) if idx else 0)
 

@@ -54,7 +54,13 @@ def test_cpu_stream_and_mlx_device():
     assert cpu.stream.device == mx.Device(mx.cpu, 0)
 
 
-@pytest.mark.parametrize("spec", ["tpu", "gpu:x", "gpu:", "cpu:1", "gpu:-1", ":0", "", "gpu:0:1"])
+def test_parse_forms_of_the_cpu():
+    for spec in ("cpu", "cpu:0", "CPU", " cpu:0 "):
+        assert cn.Device.parse(spec) is cn.Device.cpu()
+
+
+@pytest.mark.parametrize("spec", ["tpu", "gpu:x", "gpu:", "cpu:", "cpu:1", "gpu:-1", ":0", "",
+                                  "gpu:0:1", "gpu: 0"])
 def test_parse_errors(spec):
     with pytest.raises(cn.DeviceUnavailableError) as info:
         cn.Device.parse(spec)
