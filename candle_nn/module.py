@@ -61,10 +61,17 @@ class Module(nn.Module):
         return self._device
 
     def __setattr__(self, key: str, value: Any) -> None:
-        if not key.startswith("_") and self._device is not None:
+        if not key.startswith("_"):
             child = _device_of(value)
-            check_same_device(f"{type(self).__name__}.{key}", self._device, child,
-                              type(self).__name__, f"child '{key}'")
+            if child is not None:
+                name = type(self).__name__
+                if self._device is not None:
+                    check_same_device(f"{name}.{key}", self._device, child, name, f"child '{key}'")
+                else:  # a stateless container still may not straddle two devices
+                    for other, value_other in self.items():
+                        if other != key:
+                            check_same_device(f"{name}.{key}", _device_of(value_other), child,
+                                              f"child '{other}'", f"child '{key}'")
         super().__setattr__(key, value)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -141,3 +141,32 @@ def test_bfloat16_file_header_is_parsed_once(tmp_path):
     mx.save_safetensors(str(path), tensors)
     vb = cn.VarBuilder.from_safetensors(path, dtype="bf16", device="cpu")
     assert mx.array_equal(vb.get((3, 2), "blocks.0.weight"), tensors["blocks.0.weight"]).item()
+
+
+# -- stateless containers ------------------------------------------------------------------------
+def test_stateless_container_may_not_straddle_two_devices(two_devices):
+    """A Module built with device=None used to accept children of two devices silently."""
+    cpu, gpu = two_devices
+    eye = {"weight": np.eye(2, dtype=np.float32)}
+    on_cpu = cn.linear_no_bias(2, 2, cn.VarBuilder.from_tensors(eye, device=cpu))
+    on_gpu = cn.linear_no_bias(2, 2, cn.VarBuilder.from_tensors(eye, device=gpu))
+
+    class Container(cn.Module):
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    box = Container()
+    box.body = on_cpu
+    box.pool = cn.MaxPool2d(2)  # stateless children are fine
+    box.body = on_cpu  # re-assigning the same slot is fine
+    with pytest.raises(cn.DeviceMismatchError) as info:
+        box.head = on_gpu
+    msg = str(info.value)
+    assert "Container.head" in msg and "child 'body' is on cpu" in msg and "gpu:0" in msg
+    assert "head" not in box
+    box.body = on_gpu  # replacing the only device-bound child moves the container: fine
+    box.head = on_gpu
+    with pytest.raises(cn.DeviceMismatchError, match="child 'blocks' is on gpu:0"):
+        other = Container()
+        other.blocks = [on_gpu]
+        other.head = on_cpu
