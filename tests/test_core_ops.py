@@ -474,7 +474,7 @@ def test_linear_on_a_vector(device):
 
 
 # -- half precision: no silent promotion to float32, values within the format's precision --------
-HALF_TOL = {mx.float16: 4e-3, mx.bfloat16: 3e-2}
+HALF_TOL = {mx.float16: 1e-2, mx.bfloat16: 5e-2}  # a layout or dtype bug gives O(1)
 
 
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16], ids=str)
