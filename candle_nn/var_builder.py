@@ -318,13 +318,17 @@ class VarBuilder:
         return set(self._accessed)
 
     # -- reading ------------------------------------------------------------------------------
-    def get(self, shape: "Sequence[int] | None", name: str, init: Init | None = None) -> mx.array:
-        """Tensor ``prefix.name``, checked against ``shape`` (``None``: any shape).
+    def get(self, shape: "Sequence[int] | int | None", name: str,
+            init: Init | None = None) -> mx.array:
+        """Tensor ``prefix.name``, checked against ``shape`` (``None``: any shape; an int ``n``
+        means ``(n,)``, as candle's ``vb.get(n, "bias")``).
 
         ``init`` is used only by VarMap-backed builders to create a missing variable.
         Raises MissingTensorError / ShapeMismatchError.
         """
         path = self.path(name)
+        if isinstance(shape, (int, np.integer)):
+            shape = (shape,)
         want = None if shape is None else tuple(int(s) for s in shape)
         value = self._source.fetch(path, want, init, self._dtype)
         if want is not None and tuple(value.shape) != want:

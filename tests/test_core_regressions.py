@@ -170,3 +170,15 @@ def test_stateless_container_may_not_straddle_two_devices(two_devices):
         other = Container()
         other.blocks = [on_gpu]
         other.head = on_cpu
+
+
+# -- candle idioms -------------------------------------------------------------------------------
+def test_get_accepts_an_int_shape_as_candle():
+    vb = cn.VarBuilder.from_tensors({"b": np.arange(3, dtype=np.float32)}, device="cpu")
+    assert vb.get(3, "b").tolist() == [0.0, 1.0, 2.0]
+    assert vb.get(np.int64(3), "b").shape == (3,)
+    with pytest.raises(cn.ShapeMismatchError, match=r"expects \(4,\)"):
+        vb.get(4, "b")
+    varmap = cn.VarMap()
+    fresh = cn.VarBuilder.from_varmap(varmap, seed=0, device="cpu")
+    assert fresh.get(5, "bias", cn.Init.const(1.0)).shape == (5,) and varmap["bias"].shape == (5,)
