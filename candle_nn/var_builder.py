@@ -67,7 +67,7 @@ def open_safetensors(path: str) -> Any:
 
 
 @functools.lru_cache(maxsize=4)
-def _header(path: str, mtime_ns: int, size: int) -> tuple[int, dict[str, Any]]:
+def _header(path: str, inode: int, mtime_ns: int, size: int) -> tuple[int, dict[str, Any]]:
     """``(offset of the data, header entries)`` of one version of a safetensors file, parsed once
     (not once per tensor: a file of N bfloat16 tensors would cost N header parses)."""
     with open(path, "rb") as f:
@@ -79,7 +79,7 @@ def _read_bfloat16(path: str, name: str) -> mx.array:
     """Read a bfloat16 tensor's raw bytes (safetensors' MLX loader goes through NumPy, which has
     no bfloat16). The header was already validated by ``safe_open``."""
     stat = os.stat(path)
-    start, entries = _header(path, stat.st_mtime_ns, stat.st_size)
+    start, entries = _header(path, stat.st_ino, stat.st_mtime_ns, stat.st_size)
     entry = entries[name]
     begin, end = entry["data_offsets"]
     raw = np.fromfile(path, dtype=np.uint16, count=(end - begin) // 2, offset=start + begin)
