@@ -208,6 +208,9 @@ CONVT_CASES = {
     "k4_s2_p0_op1": (4, 2, 0, 1, 1),
     "k3_s2_p2_op1": (3, 2, 2, 1, 1),
     "k3_s1_p1_d2": (3, 1, 1, 0, 2),
+    "k2_s2_p1_op1": (2, 2, 1, 1, 1),  # the block (matmul) path, cropped
+    "k1_s2_p1": (1, 2, 1, 0, 1),  # kernel < stride: MLX's own conv_transpose2d sizes this wrongly
+    "k3_s3_p1_d2": (3, 3, 1, 0, 2),
     "rect": ((2, 3), (2, 1), (0, 1), (1, 0), 1),
 }
 

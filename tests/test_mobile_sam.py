@@ -292,31 +292,3 @@ def test_bad_predict_arguments(model):
         model.predictor.predict(np.array([[1, 2]]))
     with pytest.raises(ValueError, match="labels"):
         model.predictor.predict(np.array([[1, 2], [3, 4]]), np.array([1]))
-
-
-def test_upsample2x2_equals_conv_transpose2d(device):
-    """The decoder's matmul form of the stride-2 transposed conv gives ConvTranspose2d's result."""
-    from models.segment_anything.mask_decoder import Upsample2x2
-
-    rng = np.random.default_rng(0)
-    tensors = {"weight": rng.normal(size=(16, 8, 2, 2)).astype(np.float32),
-               "bias": rng.normal(size=(8,)).astype(np.float32)}
-    vb = cn.VarBuilder.from_tensors(tensors, device=device)
-    cfg = cn.ConvTranspose2dConfig(stride=2)
-    x = mx.array(rng.normal(size=(2, 5, 7, 16)).astype(np.float32))
-    fast = Upsample2x2.load(vb, 16, 8, 2, cfg)(x)
-    assert fast.shape == (2, 10, 14, 8)
-    assert rel_err(np.array(fast), np.array(cn.ConvTranspose2d.load(vb, 16, 8, 2, cfg)(x))) < 1e-6
-
-
-def test_upsample2x2_other_configs_fall_back(device):
-    from models.segment_anything.mask_decoder import Upsample2x2
-
-    rng = np.random.default_rng(1)
-    tensors = {"weight": rng.normal(size=(4, 3, 3, 3)).astype(np.float32),
-               "bias": rng.normal(size=(3,)).astype(np.float32)}
-    vb = cn.VarBuilder.from_tensors(tensors, device=device)
-    cfg = cn.ConvTranspose2dConfig(stride=2, padding=1)
-    x = mx.array(rng.normal(size=(1, 4, 4, 4)).astype(np.float32))
-    np.testing.assert_array_equal(np.array(Upsample2x2.load(vb, 4, 3, 3, cfg)(x)),
-                                  np.array(cn.ConvTranspose2d.load(vb, 4, 3, 3, cfg)(x)))

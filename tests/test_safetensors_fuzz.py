@@ -25,6 +25,12 @@ import candle_nn as cn
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _env_with_root() -> dict[str, str]:
+    """The environment for a child Python: this checkout first, the caller's path kept."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def blob(header, data: bytes = b"", *, raw: bytes | None = None, length: int | None = None) -> bytes:
     """A safetensors byte string: ``header`` as JSON (or ``raw`` header bytes), then ``data``."""
     head = raw if raw is not None else json.dumps(header).encode()
@@ -207,7 +213,7 @@ def test_random_mutations_only_raise_candle_nn_errors(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c", FUZZ_SCRIPT, VALID.hex(), str(tmp_path), str(n)],
         capture_output=True, text=True, timeout=240, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=_env_with_root(),
     )
     assert proc.returncode == 0, (
         f"fuzz subprocess failed with code {proc.returncode} (negative: killed by a signal)\n"
@@ -228,7 +234,7 @@ def test_special_files_are_rejected_without_hanging(tmp_path):
             "    except cn.WeightsFileError as e:\n        print(e)\n")
     proc = subprocess.run([sys.executable, "-c", code, str(fifo), "/dev/null"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env=_env_with_root())
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 2 and all("not a regular file" in line for line in lines), lines

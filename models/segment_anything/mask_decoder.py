@@ -16,29 +16,6 @@ from candle_nn import (ConvTranspose2d, ConvTranspose2dConfig, Embedding, LayerN
 from .transformer import TwoWayTransformer
 
 
-class Upsample2x2(ConvTranspose2d):
-    """A ConvTranspose2d whose stride equals its kernel (SAM: 2x2, stride 2), computed as one
-    matmul; same tensors and results as the base class.
-
-    Such a transposed convolution has no overlapping taps: every input pixel writes its own
-    ``kH x kW`` output block, ``x @ W`` with ``W`` ``(in, kH * kW * out)``. On MLX's CPU backend
-    that is ~50x faster than ``conv_transpose2d``, which otherwise dominates the decoder's cost.
-    ``(B, H, W, in)`` → ``(B, kH H, kW W, out)``. Other configurations use the base class.
-    """
-
-    def forward(self, x: mx.array) -> mx.array:
-        out, kh, kw, cin = self.weight.shape
-        c = self.config
-        if (c.stride not in (kh, (kh, kw)) or kh != kw or c.padding not in (0, (0, 0))
-                or c.output_padding not in (0, (0, 0)) or c.dilation not in (1, (1, 1))):
-            return super().forward(x)
-        b, h, w, _ = x.shape
-        y = x @ self.weight.transpose(3, 1, 2, 0).reshape(cin, kh * kw * out)
-        y = y.reshape(b, h, w, kh, kw, out).transpose(0, 1, 3, 2, 4, 5)
-        y = y.reshape(b, h * kh, w * kw, out)
-        return y + self.bias if "bias" in self else y
-
-
 class MlpHead(Module):
     """``num_layers`` Linear layers (``layers.i``) with ReLU between, optional final sigmoid."""
 
@@ -76,11 +53,11 @@ class MaskDecoder(Module):
         self.iou_token = Embedding.load(vb.pp("iou_token"), 1, d)
         self.mask_tokens = Embedding.load(vb.pp("mask_tokens"), self.num_mask_tokens, d)
         up = ConvTranspose2dConfig(stride=2)
-        self.output_upscaling_conv1 = Upsample2x2.load(vb.pp("output_upscaling.0"), d, d // 4, 2,
-                                                       up)
+        self.output_upscaling_conv1 = ConvTranspose2d.load(vb.pp("output_upscaling.0"), d,
+                                                           d // 4, 2, up)
         self.output_upscaling_ln = LayerNorm2d.load(vb.pp("output_upscaling.1"), d // 4)
-        self.output_upscaling_conv2 = Upsample2x2.load(vb.pp("output_upscaling.3"), d // 4,
-                                                       d // 8, 2, up)
+        self.output_upscaling_conv2 = ConvTranspose2d.load(vb.pp("output_upscaling.3"), d // 4,
+                                                           d // 8, 2, up)
         self.output_hypernetworks_mlps = [
             MlpHead(vb.pp("output_hypernetworks_mlps").pp(i), d, d, d // 8, 3)
             for i in range(self.num_mask_tokens)]
