@@ -88,8 +88,14 @@ class Conv2d(Module):
 
     def forward(self, x: mx.array) -> mx.array:
         c = self.config
-        y = mx.conv2d(x, self.weight, stride=_pair(c.stride), padding=_pair(c.padding),
-                      dilation=_pair(c.dilation), groups=c.groups)
+        out, kh, kw, cin = self.weight.shape
+        if (kh, kw) == (1, 1) and c.groups == 1 and _pair(c.stride) == (1, 1) \
+                and _pair(c.padding) == (0, 0):
+            # A pointwise conv is a matmul; MLX's CPU conv runs it 1.5-3.5x slower (same result).
+            y = x @ self.weight.reshape(out, cin).T
+        else:
+            y = mx.conv2d(x, self.weight, stride=_pair(c.stride), padding=_pair(c.padding),
+                          dilation=_pair(c.dilation), groups=c.groups)
         return y + self.bias if "bias" in self else y
 
     def fold_batch_norm(self, bn: "BatchNorm2d") -> "Conv2d":  # noqa: F821 (circular type)

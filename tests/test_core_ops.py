@@ -159,7 +159,9 @@ def test_linear_b_without_bias_ignores_a_stored_bias(device):
 CONV_CASES = {
     # id: (in, out, kernel, config kwargs, input HxW)
     "3x3_pad1": (4, 6, 3, dict(padding=1), (9, 9)),
-    "1x1": (5, 7, 1, dict(), (6, 6)),
+    "1x1": (5, 7, 1, dict(), (6, 6)),  # the matmul path
+    "1x1_s2": (5, 7, 1, dict(stride=2), (7, 7)),  # strided pointwise: MLX's conv
+    "1x1_pad1": (5, 7, 1, dict(padding=1), (4, 5)),
     "7x7_s2_p3": (3, 8, 7, dict(padding=3, stride=2), (17, 17)),
     "stride2_nopad": (4, 4, 3, dict(stride=2), (10, 10)),
     "dilation2": (4, 5, 3, dict(padding=2, dilation=2), (11, 11)),
