@@ -532,3 +532,18 @@ def test_half_precision_layers_keep_their_dtype(device, dtype):
         assert cn.softmax(xh).dtype == dtype
         assert cn.upsample_nearest2d(xh, 9, 9).dtype == dtype
         assert cn.max_pool2d(xh, 2).dtype == cn.avg_pool2d(xh, 2).dtype == dtype
+
+
+def test_silu_fast_cpu_path_is_accurate_over_the_whole_float32_range():
+    """The CPU float32 SiLU uses a polynomial exp: check it ulp-close to float64 on a dense sweep,
+    including saturation at both ends, and that NaN propagates."""
+    with mx.stream(mx.cpu):
+        xs = np.concatenate([np.linspace(-120, 120, 200_001), [0.0, -0.0, 1e-30, -1e-30]])
+        got = np.array(cn.silu(mx.array(xs.astype(np.float32)))).astype(np.float64)
+        assert np.isnan(np.array(cn.silu(mx.array([np.nan], dtype=mx.float32)))).all()
+    x64 = xs.astype(np.float32).astype(np.float64)
+    ref = x64 / (1.0 + np.exp(-x64))
+    scale = np.maximum(np.abs(ref), 1e-30)
+    big = np.abs(ref) > 1e-30  # below that only the absolute error matters
+    assert np.max(np.abs(got - ref)[big] / scale[big]) < 1e-6
+    assert np.max(np.abs(got - ref)[~big]) < 1e-35
