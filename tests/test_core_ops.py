@@ -167,6 +167,8 @@ CONV_CASES = {
     "dilation2": (4, 5, 3, dict(padding=2, dilation=2), (11, 11)),
     "groups2": (6, 4, 3, dict(padding=1, groups=2), (8, 8)),
     "depthwise": (6, 6, 3, dict(padding=1, groups=6), (8, 8)),
+    "depthwise_s2_rect": (6, 6, (3, 5), dict(padding=(1, 2), stride=2, groups=6), (9, 11)),
+    "depthwise_dilated": (6, 6, 3, dict(padding=2, dilation=2, groups=6), (9, 9)),
     "depthwise_mult2_s2": (4, 8, 3, dict(padding=1, stride=2, groups=4), (9, 9)),
     "rect_kernel": (3, 5, (1, 3), dict(padding=(0, 1)), (7, 6)),
     "rect_input_mixed": (4, 6, (3, 5), dict(padding=(1, 2), stride=(2, 1), dilation=(1, 2)),
