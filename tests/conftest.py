@@ -45,10 +45,21 @@ def rel_err(candidate, reference) -> float:
     return float(np.abs(candidate - reference).max() / np.abs(reference).max())
 
 
+PARITY_REPORT = os.environ.get("CANDLE_NN_PARITY_REPORT")
+
+
 def assert_matches(meta: dict, key: str, candidate, reference) -> float:
-    """Assert the fixture tolerance for output ``key``; returns the error."""
+    """Assert the fixture tolerance for output ``key``; returns the error.
+
+    With ``CANDLE_NN_PARITY_REPORT=FILE`` every comparison is also appended to FILE as
+    ``test id, output, error, tolerance`` (the evidence for a device run).
+    """
     tol = meta["tolerance"][key]["rtol_of_max_abs"]
     err = rel_err(candidate, reference)
+    if PARITY_REPORT:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        with open(PARITY_REPORT, "a") as fh:
+            fh.write(f"{test}\t{key}\t{err:.2e}\t{tol:.1e}\n")
     assert err <= tol, f"{key}: rel err {err:.3e} > tolerance {tol:.1e}"
     return err
 
