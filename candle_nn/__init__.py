@@ -41,7 +41,7 @@ from .module import Module, Sequential, check_same_device, seq  # noqa: E402
 from .pooling import AvgPool2d, MaxPool2d, avg_pool2d, max_pool2d  # noqa: E402
 from .precision import float32_precision, set_float32_precision  # noqa: E402
 from .upsample import upsample_bilinear2d, upsample_nearest2d  # noqa: E402
-from .var_builder import VarBuilder  # noqa: E402
+from .var_builder import TensorSource, VarBuilder  # noqa: E402
 from .var_map import VarMap  # noqa: E402
 
 __version__ = "0.1.0"
@@ -51,7 +51,8 @@ __all__ = [
     "Conv2dConfig", "ConvTranspose2d", "ConvTranspose2dConfig", "DTypeError", "Device",
     "DeviceMismatchError", "DeviceUnavailableError", "Embedding", "ImageError", "Init",
     "LayerNorm", "LayerNorm2d", "LayerNormConfig", "Linear", "MaxPool2d", "MissingTensorError",
-    "Module", "Sequential", "ShapeMismatchError", "VarBuilder", "VarMap", "WeightsFileError",
+    "Module", "Sequential", "ShapeMismatchError", "TensorSource", "VarBuilder", "VarMap",
+    "WeightsFileError",
     "avg_pool2d", "batch_norm", "check_same_device", "conv2d", "conv2d_no_bias",
     "conv_transpose2d", "embedding", "float32_precision", "gelu", "gelu_tanh", "info", "layer_norm",
     "linear", "linear_b", "linear_no_bias", "max_pool2d", "relu", "rms_norm",

@@ -99,8 +99,10 @@ def read_tensor(handle: Any, path: str, name: str) -> mx.array:
         raise WeightsFileError(f"cannot read tensor '{name}' ({dtype}) from {path}: {exc}") from exc
 
 
-class _Source:
-    """Where tensors come from. Subclasses implement the four methods below."""
+class TensorSource:
+    """Where a VarBuilder's tensors come from: subclass it (``names``, ``contains``, ``shape``,
+    ``fetch``, ``describe``) and pass an instance to ``VarBuilder(source, dtype=, device=)`` to
+    serve tensors from elsewhere (``weights/spec.py`` records what a model asks for this way)."""
 
     def names(self) -> list[str]:
         raise NotImplementedError
@@ -130,7 +132,7 @@ class _Source:
         )
 
 
-class _SafetensorsSource(_Source):
+class _SafetensorsSource(TensorSource):
     def __init__(self, paths: Sequence[str]) -> None:
         self.paths = [os.fspath(p) for p in paths]
         self._where: dict[str, Any] = {}
@@ -167,7 +169,7 @@ class _SafetensorsSource(_Source):
         return ", ".join(self.paths)
 
 
-class _TensorsSource(_Source):
+class _TensorsSource(TensorSource):
     def __init__(self, tensors: Mapping[str, Any]) -> None:
         self._tensors = dict(tensors)
         self.metadata = {}
@@ -193,7 +195,7 @@ class _TensorsSource(_Source):
         return "the in-memory tensor dict"
 
 
-class _VarMapSource(_Source):
+class _VarMapSource(TensorSource):
     def __init__(self, varmap: VarMap, seed: int) -> None:
         self.varmap = varmap
         self.seed = int(seed)
@@ -232,7 +234,7 @@ class VarBuilder:
     :meth:`pp`; read with :meth:`get`.
     """
 
-    def __init__(self, source: _Source, *, dtype: mx.Dtype, device: Device,
+    def __init__(self, source: TensorSource, *, dtype: mx.Dtype, device: Device,
                  prefix: tuple[str, ...] = (), accessed: set[str] | None = None) -> None:
         self._source = source
         self._dtype = dtype

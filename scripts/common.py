@@ -97,13 +97,21 @@ def _pil_format(path: Path) -> str:
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
-    """``--device cpu|gpu|gpu:N`` (default: GPU when MLX has one, else CPU)."""
+    """``--device cpu|gpu|gpu:N`` (default: GPU when MLX has one, else CPU) and ``--verbose``."""
     parser.add_argument("--device", default=None,
                         help="cpu, gpu or gpu:N (default: the GPU when MLX has one, else the CPU)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print the MLX version, devices, CPU BLAS and float32 precision "
+                             "in use (to stderr)")
 
 
-def parse_device(spec: str | None) -> Device:
-    """The device named on the command line (DeviceUnavailableError when absent)."""
+def parse_device(spec: str | None, verbose: bool = False) -> Device:
+    """The device named on the command line (DeviceUnavailableError when absent); with
+    ``verbose``, the runtime summary (``candle_nn.info()``) goes to stderr first."""
+    if verbose:
+        from candle_nn import info
+
+        print(info(), file=sys.stderr)
     return Device.default() if spec is None else Device.parse(spec)
 
 

@@ -88,7 +88,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.top_k < 1 or args.batch_size < 1:
         raise CandleNNError("--top-k and --batch-size must be at least 1")
     images = collect_images(args.image)
-    model, names = load_classifier(args.weights, args.variant, parse_device(args.device))
+    model, names = load_classifier(args.weights, args.variant, parse_device(args.device, args.verbose))
     results = classify(model, images, min(args.top_k, len(names)), args.batch_size)
     if args.json:
         print(json.dumps({"model": model.variant, "images": [

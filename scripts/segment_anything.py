@@ -156,7 +156,7 @@ def _main(argv: Sequence[str] | None) -> int:
     rgb = load_rgb(args.image)
     height, width = rgb.shape[:2]
     prompts = parse_prompts(args.point, args.neg_point, args.box, height, width)
-    device = parse_device(args.device)
+    device = parse_device(args.device, args.verbose)
     registry_model = "mobile_sam" if args.model == "tiny" else "sam"
     weights = resolve_weights(registry_model, args.model, args.weights)
     vb = VarBuilder.from_safetensors(weights, device=device)

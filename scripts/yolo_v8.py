@@ -132,7 +132,7 @@ def output_path(out_dir: Path, image: Path, task: str, taken: set[Path]) -> Path
 def detect(args: argparse.Namespace) -> tuple[list[ImageResult], list[str]]:
     """Run the CLI's work for parsed ``args``: the per-image results and the class names."""
     images = collect_images(args.image)
-    device = parse_device(args.device)
+    device = parse_device(args.device, args.verbose)
     model, spec, names, _ = load_detector(args.weights, args.task, args.variant, device)
     out_dir = prepare_out_dir(args.out)  # after the weights: a failed load creates no folder
     skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()

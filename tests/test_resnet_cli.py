@@ -139,3 +139,9 @@ def test_cli_results_match_the_model(capsys, weights):
     assert main(["--image", BIKE, "--weights", weights, "--top-k", "1"]) == 0
     label = capsys.readouterr().out.splitlines()[1].rsplit(": ", 1)[0].strip()
     assert label == class_names()[int(logits.argmax())]
+
+
+def test_verbose_reports_the_runtime(capsys, weights):
+    assert main(["--image", BIKE, "--weights", weights, "--top-k", "1", "--verbose"]) == 0
+    err = capsys.readouterr().err
+    assert "CPU BLAS" in err and "float32 precision" in err and "MLX" in err

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from candle_nn import CandleNNError, Device, VarBuilder  # before mlx: candle_nn picks the BLAS
-from candle_nn.var_builder import _Source
+from candle_nn.var_builder import TensorSource
 import mlx.core as mx  # noqa: I001
 
 Shape = tuple[int, ...]
 
 
-class RecordingSource(_Source):
+class RecordingSource(TensorSource):
     """A VarBuilder source that returns zeros of any requested shape and records the request.
 
     It holds no tensors (``contains`` is always False), so a model that inspects its checkpoint
