@@ -72,6 +72,12 @@ def nhwc_to_nchw(a) -> np.ndarray:
     return np.asarray(a).transpose(0, 3, 1, 2)
 
 
+@pytest.fixture(scope="session")
+def resnet18_fixture() -> tuple[dict[str, np.ndarray], dict, Path]:
+    """The ResNet-18 reference (io arrays, meta, folder), loaded once per test session."""
+    return load_fixture("resnet18")
+
+
 DEVICES = cn.Device.available()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import assert_matches, load_fixture, nchw_to_nhwc, nhwc_to_nchw
+from conftest import assert_matches, nchw_to_nhwc, nhwc_to_nchw
 
 import candle_nn as cn
 
@@ -57,8 +57,8 @@ class ResNet18(cn.Module):
 
 
 @pytest.fixture(scope="module")
-def fixture():
-    return load_fixture("resnet18")
+def fixture(resnet18_fixture):
+    return resnet18_fixture
 
 
 @pytest.fixture(scope="module", params=cn.Device.available(), ids=str)

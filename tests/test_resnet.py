@@ -8,7 +8,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import assert_matches, load_fixture, nchw_to_nhwc
+from conftest import assert_matches, nchw_to_nhwc
 
 import candle_nn as cn
 from models.imagenet import class_names, preprocess, preprocess_batch
@@ -21,8 +21,8 @@ TORCHVISION_PARAMS = {"resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50"
 
 
 @pytest.fixture(scope="module")
-def fixture():
-    return load_fixture("resnet18")
+def fixture(resnet18_fixture):
+    return resnet18_fixture
 
 
 @pytest.fixture(scope="module", params=cn.Device.available(), ids=str)
