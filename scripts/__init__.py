@@ -1,4 +1,5 @@
-"""Command-line programs: one per model, the benchmark, and their shared helpers."""
+"""Command-line programs: one per model, the benchmark, and their shared helpers.
 
-# First, before anything imports MLX: candle_nn picks the fast CPU BLAS (candle_nn/blas.py).
-import candle_nn  # noqa: F401
+Deliberately imports nothing: the benchmark's PyTorch/ONNX Runtime worker processes must not load
+candle_nn (and its preloaded BLAS). Each CLI module imports candle_nn before MLX itself.
+"""

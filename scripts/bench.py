@@ -322,15 +322,32 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point ``candle-nn-bench`` (failures: one ``error:`` line, exit status 1)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--worker" in argv:  # a peer's worker process must not import candle_nn (BLAS preload)
+        return _main(argv)
+    from scripts.common import run_main
+
+    return run_main(_main, argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     if args.worker:  # internal: one job in this fresh process, result as the last stdout line
         print(json.dumps(run_job(json.loads(args.worker))))
         return 0
+    from candle_nn import CandleNNError
     from scripts import bench_report
 
+    for out in (args.json, args.markdown, args.chart):  # fail before minutes of measuring
+        if out:
+            _check_writable(out)
     if args.report:
-        report = json.loads(Path(args.report).read_text())
+        try:
+            report = json.loads(Path(args.report).read_text())
+        except (OSError, ValueError) as exc:
+            raise CandleNNError(f"cannot read the saved run {args.report}: {exc}") from None
         _emit(report, args)
         return 0
     args.models = args.models or list(QUICK_MODELS if args.quick else MODELS)
@@ -360,11 +377,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row = run_job(job) if args.in_process else _run_isolated(job, args.timeout)
                 rows[i] = _best(rows[i], row)
     report = bench_report.build(meta, rows)
-    if args.json:
-        bench_report.write_json(report, args.json)
-        print(f"wrote {args.json}", file=sys.stderr)
-    _emit(report, args)
+    from candle_nn import CandleNNError
+
+    try:
+        if args.json:
+            bench_report.write_json(report, args.json)
+            print(f"wrote {args.json}", file=sys.stderr)
+        _emit(report, args)
+    except OSError as exc:
+        raise CandleNNError(f"cannot write the results: {exc}") from None
     return 0
+
+
+def _check_writable(path: str) -> None:
+    from candle_nn import CandleNNError
+
+    folder = Path(path).parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise CandleNNError(f"cannot write {path}: folder {folder} does not exist or is not "
+                            "writable")
 
 
 def _emit(report: dict, args: argparse.Namespace) -> None:

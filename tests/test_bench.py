@@ -127,3 +127,13 @@ def test_profile_prints_self_times_per_module(capsys) -> None:
         assert "resnet18: forward" in text and "Conv2d" in text and "costliest modules" in text
     else:
         assert "not implemented yet" in text
+
+
+def test_bad_paths_are_one_error_line_before_measuring(capsys, tmp_path):
+    from scripts.bench import main as bench_main
+
+    assert bench_main(["--report", str(tmp_path / "missing.json")]) == 1
+    assert bench_main(["--quick", "--json", str(tmp_path / "no" / "dir" / "x.json")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("error: ") for line in err), err
+    assert "missing.json" in err[0] and "does not exist or is not writable" in err[1]
