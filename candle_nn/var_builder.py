@@ -17,6 +17,7 @@ import difflib
 import functools
 import json
 import os
+import stat
 import struct
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -44,19 +45,50 @@ def as_dtype(dtype: "mx.Dtype | str") -> mx.Dtype:
     return dtype
 
 
-def open_safetensors(path: str) -> Any:
+_FILE_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_NOT_FOUND_HINT = (". Pass the path of a .safetensors file (see `candle-nn-weights list` for "
+                   "known checkpoints).")
+
+
+def check_weights_path(path: "str | os.PathLike", what: str = "weights file") -> str:
+    """``path`` as a str when it names a regular file this process may read; else a
+    WeightsFileError that says what it is instead (missing, a directory, a FIFO — which would
+    block a reader forever —, a device such as /dev/null, a socket, unreadable)."""
+    path = os.fspath(path)
+    hint = _NOT_FOUND_HINT if what == "weights file" else ""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise WeightsFileError(f"{what} not found: {path}{hint}") from None
+    except PermissionError:
+        raise WeightsFileError(
+            f"permission denied: cannot reach {what} {path} (a folder on the way is not "
+            "searchable by this user)") from None
+    except OSError as exc:
+        raise WeightsFileError(f"cannot open {what} {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise WeightsFileError(f"{what} path is a directory, not a file: {path}")
+    for is_kind, kind in _FILE_KINDS:
+        if is_kind(info.st_mode):
+            raise WeightsFileError(f"{what} path {path} is {kind}, not a regular file")
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError:
+        raise WeightsFileError(
+            f"permission denied reading {what} {path}: this user may not read it (chmod +r?)"
+        ) from None
+    except OSError as exc:
+        raise WeightsFileError(f"cannot open {what} {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def open_safetensors(path: "str | os.PathLike") -> Any:
     """Open a safetensors file lazily (memory-mapped); malformed files raise WeightsFileError."""
     from safetensors import safe_open
 
-    if not os.path.exists(path):
-        raise WeightsFileError(
-            f"weights file not found: {path}. Pass the path of a .safetensors file "
-            "(see `candle-nn-weights list` for known checkpoints)."
-        )
-    if os.path.isdir(path):
-        raise WeightsFileError(f"weights path is a directory, not a .safetensors file: {path}")
-    if not os.path.isfile(path):  # a FIFO would block safe_open forever, a device is no file
-        raise WeightsFileError(f"weights path is not a regular file: {path}")
+    path = check_weights_path(path)
     try:
         return safe_open(path, framework="mlx")
     except Exception as exc:  # the Rust parser's errors have no common Python base

@@ -27,11 +27,11 @@ Convert a PyTorch checkpoint to safetensors under candle's tensor names, with me
 (model, variant, task, class names) that the model CLIs use by default.
 
 READING A PICKLE: .pt/.pth checkpoints are Python pickles, and unpickling can run code named by
-the file. This command reads them only because you ask it to: state_dict files through
-torch.load(weights_only=True); ultralytics files through a restricted unpickler that turns
-ultralytics/torch.nn classes into inert stand-ins and refuses anything else. Convert only files
-you trust. (.safetensors sources need no unpickling.)
-Needs torch: pip install 'candle-nn-mlx[convert]'.
+the file. This command reads them only because you ask it to, and never through torch: the file
+must be a plain torch.save checkpoint (TorchScript archives and other formats are refused before
+anything is read), and its pickle may hold only tensors and containers (ultralytics files also
+ultralytics/torch.nn classes, kept as inert stand-ins); anything else is refused.
+Convert only files you trust. (.safetensors sources need no unpickling.)
 """
 
 
