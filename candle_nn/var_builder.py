@@ -68,10 +68,10 @@ def check_weights_path(path: "str | os.PathLike", what: str = "weights file") ->
     except OSError as exc:
         raise WeightsFileError(f"cannot open {what} {path}: {exc.strerror or exc}") from None
     if stat.S_ISDIR(info.st_mode):
-        raise WeightsFileError(f"{what} path is a directory, not a file: {path}")
+        raise WeightsFileError(f"{what} {path} is a directory, not a file")
     for is_kind, kind in _FILE_KINDS:
         if is_kind(info.st_mode):
-            raise WeightsFileError(f"{what} path {path} is {kind}, not a regular file")
+            raise WeightsFileError(f"{what} {path} is {kind}, not a regular file")
     try:
         with open(path, "rb"):
             pass
