@@ -6,8 +6,8 @@ prefix. ``vb.pp("layer1").pp(0).get((64, 64, 3, 3), "conv1.weight")`` asks for
 ``layer1.0.conv1.weight`` and checks its shape. Tensors come in candle/PyTorch layout (conv
 ``(O, I, kH, kW)``, linear ``(out, in)``); converting to MLX layouts is the layers' job.
 
-Every tensor returned lives on ``vb.device`` in ``vb.dtype`` (floating tensors are cast on that
-device's stream; integer tensors keep their dtype). Safetensors files are opened lazily and
+Every tensor returned lives on ``vb.device`` in ``vb.dtype`` (cast on that device's stream);
+a tensor stored as an integer or boolean type is a DTypeError naming it and its file. Safetensors files are opened lazily and
 memory-mapped: only the tensors a model asks for are read.
 """
 
@@ -32,6 +32,10 @@ from .var_map import VarMap
 _FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 _DTYPE_NAMES = {"float32": mx.float32, "f32": mx.float32, "float16": mx.float16,
                 "f16": mx.float16, "bfloat16": mx.bfloat16, "bf16": mx.bfloat16}
+
+
+def _dtype_name(dtype: mx.Dtype) -> str:
+    return str(dtype).removeprefix("mlx.core.")
 
 
 def as_dtype(dtype: "mx.Dtype | str") -> mx.Dtype:
@@ -371,8 +375,13 @@ class VarBuilder:
                 f"the model expects {want}. The weights are probably for another model variant "
                 "or class count."
             )
-        self._accessed.add(path)
         floating = value.dtype in _FLOAT_DTYPES or value.dtype == mx.float64
+        if not floating:
+            raise DTypeError(
+                f"tensor '{path}' in {self._source.describe()} is {_dtype_name(value.dtype)}, not "
+                "floating point: model weights must be float32, float16 or bfloat16 (an integer "
+                "or quantized checkpoint cannot be loaded; convert the weights to float)")
+        self._accessed.add(path)
         if floating and value.dtype != self._dtype:
             # MLX has float64 on the CPU only (Metal has none, CUDA lacks most kernels): narrow a
             # float64 source (an F64 file, a NumPy default array) there; the rest on the device.
