@@ -17,7 +17,7 @@ from typing import Sequence
 from candle_nn import CandleNNError
 from scripts.common import run_main
 
-from .convert import SOURCES, convert, read_names, save
+from .convert import SOURCES, check_output, convert, read_names, save
 from .inspection import format_report, inspect_file
 from .registry import CHECKPOINTS, download
 from .spec import SPECS
@@ -89,6 +89,7 @@ def _list() -> int:
 def _convert(args: argparse.Namespace) -> int:
     if Path(args.src).resolve() == Path(args.out).resolve():
         raise CandleNNError(f"OUT is the source checkpoint {args.src}; pass another output path")
+    check_output(args.out)  # before the (possibly long) conversion
     names = read_names(args.names) if args.names else None
     converted = convert(args.kind, args.src, variant=args.variant, num_classes=args.num_classes,
                         names=names)
