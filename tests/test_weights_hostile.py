@@ -104,13 +104,26 @@ def test_pickled_code_is_refused_in_both_layouts(tmp_path, capsys, zipped):
         assert not marker.exists()
 
 
-def test_legacy_torch_save_state_dict_converts_exactly(tmp_path):
+def test_a_plain_pickle_that_runs_code_is_refused_without_running_it(tmp_path, capsys):
+    """Deciding what a file is must not unpickle it (the legacy magic number is a pickle too)."""
+    marker = tmp_path / "pwned.txt"
+    src = tmp_path / "evil.pt"
+    src.write_bytes(pickle.dumps(Exec(marker), protocol=2))
+    for kind in SOURCES:
+        assert "a plain Python pickle" in _refused(tmp_path, capsys, src, kind)
+        assert not marker.exists()
+    pickle.loads(src.read_bytes())  # the control: it does write the marker
+    assert marker.read_text() == "pwned"
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_legacy_torch_save_state_dict_converts_exactly(tmp_path, protocol):
     candle = load_file(load_fixture("resnet18")[2] / "weights.safetensors")
     src, out = tmp_path / "r18.pth", tmp_path / "r18.safetensors"
     sd = {k: torch.from_numpy(v) for k, v in candle.items()}
     sd["fc.bias"] = sd["fc.bias"].to(torch.bfloat16)  # widened to float32 exactly
     sd["layer1.0.bn1.num_batches_tracked"] = torch.tensor(7)
-    torch.save(sd, src, _use_new_zipfile_serialization=False)
+    torch.save(sd, src, _use_new_zipfile_serialization=False, pickle_protocol=protocol)
     assert main(["convert", "--from", "torchvision", str(src), str(out)]) == 0
     converted = load_file(out)
     assert converted.keys() == candle.keys()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import pickletools
 import re
 import struct
 import zipfile
@@ -98,10 +99,19 @@ def describe(path: str) -> str:
 
 
 def _legacy_magic(head: bytes) -> bool:
+    """Whether ``head`` opens with the pickled legacy magic number. Read opcode by opcode
+    (``pickletools.genops`` only parses): unpickling the bytes would run what they name."""
+    ops = []
     try:
-        return pickle.loads(head[: head.index(b".") + 1]) == LEGACY_MAGIC
-    except Exception:  # noqa: BLE001 - anything unparsable is simply not the magic number
+        for opcode, arg, _ in pickletools.genops(io.BytesIO(head)):
+            if opcode.name not in ("PROTO", "FRAME"):
+                ops.append((opcode.name, arg))
+            if opcode.name == "STOP" or len(ops) > 2:
+                break
+    except Exception:  # noqa: BLE001 - unparsable bytes are simply not the magic number
         return False
+    return len(ops) == 2 and ops[0][0] in ("LONG1", "LONG4") and ops[0][1] == LEGACY_MAGIC \
+        and ops[1][0] == "STOP"
 
 
 def _zip_folder(path: str) -> str:
