@@ -7,7 +7,8 @@ prefix. ``vb.pp("layer1").pp(0).get((64, 64, 3, 3), "conv1.weight")`` asks for
 ``(O, I, kH, kW)``, linear ``(out, in)``); converting to MLX layouts is the layers' job.
 
 Every tensor returned lives on ``vb.device`` in ``vb.dtype`` (cast on that device's stream);
-a tensor stored as an integer or boolean type is a DTypeError naming it and its file. Safetensors files are opened lazily and
+a weight stored as an integer or boolean type is a DTypeError naming it and its file (index
+buffers are read with ``vb.get(..., integer=True)`` and keep their dtype). Safetensors files are opened lazily and
 memory-mapped: only the tensors a model asks for are read.
 """
 
@@ -357,12 +358,14 @@ class VarBuilder:
 
     # -- reading ------------------------------------------------------------------------------
     def get(self, shape: "Sequence[int] | int | None", name: str,
-            init: Init | None = None) -> mx.array:
+            init: Init | None = None, *, integer: bool = False) -> mx.array:
         """Tensor ``prefix.name``, checked against ``shape`` (``None``: any shape; an int ``n``
         means ``(n,)``, as candle's ``vb.get(n, "bias")``).
 
         ``init`` is used only by VarMap-backed builders to create a missing variable.
-        Raises MissingTensorError / ShapeMismatchError.
+        Weights are floating point: a tensor stored as an integer or boolean type is a
+        DTypeError, unless ``integer=True`` asks for such a tensor (an index buffer), which then
+        keeps its dtype. Raises MissingTensorError / ShapeMismatchError / DTypeError.
         """
         path = self.path(name)
         if isinstance(shape, (int, np.integer)):
@@ -376,7 +379,7 @@ class VarBuilder:
                 "or class count."
             )
         floating = value.dtype in _FLOAT_DTYPES or value.dtype == mx.float64
-        if not floating:
+        if not floating and not integer:
             raise DTypeError(
                 f"tensor '{path}' in {self._source.describe()} is {_dtype_name(value.dtype)}, not "
                 "floating point: model weights must be float32, float16 or bfloat16 (an integer "
