@@ -8,8 +8,8 @@ prefix. ``vb.pp("layer1").pp(0).get((64, 64, 3, 3), "conv1.weight")`` asks for
 
 Every tensor returned lives on ``vb.device`` in ``vb.dtype`` (cast on that device's stream);
 a weight stored as an integer or boolean type is a DTypeError naming it and its file (index
-buffers are read with ``vb.get(..., integer=True)`` and keep their dtype). Safetensors files are opened lazily and
-memory-mapped: only the tensors a model asks for are read.
+buffers are read with ``vb.get(..., integer=True)`` and keep their dtype). Safetensors files
+are opened lazily and memory-mapped: only the tensors a model asks for are read.
 """
 
 from __future__ import annotations

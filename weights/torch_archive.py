@@ -178,7 +178,7 @@ def _load_zip(path: str, make_unpickler: MakeUnpickler) -> Any:
                         f"{nbytes} (truncated file?)")
                 with zf.open(info) as fh:
                     raw = fh.read(nbytes)
-                storages[key] = (stype, np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("=")))
+                storages[key] = (stype, _native(raw, dtype))
             stored_type, array = storages[key]
             return stored_type, array
 
@@ -224,9 +224,14 @@ def _load_legacy(path: str, make_unpickler: MakeUnpickler) -> Any:
             if len(size) != 8 or struct.unpack("<q", size)[0] != numel \
                     or len(raw) != numel * dtype.itemsize:
                 raise WeightsFileError(f"{path}: storage {key} is truncated or has the wrong size")
-            storages[key] = (stype, np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("=")))
+            storages[key] = (stype, _native(raw, dtype))
         f.seek(start)
         return make_unpickler(f, persistent_load).load()
+
+
+def _native(raw: bytes, dtype: np.dtype) -> np.ndarray:
+    """A storage's bytes as a 1-D array in this machine's byte order (no copy when it is)."""
+    return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
 
 
 def _no_storages(pid: Any) -> Any:

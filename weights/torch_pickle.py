@@ -172,8 +172,8 @@ _GLOBALS = _real_globals()
 
 class RestrictedUnpickler(pickle.Unpickler):
     """The unpickler of every checkpoint: the globals of :func:`_real_globals`, torch's storage
-    types, and — only when ``stand_ins`` (ultralytics files) — inert stand-ins for ultralytics and
-    torch.nn classes. Any other global is refused with a ConversionError."""
+    types, and — only when ``stand_ins`` (ultralytics files) — inert stand-ins for ultralytics
+    and torch.nn classes. Any other global is refused with a ConversionError."""
 
     def __init__(self, file: IO[bytes], persistent_load: PersistentLoad, *,
                  stand_ins: bool) -> None:
