@@ -120,7 +120,7 @@ def test_resnet_option_mismatches_and_unknown_depths_fail(tmp_path, capsys):
     assert "1000 classes" in _one_error_line(capsys)
     torch.save(_torch_sd({k: v for k, v in candle.items() if not k.startswith("layer4.1.")}), src)
     assert main(["convert", "--from", "torchvision", str(src), str(out)]) == 1
-    assert "match no ResNet" in _one_error_line(capsys)
+    assert "none of resnet18/34/50/101/152" in _one_error_line(capsys)
     assert not out.exists()
 
 
