@@ -13,8 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from candle_nn import CandleNNError, WeightsFileError
-from candle_nn.var_builder import open_safetensors
+from candle_nn import CandleNNError, WeightsFileError, open_safetensors
 
 from .metadata import WeightsMetadata
 from .spec import SPECS, ModelUnavailableError, Shape, expected_tensors

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from candle_nn import WeightsFileError
-from candle_nn.var_builder import check_weights_path
+from candle_nn import WeightsFileError, check_weights_path, open_safetensors
 
 from .metadata import TASKS
 from .spec import SPECS, tensor_count
@@ -187,8 +186,6 @@ def _why(exc: Exception) -> str:
 
 
 def _check_download(entry: Checkpoint, path: Path) -> None:
-    from candle_nn.var_builder import open_safetensors
-
     handle = open_safetensors(os.fspath(path))
     count = len(list(handle.keys()))
     if count < entry.tensors:
