@@ -6,10 +6,7 @@ import mlx.core as mx
 
 from .device import Device
 from .module import Module
-
-
-def _pair(v: "int | tuple[int, int]") -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+from .pairs import pair
 
 
 def _windows(x: mx.array, kernel: tuple[int, int], stride: tuple[int, int]) -> mx.array:
@@ -24,9 +21,9 @@ def _windows(x: mx.array, kernel: tuple[int, int], stride: tuple[int, int]) -> m
 
 
 def _pool(x: mx.array, kernel, stride, padding, pad_value: float, reduce) -> mx.array:
-    kernel = _pair(kernel)
-    stride = _pair(stride if stride is not None else kernel)
-    ph, pw = _pair(padding)
+    kernel = pair(kernel)
+    stride = pair(stride if stride is not None else kernel)
+    ph, pw = pair(padding)
     if ph or pw:
         x = mx.pad(x, [(0, 0), (ph, ph), (pw, pw), (0, 0)], constant_values=pad_value)
     return reduce(_windows(x, kernel, stride), axis=(3, 4))
