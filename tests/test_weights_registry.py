@@ -10,7 +10,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from candle_nn import WeightsFileError
-from conftest import load_fixture
+from conftest import load_fixture, one_error_line
 from weights import registry
 from weights.cli import main
 from weights.metadata import NAMES, WeightsMetadata, read_metadata
@@ -33,12 +33,6 @@ def offline_hub(tmp_path, monkeypatch):
     return home
 
 
-def _one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
-
-
 def test_offline_without_cache_says_which_file_and_where_to_pass_it(offline_hub):
     with pytest.raises(WeightsUnavailableError) as info:
         resolve_weights("yolo_v8", "s")
@@ -51,7 +45,7 @@ def test_offline_without_cache_says_which_file_and_where_to_pass_it(offline_hub)
 
 def test_cli_download_offline_is_one_error_line(offline_hub, capsys):
     assert main(["download", "resnet", "resnet50"]) == 1
-    assert "resnet50.safetensors" in _one_error_line(capsys)
+    assert "resnet50.safetensors" in one_error_line(capsys)
 
 
 def test_explicit_weights_path_wins_even_offline(offline_hub, tmp_path):
@@ -75,7 +69,7 @@ def test_unknown_model_and_variant(capsys):
     with pytest.raises(WeightsUnavailableError, match="unknown model 'yolo'"):
         resolve_weights("yolo", "n")
     assert main(["download", "resnet", "resnet19"]) == 1
-    assert "resnet18, resnet34" in _one_error_line(capsys)
+    assert "resnet18, resnet34" in one_error_line(capsys)
 
 
 def test_download_uses_the_hub_cache_and_checks_the_file(monkeypatch, tmp_path):
