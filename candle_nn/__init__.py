@@ -24,6 +24,7 @@ from .activation import (  # noqa: E402
 )
 from .attention import scaled_dot_product_attention  # noqa: E402
 from .batch_norm import BatchNorm2d, batch_norm  # noqa: E402
+from .checkpoint import save_safetensors, state_dict  # noqa: E402
 from .conv import (  # noqa: E402
     Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, conv2d, conv2d_no_bias,
     conv_transpose2d,
@@ -55,7 +56,7 @@ __all__ = [
     "WeightsFileError",
     "avg_pool2d", "batch_norm", "check_same_device", "conv2d", "conv2d_no_bias",
     "conv_transpose2d", "embedding", "float32_precision", "gelu", "gelu_tanh", "info", "layer_norm",
-    "linear", "linear_b", "linear_no_bias", "max_pool2d", "relu", "rms_norm",
+    "linear", "linear_b", "linear_no_bias", "max_pool2d", "relu", "rms_norm", "save_safetensors",
     "scaled_dot_product_attention", "seq", "set_float32_precision", "sigmoid", "silu",
-    "softmax", "upsample_bilinear2d", "upsample_nearest2d",
+    "softmax", "state_dict", "upsample_bilinear2d", "upsample_nearest2d",
 ]
