@@ -1,6 +1,7 @@
 """``candle-yolo-v8``: detect objects (or people's poses) with YOLOv8 and draw them.
 
-    candle-yolo-v8 --image bike.jpg [--image DIR ...] [--task detect|pose] [--variant n|s|m|l|x]
+    candle-yolo-v8 --image bike.jpg [--image DIR ...] | --video clip.mp4 [--video FRAMES_DIR ...]
+                   [--batch-size 8] [--task detect|pose] [--variant n|s|m|l|x]
                    [--weights FILE] [--conf 0.25] [--iou 0.45] [--size 640] [--square]
                    [--device cpu] [--out DIR] [--json]
                    [--classes N ...] [--max-det 300] [--agnostic-nms] [--half]
@@ -21,8 +22,12 @@ in YOLO's label format, one line per detection, ``class cx cy w h`` normalised t
 image's size (pose: then ``x y visibility`` per keypoint), ``--save-conf`` appending the score; an
 image without detections gets no label file. ``--save-crop`` writes each detection's crop (box
 enlarged by 2 % + 10 px, as ultralytics) to ``<out>/crops/<class name>/<stem>.jpg``
-(``<stem>2.jpg``, ``<stem>3.jpg``, … for more of one class). ``--line-width``, ``--hide-labels`` and ``--hide-conf``
-change the drawing.
+(``<stem>2.jpg``, ``<stem>3.jpg``, … for more of one class). ``--line-width``, ``--hide-labels``
+and ``--hide-conf`` change the drawing.
+
+``--video`` takes video files and folders of images (image sequences): each gives an annotated MP4
+and per-frame JSON lines (see ``scripts/yolo_v8_video.py``); labels and crops are named
+``<stem>_<frame>``, as ultralytics does for videos.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from models.yolo_v8_post import Detection, crop_box, postprocess, yolo_label_lin
 from scripts.common import (add_device_argument, collect_images, load_rgb, parse_device,
                             prepare_out_dir, run_main, save_image_atomic, save_text_atomic)
 from scripts.yolo_v8_draw import draw_detections
+from scripts.yolo_v8_video import check_sources, detect_video, print_video_result
 from weights.metadata import WeightsMetadata
 from weights.registry import resolve_weights
 
@@ -97,8 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="candle-yolo-v8",
         description="Detect objects (or human poses) with YOLOv8 and write annotated images.")
-    parser.add_argument("--image", action="append", required=True, metavar="PATH",
+    parser.add_argument("--image", action="append", metavar="PATH",
                         help="an image file or a folder of images (repeatable)")
+    parser.add_argument("--video", action="append", metavar="PATH",
+                        help="a video file, or a folder of images read as a sequence (repeatable);"
+                             " writes an annotated MP4 and per-frame JSON lines")
+    parser.add_argument("--batch-size", type=_positive, default=8,
+                        help="--video: frames per forward pass (default 8)")
     parser.add_argument("--task", choices=("detect", "pose"), default=None,
                         help="detect (boxes) or pose (boxes + keypoints); default: what --weights "
                              "holds, else detect")
@@ -143,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors argparse cannot see on its own (exit status 2, like argparse's)."""
+    if bool(args.image) == bool(args.video):
+        parser.error("pass images with --image or videos with --video (one of them)")
     if args.save_conf and not args.save_txt:
         parser.error("--save-conf only applies to --save-txt's labels: add --save-txt")
 
@@ -260,11 +273,47 @@ def _print_result(result: ImageResult, names: Sequence[str]) -> None:
         print(f"  {names[det.class_id]:<15} {det.score:.3f}  [{box}]")
 
 
+def detect_videos(args: argparse.Namespace) -> list:
+    """``--video``: each source through the model frame by frame (``scripts/yolo_v8_video.py``)."""
+    sources = check_sources(args.video)
+    device = parse_device(args.device, args.verbose)
+    model, spec, names, _ = load_detector(args.weights, args.task, args.variant, device,
+                                          "float16" if args.half else "float32")
+    out_dir = prepare_out_dir(args.out)
+    skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()
+
+    def annotate(rgb, detections):
+        return draw_detections(rgb, detections, names, skeleton, line_width=args.line_width,
+                               labels=not args.hide_labels, scores=not args.hide_conf)
+
+    def save_extras(stem, rgb, detections):
+        save_labels_and_crops(args, out_dir, stem, rgb, detections, names)
+
+    results, taken = [], set()
+    for source in sources:
+        output, n = out_dir / f"{source.stem}_{spec.task}.mp4", 1
+        while output in taken:
+            output, n = out_dir / f"{source.stem}_{spec.task}-{n}.mp4", n + 1
+        taken.add(output)
+        result = detect_video(args, source, out_dir, model, spec, names, output,
+                              annotate, save_extras)
+        results.append(result)
+        if not args.json:
+            print_video_result(result)
+    if args.json:
+        print(json.dumps({"model": str(spec), "task": spec.task,
+                          "videos": [r.to_dict() for r in results]}, indent=2))
+    return results
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_options(parser, args)
-    detect(args)
+    if args.video:
+        detect_videos(args)
+    else:
+        detect(args)
     return 0
 
 
