@@ -112,6 +112,7 @@ class Conv2d(Module):
     def _folded_bn(self) -> "tuple[str, float, bool] | None":
         """``(BatchNorm prefix, eps, conv had a bias)`` when a BatchNorm was folded in."""
         return self.__dict__.get("_folded_bn_info")
+
     @property
     def out_channels(self) -> int:
         return int(self.weight.shape[0])

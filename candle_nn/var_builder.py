@@ -23,10 +23,10 @@ from typing import Any, Iterable, Mapping, Sequence
 import mlx.core as mx
 import numpy as np
 
+from .checkpoint import LAYOUT_KEY
 from .device import Device, as_device
 from .errors import DTypeError, MissingTensorError, ShapeMismatchError, WeightsFileError
 from .init import DEFAULT_KAIMING_NORMAL, ZEROS, Init
-from .checkpoint import LAYOUT_KEY
 from .var_map import VarMap
 
 _FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)

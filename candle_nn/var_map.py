@@ -29,14 +29,18 @@ class VarMap:
 
     def __init__(self) -> None:
         self._vars: dict[str, mx.array] = {}
-        # (module, its arrays when built) for every layer loaded from this VarMap
-        self._built: list[tuple[weakref.ref, dict[str, mx.array]]] = []
+        # every layer loaded from this VarMap (weakly: a layer folded away is forgotten)
+        self._built: list[weakref.ref] = []
 
     def track(self, module: Any) -> None:
-        """Remember ``module`` (built from these variables) and its arrays as they are now."""
-        arrays = {k: v for k, v in module.items() if isinstance(v, mx.array)}
-        self._built.append((weakref.ref(module), arrays))
+        """Remember ``module`` (built from these variables) and its arrays as they are now (kept
+        on the module, so they go with it)."""
+        module.__dict__["_built_arrays"] = {k: v for k, v in module.items()
+                                           if isinstance(v, mx.array)}
         module.__dict__.setdefault("_varmaps", []).append(self)  # modules derived from it too
+        if len(self._built) % 1024 == 1023:
+            self._built = [ref for ref in self._built if ref() is not None]
+        self._built.append(weakref.ref(module))
 
     def get_or_create(self, path: str, shape: Sequence[int], init: Init, *, seed: int,
                       dtype: mx.Dtype = mx.float32) -> mx.array:
@@ -61,10 +65,11 @@ class VarMap:
         its parameters replaced since (an optimiser step, ``module.update``): save the trained
         model with ``candle_nn.save_safetensors(model, path)`` instead.
         """
-        for ref, arrays in self._built:
+        for ref in self._built:
             module = ref()
             if module is None:
                 continue
+            arrays = module.__dict__["_built_arrays"]
             changed = [k for k, v in arrays.items() if module.get(k) is not v]
             if changed:
                 where = f"{module.weights_prefix}.{changed[0]}" if module.weights_prefix \

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import candle_nn as cn  # before mlx: BLAS choice
-from candle_nn import CandleNNError, Device, VarBuilder, WeightsFileError
+from candle_nn import CandleNNError, Device, VarBuilder, WeightsFileError  # before mlx: BLAS choice
+from candle_nn import model_dtype
 import mlx.core as mx  # noqa: I001
 
 from models.coco import COCO_SKELETON, coco_class_names
@@ -212,7 +212,7 @@ def detect(args: argparse.Namespace) -> tuple[list[ImageResult], list[str]]:
     for image in images:
         rgb = load_rgb(image)
         lb = letterbox(rgb, args.size, auto=not args.square)
-        pred = model(mx.array(lb.as_input()).astype(cn.model_dtype(model)))
+        pred = model(mx.array(lb.as_input()).astype(model_dtype(model)))
         detections = postprocess(pred, [lb], num_classes=spec.num_classes, conf=args.conf,
                                  iou=args.iou, max_det=args.max_det, agnostic=args.agnostic_nms,
                                  classes=args.classes)[0]
