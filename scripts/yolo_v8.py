@@ -186,6 +186,18 @@ def load_detector(weights: "str | Path | None", task: str | None, variant: str |
     return load_model(vb, spec), spec, names, path
 
 
+def load_for(args: argparse.Namespace, device: Device,
+             ) -> tuple[YoloV8 | YoloV8Pose, YoloV8Spec, list[str]]:
+    """:func:`load_detector` with the command line's weights, task, variant and ``--half``;
+    ``--classes`` checked against the model's class count."""
+    model, spec, names, _ = load_detector(args.weights, args.task, args.variant, device,
+                                          "float16" if args.half else "float32")
+    if args.classes and max(args.classes) >= spec.num_classes:
+        raise CandleNNError(f"--classes {max(args.classes)}: the model has {spec.num_classes} "
+                            f"classes (0..{spec.num_classes - 1})")
+    return model, spec, names
+
+
 def output_path(out_dir: Path, image: Path, task: str, taken: set[Path]) -> Path:
     """``<out>/<stem>_<task><ext>``, numbered when two inputs share a stem."""
     suffix = image.suffix.lower() if image.suffix.lower() in SAVE_SUFFIXES else ".png"
@@ -200,11 +212,7 @@ def detect(args: argparse.Namespace) -> tuple[list[ImageResult], list[str]]:
     """Run the CLI's work for parsed ``args``: the per-image results and the class names."""
     images = collect_images(args.image)
     device = parse_device(args.device, args.verbose)
-    model, spec, names, _ = load_detector(args.weights, args.task, args.variant, device,
-                                          "float16" if args.half else "float32")
-    if args.classes and max(args.classes) >= spec.num_classes:
-        raise CandleNNError(f"--classes {max(args.classes)}: the model has {spec.num_classes} "
-                            f"classes (0..{spec.num_classes - 1})")
+    model, spec, names = load_for(args, device)
     out_dir = prepare_out_dir(args.out)  # after the weights: a failed load creates no folder
     skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()
     results: list[ImageResult] = []
@@ -277,8 +285,7 @@ def detect_videos(args: argparse.Namespace) -> list:
     """``--video``: each source through the model frame by frame (``scripts/yolo_v8_video.py``)."""
     sources = check_sources(args.video)
     device = parse_device(args.device, args.verbose)
-    model, spec, names, _ = load_detector(args.weights, args.task, args.variant, device,
-                                          "float16" if args.half else "float32")
+    model, spec, names = load_for(args, device)
     out_dir = prepare_out_dir(args.out)
     skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()
 

@@ -150,3 +150,7 @@ def test_video_errors(capsys, weights, tmp_path) -> None:
             cli.main([str(a) for a in ["--weights", weights, *argv]])
         assert exc.value.code == 2
     assert "one of them" in capsys.readouterr().err
+    (tmp_path / "seq").mkdir()
+    Image.fromarray(_frames()[0]).save(tmp_path / "seq" / "0.png")
+    code, _, err = run(capsys, "--video", tmp_path / "seq", "--weights", weights, "--classes", 80)
+    assert code == 1 and err == "error: --classes 80: the model has 80 classes (0..79)\n"
