@@ -77,7 +77,7 @@ class ModelSpec:
 
     model: str
     variants: tuple[str, ...]
-    load: Callable[..., object]
+    load: Callable[..., Module]
     counts: tuple[Count, ...] = ()
 
     def counts_from(self, shapes: Mapping[str, Shape]) -> dict[str, int | None]:
@@ -135,7 +135,7 @@ def spec(model: str, variant: str | None = None) -> ModelSpec:
         raise CandleNNError(f"unknown model {model!r}; known: {', '.join(SPECS)}")
     if variant is not None and variant not in found.variants:
         raise CandleNNError(
-            f"unknown {model} variant {variant!r}; known: {', '.join(found.variants)}")
+            f"unknown variant {variant!r} for {model}; known: {', '.join(found.variants)}")
     return found
 
 
