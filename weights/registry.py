@@ -87,15 +87,16 @@ def checkpoint(model: str, variant: str) -> Checkpoint:
             raise WeightsUnavailableError(
                 f"unknown model {model!r}; known models: {', '.join(models)}. "
                 "See `candle-nn-weights list`.") from None
-        known = sorted(v for m, v in CHECKPOINTS if m == model)
+        published = sorted(v for m, v in CHECKPOINTS if m == model)
         if variant in SPECS[model].variants:
             raise WeightsUnavailableError(
                 f"candle publishes no {model} {variant} checkpoint (published: "
-                f"{', '.join(known)}); pass its weights with --weights PATH.safetensors") from None
+                f"{', '.join(published)}); pass its weights with --weights PATH.safetensors"
+            ) from None
         raise WeightsUnavailableError(
             f"no published checkpoint for {model} variant {variant!r}; known variants: "
-            f"{', '.join(known)}. Pass --weights PATH.safetensors for other weights."
-        ) from None
+            f"{', '.join(sorted(SPECS[model].variants))}. Pass --weights PATH.safetensors for "
+            "other weights.") from None
 
 
 def download(model: str, variant: str, *, force: bool = False) -> Path:
