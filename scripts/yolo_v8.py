@@ -29,6 +29,7 @@ from models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec, infer_spec
 from models.yolo_v8_post import Detection, postprocess
 from scripts.common import (add_device_argument, collect_images, load_rgb, parse_device,
                             prepare_out_dir, run_main, save_image_atomic)
+from scripts.common import compile_choice
 from scripts.yolo_v8_draw import draw_detections
 from weights.metadata import WeightsMetadata
 from weights.registry import resolve_weights
@@ -134,6 +135,7 @@ def detect(args: argparse.Namespace) -> tuple[list[ImageResult], list[str]]:
     images = collect_images(args.image)
     device = parse_device(args.device, args.verbose)
     model, spec, names, _ = load_detector(args.weights, args.task, args.variant, device)
+    model.set_compiled(compile_choice(args.compile))
     out_dir = prepare_out_dir(args.out)  # after the weights: a failed load creates no folder
     skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()
     results: list[ImageResult] = []
