@@ -96,7 +96,7 @@ class Conv2d(Module):
             # A pointwise conv is a matmul; MLX's CPU conv runs it 1.5-3.5x slower (same result).
             y = x @ self.weight.reshape(out, cin).T
         elif cin == 1 and c.groups == out == x.shape[-1] and _pair(c.dilation) == (1, 1) \
-                and cuda_kernels.on_cuda("depthwise"):
+                and cuda_kernels.on_cuda("depthwise", x.dtype):
             return cuda_kernels.depthwise_conv2d(x, self.weight, self.get("bias"),
                                                  _pair(c.stride), _pair(c.padding))
         elif cin == 1 and c.groups == out == x.shape[-1] and _pair(c.dilation) == (1, 1) \

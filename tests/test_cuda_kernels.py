@@ -81,13 +81,17 @@ def test_dfl_decoding_matches_reference(device, dtype, tol):
 def test_kernels_follow_the_switch_and_the_device(monkeypatch):
     with mx.stream(mx.cpu):
         assert not any(cuda_kernels.on_cuda(k) for k in ("depthwise", "dfl", "max_pool"))
+    gpu = [d for d in cn.Device.available() if d.stream.device.type == mx.DeviceType.gpu]
+    for device in gpu:  # by default: the dtypes each kernel was measured faster in
+        with mx.stream(device.stream):
+            assert not cuda_kernels.on_cuda("depthwise", mx.float16)
+            assert cuda_kernels.on_cuda("max_pool", mx.float16) == cuda_kernels._cuda_backend()
     monkeypatch.setenv("CANDLE_NN_CUDA_KERNELS", "0")
     for device in cn.Device.available():
         with mx.stream(device.stream):
             assert not cuda_kernels.on_cuda("dfl")
     monkeypatch.setenv("CANDLE_NN_CUDA_KERNELS", "dfl,max_pool")
-    gpu = [d for d in cn.Device.available() if d.stream.device.type == mx.DeviceType.gpu]
     for device in gpu:
         with mx.stream(device.stream):
-            assert cuda_kernels.on_cuda("dfl") == cuda_kernels._cuda_backend()
-            assert not cuda_kernels.on_cuda("depthwise")
+            assert cuda_kernels.on_cuda("dfl", mx.float16) == cuda_kernels._cuda_backend()
+            assert not cuda_kernels.on_cuda("depthwise", mx.float32)
