@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -26,15 +28,28 @@ def test_compiled_forward_matches_eager(device):
     assert np.array_equal(np.array(model(x)), eager)
 
 
+def test_compiled_forward_runs_in_other_threads(device):
+    model = _resnet18(device)
+    x = mx.array(np.random.default_rng(1).random((1, 64, 64, 3), dtype=np.float32))
+    mx.eval(x)
+    eager = np.array(model(x))
+    model.set_compiled(True)
+    results = []
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: np.array(model(x)), range(2)))
+    for got in results:
+        assert np.abs(got - eager).max() <= 1e-5 * np.abs(eager).max()
+
+
 def test_auto_compiles_on_gpus_only(device):
     model = _resnet18(device).set_compiled(None)
-    assert (model.__dict__.get("_compiled") is not None) == (device.kind == "gpu")
+    assert model.compiled == (device.kind == "gpu")
 
 
 def test_moving_a_model_drops_its_compiled_forward():
     model = _resnet18(cn.Device.cpu()).set_compiled(True)
     model.to("cpu")
-    assert model.__dict__.get("_compiled") is None
+    assert not model.compiled
 
 
 @pytest.mark.parametrize("choice,expected", [("auto", None), ("on", True), ("off", False)])
