@@ -35,9 +35,9 @@ def max_pool2d(x: mx.array, kernel_size: "int | tuple[int, int]",
                padding: "int | tuple[int, int]" = 0) -> mx.array:
     """Max pooling (padding counts as -inf, as PyTorch). ``(N, H, W, C)`` → ``(N, H', W', C)``."""
     if cuda_kernels.on_cuda("max_pool", x.dtype):
-        kernel = _pair(kernel_size)
-        return cuda_kernels.max_pool2d(x, kernel, _pair(stride if stride is not None else kernel),
-                                       _pair(padding))
+        kernel = pair(kernel_size)
+        return cuda_kernels.max_pool2d(x, kernel, pair(stride if stride is not None else kernel),
+                                       pair(padding))
     return _pool(x, kernel_size, stride, padding, float("-inf"), mx.max)
 
 
