@@ -36,7 +36,7 @@ def _cuda_backend() -> bool:
 
 
 # The dtypes each kernel is used for by default: those where it was measured faster than MLX's op
-# on an H100 (scripts/bench_gpu_kernels.py). cuDNN's float16 depthwise kernels beat a scalar
+# on an H100 (benchmarks/bench_gpu_kernels.py). cuDNN's float16 depthwise kernels beat a scalar
 # version of ours at batch 32 (2.2 vs 3.0 ms, 256x256x256), so float16 keeps cuDNN.
 DEFAULT_DTYPES: dict[str, tuple[mx.Dtype, ...]] = {
     "depthwise": (mx.float32,),

@@ -3,7 +3,7 @@
 MLX (0.32) records every op of an evaluation into CUDA graphs of at most 30 ops on an H100,
 capturing each cuDNN/cuBLAS call into a child graph and instantiating (or updating) the graph at
 every commit. For convolutional inference that host work is the bottleneck on an H100: measured
-with scripts/bench_gpu_trace.py, ResNet-50 float16 under ``mx.compile`` spent 3.3 ms of host time
+with benchmarks/bench_gpu_trace.py, ResNet-50 float16 under ``mx.compile`` spent 3.3 ms of host time
 per batch-1 forward for 0.44 ms of GPU kernels (and 3.9 ms for 1.75 ms at batch 32), most of it
 in ``cudaGraphInstantiate``/``cudaGraphExecDestroy``. Launching directly (``MLX_USE_CUDA_GRAPHS=0``)
 removes that work; see README, "Benchmarks".

@@ -52,7 +52,7 @@ def check_image_batch(x: Any, *, model: str, dtype: mx.Dtype | None, channels: i
         dtype: the model's dtype (``None``: any floating dtype).
         channels: the expected number of channels (last axis).
         preprocessing: how to make a proper input from an image, for the message
-            (``"models.imagenet.preprocess(rgb)"``).
+            (``"candle_nn_models.imagenet.preprocess(rgb)"``).
     """
     want = f"an NHWC mx.array (N, H, W, {channels})"
     if not isinstance(x, mx.array):

@@ -9,7 +9,7 @@ Tensor names, as candle-transformers' ``resnet.rs`` and torchvision write them::
     fc                                             classifier (absent when headless)
 
 Every BatchNorm (eps 1e-5) is folded into its convolution at load. Inputs are NHWC float batches
-``(N, H, W, 3)`` normalised with ImageNet's mean/std (see :mod:`models.imagenet`); outputs are
+``(N, H, W, 3)`` normalised with ImageNet's mean/std (see :mod:`candle_nn_models.imagenet`); outputs are
 logits ``(N, num_classes)``, or pooled features ``(N, 512 | 2048)`` for a headless model.
 """
 
@@ -147,7 +147,7 @@ class ResNet(Module):
         """Intermediate outputs: ``stem`` (after the max-pool), ``layer1``..``layer4`` (NHWC) and
         ``pooled`` ``(N, feature_dim)``."""
         check_image_batch(x, model="ResNet", dtype=self.stem.weight.dtype,
-                          preprocessing="models.imagenet.preprocess_batch(images)")
+                          preprocessing="candle_nn_models.imagenet.preprocess_batch(images)")
         with self.on_device():
             out = {"stem": max_pool2d(relu(self.stem(x)), 3, 2, 1)}
             y = out["stem"]

@@ -1,5 +1,5 @@
-"""Command-line programs: one per model, the benchmark, and their shared helpers.
+"""Command-line programs (installed as ``candle_nn_models.scripts``): one per model and their
+shared helpers. The benchmark harness lives outside the package, in the repository's benchmarks/.
 
-Deliberately imports nothing: the benchmark's PyTorch/ONNX Runtime worker processes must not load
-candle_nn (and its preloaded BLAS). Each CLI module imports candle_nn before MLX itself.
+Deliberately imports nothing; each CLI module imports candle_nn before MLX itself.
 """

@@ -22,13 +22,13 @@ import mlx.core as mx  # noqa: I001
 import numpy as np
 from tqdm import tqdm
 
-from models.imagenet import class_names, preprocess
-from models.resnet import VARIANTS, ResNet, infer_variant
-from scripts.common import (add_device_argument, collect_images, load_rgb, parse_device,
+from candle_nn_models.imagenet import class_names, preprocess
+from candle_nn_models.resnet import VARIANTS, ResNet, infer_variant
+from candle_nn_models.scripts.common import (add_device_argument, collect_images, load_rgb, parse_device,
                             run_main)
-from scripts.common import compile_choice
-from weights.metadata import WeightsMetadata
-from weights.registry import resolve_weights
+from candle_nn_models.scripts.common import compile_choice
+from candle_nn_models.weights.metadata import WeightsMetadata
+from candle_nn_models.weights.registry import resolve_weights
 
 
 def build_parser() -> argparse.ArgumentParser:

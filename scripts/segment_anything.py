@@ -23,11 +23,11 @@ import numpy as np
 from PIL import Image
 
 from candle_nn import CandleNNError, VarBuilder
-from models.segment_anything import Sam, SamPredictor
-from scripts.common import (add_device_argument, load_rgb, parse_device, prepare_out_dir,
+from candle_nn_models.segment_anything import Sam, SamPredictor
+from candle_nn_models.scripts.common import (add_device_argument, load_rgb, parse_device, prepare_out_dir,
                             run_main, save_image_atomic)
-from scripts.common import compile_choice
-from weights.registry import resolve_weights
+from candle_nn_models.scripts.common import compile_choice
+from candle_nn_models.weights.registry import resolve_weights
 
 TINT = np.array([30, 144, 255], dtype=np.float32)  # mask colour in the overlay
 POSITIVE, NEGATIVE, BOX = (0, 220, 0), (230, 0, 0), (255, 200, 0)

@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from models.yolo_v8_post import Detection
+from candle_nn_models.yolo_v8_post import Detection
 
 KEYPOINT_MIN_VISIBILITY = 0.5  # keypoints (and the limbs between them) below this are not drawn
 _LIMB_COLOR = (255, 60, 160)

@@ -31,9 +31,9 @@ from candle_nn import ImageError
 import mlx.core as mx  # noqa: I001
 import numpy as np
 
-from models.letterbox import letterbox
-from models.yolo_v8_post import Detection, postprocess
-from scripts.common import IMAGE_SUFFIXES, load_rgb
+from candle_nn_models.letterbox import letterbox
+from candle_nn_models.yolo_v8_post import Detection, postprocess
+from candle_nn_models.scripts.common import IMAGE_SUFFIXES, load_rgb
 
 VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".wmv",
                   ".flv", ".ts"}

@@ -1,4 +1,4 @@
-"""candle-nn-bench --quick on ResNet-18: structure of the table, the JSON and the chart.
+"""candle-nn-bench (`python -m benchmarks`) --quick on ResNet-18: structure of the table, the JSON and the chart.
 
 No timing assertions. Peers that are not installed in this venv (torch/torchvision, ONNX
 Runtime, matplotlib) must be reported as unavailable, never as errors or failures.
@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from scripts import bench
-from scripts.bench_models import MODELS
+from benchmarks import bench
+from benchmarks.bench_models import MODELS
 
 RESULT_KEYS = {"model", "input_hw", "device", "dtype", "impl", "status", "reason", "version",
                "load_s", "note"}
@@ -78,7 +78,7 @@ def test_meta_names_the_blas_and_the_command(quick) -> None:
     meta = report["meta"]
     assert meta["quick"] and meta["options"]["threads"] == 2
     assert meta["info"]["blas"]["name"]
-    assert meta["command"].startswith("candle-nn-bench --quick")
+    assert meta["command"].startswith("python -m benchmarks --quick")
     assert set(meta["versions"]) >= {"torch", "onnxruntime"}
 
 
@@ -130,7 +130,7 @@ def test_profile_prints_self_times_per_module(capsys) -> None:
 
 
 def test_bad_paths_are_one_error_line_before_measuring(capsys, tmp_path):
-    from scripts.bench import main as bench_main
+    from benchmarks.bench import main as bench_main
 
     assert bench_main(["--report", str(tmp_path / "missing.json")]) == 1
     assert bench_main(["--quick", "--json", str(tmp_path / "no" / "dir" / "x.json")]) == 1

@@ -1,10 +1,10 @@
-"""scripts/bench_gpu_trace.py's trace arithmetic, on a Kineto trace written in the test."""
+"""benchmarks/bench_gpu_trace.py's trace arithmetic, on a Kineto trace written in the test."""
 
 from __future__ import annotations
 
 import json
 
-from scripts.bench_gpu_trace import analyse
+from benchmarks.bench_gpu_trace import analyse
 
 
 def test_busy_time_is_the_union_of_gpu_intervals_per_forward(tmp_path):

@@ -14,9 +14,9 @@ from mlx.utils import tree_flatten, tree_map
 
 import candle_nn as cn
 from conftest import fixture_dir
-from models.resnet import resnet18
-from models.segment_anything import Sam
-from models.yolo_v8 import YoloV8
+from candle_nn_models.resnet import resnet18
+from candle_nn_models.segment_anything import Sam
+from candle_nn_models.yolo_v8 import YoloV8
 
 
 class Small(cn.Module):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import candle_nn as cn
-from models.resnet import ResNet
-from scripts.common import compile_choice
+from candle_nn_models.resnet import ResNet
+from candle_nn_models.scripts.common import compile_choice
 
 
 def _resnet18(device: cn.Device) -> ResNet:

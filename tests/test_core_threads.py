@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import candle_nn as cn
-from models.resnet import ResNet
+from candle_nn_models.resnet import ResNet
 from test_core_device import assert_mismatch_message, linear_on
 
 THREADS, CALLS = 4, 20

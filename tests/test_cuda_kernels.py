@@ -10,7 +10,7 @@ import pytest
 
 import candle_nn as cn
 from candle_nn import cuda_kernels
-from models.yolo_v8_head import Dfl
+from candle_nn_models.yolo_v8_head import Dfl
 
 DTYPES = [(mx.float32, 1e-5), (mx.float16, 5e-3)]
 

@@ -9,8 +9,8 @@ import pytest
 from conftest import load_fixture, nchw_to_nhwc, rel_err
 
 import candle_nn as cn
-from models.resnet import ResNet
-from models.yolo_v8 import YoloV8
+from candle_nn_models.resnet import ResNet
+from candle_nn_models.yolo_v8 import YoloV8
 
 HALF = 1e-2
 

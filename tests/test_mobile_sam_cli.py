@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from conftest import FIXTURES, load_fixture
-from scripts.segment_anything import PromptError, main, parse_prompts
+from candle_nn_models.scripts.segment_anything import PromptError, main, parse_prompts
 
 IMAGE = str(FIXTURES / "images" / "bike.jpg")  # 800x556, the fixture's raw_rgb
 WEIGHTS = str(FIXTURES / "mobile_sam" / "weights.safetensors")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import candle_nn as cn
-from models.resnet import resnet18
-from models.segment_anything import Sam
-from models.yolo_v8 import YoloV8
+from candle_nn_models.resnet import resnet18
+from candle_nn_models.segment_anything import Sam
+from candle_nn_models.yolo_v8 import YoloV8
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def models() -> dict[str, tuple]:
         return cn.VarBuilder.from_varmap(cn.VarMap(), seed=0, device="cpu", dtype=dtype)
 
     return {
-        "ResNet": (resnet18(vb(), num_classes=10), (1, 32, 32, 3), "models.imagenet.preprocess"),
+        "ResNet": (resnet18(vb(), num_classes=10), (1, 32, 32, 3), "candle_nn_models.imagenet.preprocess"),
         "YoloV8": (YoloV8.load(vb(), "n", 80), (1, 64, 64, 3), "letterbox"),
         "Sam.embed": (lambda x, m=Sam.load_tiny(vb()): m.embed(x), (1, 1024, 1024, 3),
                       "Sam.preprocess"),

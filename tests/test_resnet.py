@@ -11,8 +11,8 @@ import pytest
 from conftest import assert_matches, nchw_to_nhwc
 
 import candle_nn as cn
-from models.imagenet import class_names, preprocess, preprocess_batch
-from models.resnet import VARIANTS, ResidualBlock, ResNet, infer_variant, resnet50
+from candle_nn_models.imagenet import class_names, preprocess, preprocess_batch
+from candle_nn_models.resnet import VARIANTS, ResidualBlock, ResNet, infer_variant, resnet50
 
 # torchvision 0.29.1's parameter counts (its weights' "num_params": numel over
 # model.parameters(), 1000 classes; BatchNorm running stats are buffers, not parameters).

@@ -10,9 +10,9 @@ import pytest
 from conftest import FIXTURES, fixture_dir
 
 import candle_nn as cn
-from models.imagenet import class_names
-from models.resnet import ResNet
-from scripts.resnet import main
+from candle_nn_models.imagenet import class_names
+from candle_nn_models.resnet import ResNet
+from candle_nn_models.scripts.resnet import main
 
 BIKE = str(FIXTURES / "images" / "bike.jpg")
 
@@ -131,8 +131,8 @@ def test_cli_results_match_the_model(capsys, weights):
     """The printed top-1 is the argmax of the model's logits on the preprocessed image."""
     import mlx.core as mx
 
-    from models.imagenet import preprocess
-    from scripts.common import load_rgb
+    from candle_nn_models.imagenet import preprocess
+    from candle_nn_models.scripts.common import load_rgb
 
     model = ResNet.load(cn.VarBuilder.from_safetensors(weights, device="cpu"), "resnet18")
     logits = np.array(model(mx.array(preprocess(load_rgb(BIKE))[None])))

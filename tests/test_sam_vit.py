@@ -11,8 +11,8 @@ import pytest
 
 import candle_nn as cn
 from conftest import rel_err
-from models.segment_anything import ImageEncoderViT, Sam, ViTConfig
-from models.segment_anything.image_encoder import resize_rel_pos
+from candle_nn_models.segment_anything import ImageEncoderViT, Sam, ViTConfig
+from candle_nn_models.segment_anything.image_encoder import resize_rel_pos
 
 SMALL = ViTConfig(embed_dim=32, depth=3, num_heads=4, global_attn_indexes=(1,), img_size=80,
                   patch_size=16, window_size=3, out_chans=16)  # 5x5 grid: windows need padding

@@ -11,9 +11,9 @@ from safetensors.numpy import load_file, save_file
 import candle_nn as cn
 from conftest import load_fixture, one_error_line
 from _weights_fakes import random_candle_tensors
-from weights.cli import main
-from weights.metadata import read_metadata
-from weights.spec import expected_tensors
+from candle_nn_models.weights.cli import main
+from candle_nn_models.weights.metadata import read_metadata
+from candle_nn_models.weights.spec import expected_tensors
 
 
 def _fixture(name: str) -> dict[str, np.ndarray]:
@@ -56,7 +56,7 @@ def resnet18_10_classes():
 
 def test_prefixed_non_1000_head_converts_and_matches_the_candle_named_forward(
         tmp_path, resnet18_10_classes):
-    from models.resnet import ResNet
+    from candle_nn_models.resnet import ResNet
 
     candle = resnet18_10_classes
     src, out, ref = (tmp_path / n for n in ("bb.pt", "bb.safetensors", "ref.safetensors"))
@@ -79,7 +79,7 @@ def test_prefixed_non_1000_head_converts_and_matches_the_candle_named_forward(
 
 
 def test_headless_backbone_converts_and_inspects_as_headless(tmp_path, capsys):
-    from models.resnet import ResNet
+    from candle_nn_models.resnet import ResNet
 
     candle = {k: v for k, v in _fixture("resnet18").items() if not k.startswith("fc.")}
     src, out = tmp_path / "backbone.pth", tmp_path / "backbone.safetensors"

@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from conftest import fixture_dir, one_error_line
-from weights.cli import main
+from candle_nn_models.weights.cli import main
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import torch  # the `test` extra: builds the files; convert itself never calls t
 from safetensors.numpy import load_file, save_file
 
 from conftest import load_fixture, one_error_line
-from weights.cli import main
-from weights.convert import SOURCES
+from candle_nn_models.weights.cli import main
+from candle_nn_models.weights.convert import SOURCES
 
 
 def _refused(tmp_path, capsys, src, kind: str) -> str:
@@ -207,7 +207,7 @@ def test_convert_never_imports_torch(tmp_path):
     candle = load_file(load_fixture("resnet18")[2] / "weights.safetensors")
     torch.save({"state_dict": {k: torch.from_numpy(v) for k, v in candle.items()}}, src)
     code = ("import sys; sys.modules['torch'] = None\n"  # any `import torch` now fails
-            "from weights.cli import main\n"
+            "from candle_nn_models.weights.cli import main\n"
             f"raise SystemExit(main(['convert', '--from', 'timm', {str(src)!r}, {str(out)!r}]))\n")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

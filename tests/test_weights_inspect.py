@@ -7,9 +7,9 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import load_fixture, one_error_line
-from weights.cli import main
-from weights.inspection import inspect_file
-from weights.metadata import WeightsMetadata
+from candle_nn_models.weights.cli import main
+from candle_nn_models.weights.inspection import inspect_file
+from candle_nn_models.weights.metadata import WeightsMetadata
 
 FIXTURE_MODELS = {
     "resnet18": ("resnet", "resnet18", {"num_classes": 1000}),

@@ -8,12 +8,12 @@ from conftest import FIXTURES, fixture_dir, one_error_line
 from safetensors.numpy import load_file, save_file
 
 import candle_nn as cn
-from models.resnet import ResNet
-from models.segment_anything import Sam
-from models.yolo_v8 import YoloV8, YoloV8Pose
-from scripts import resnet as resnet_cli
-from scripts import segment_anything as sam_cli
-from scripts import yolo_v8 as yolo_cli
+from candle_nn_models.resnet import ResNet
+from candle_nn_models.segment_anything import Sam
+from candle_nn_models.yolo_v8 import YoloV8, YoloV8Pose
+from candle_nn_models.scripts import resnet as resnet_cli
+from candle_nn_models.scripts import segment_anything as sam_cli
+from candle_nn_models.scripts import yolo_v8 as yolo_cli
 
 BIKE = str(FIXTURES / "images" / "bike.jpg")
 

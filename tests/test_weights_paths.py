@@ -13,14 +13,14 @@ from conftest import FIXTURES, ROOT, fixture_dir
 
 import candle_nn as cn
 from candle_nn.var_builder import check_weights_path
-from weights.cli import main as weights_main
-from weights.registry import resolve_weights
+from candle_nn_models.weights.cli import main as weights_main
+from candle_nn_models.weights.registry import resolve_weights
 
 BIKE = str(FIXTURES / "images" / "bike.jpg")
 
 CLI_RUNS = """
 import sys
-from scripts import resnet, segment_anything, yolo_v8
+from candle_nn_models.scripts import resnet, segment_anything, yolo_v8
 image, out = sys.argv[1], sys.argv[2]
 for weights in sys.argv[3:]:
     for main, extra in ((resnet.main, []), (yolo_v8.main, ["--out", out]),

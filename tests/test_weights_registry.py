@@ -11,11 +11,11 @@ from safetensors.numpy import save_file
 
 from candle_nn import WeightsFileError
 from conftest import load_fixture, one_error_line
-from weights import registry
-from weights.cli import main
-from weights.metadata import NAMES, WeightsMetadata, read_metadata
-from weights.registry import CHECKPOINTS, WeightsUnavailableError, download, resolve_weights
-from weights.spec import MOBILE_SAM_ENCODERS, SPECS, expected_tensors
+from candle_nn_models.weights import registry
+from candle_nn_models.weights.cli import main
+from candle_nn_models.weights.metadata import NAMES, WeightsMetadata, read_metadata
+from candle_nn_models.weights.registry import CHECKPOINTS, WeightsUnavailableError, download, resolve_weights
+from candle_nn_models.weights.spec import MOBILE_SAM_ENCODERS, SPECS, expected_tensors
 
 
 @pytest.fixture
@@ -122,10 +122,10 @@ def test_registry_tensor_counts_match_the_reference_files(fixture, key):
 
 
 def test_variants_come_from_the_models_tables():
-    from models.resnet import VARIANTS
-    from models.segment_anything import TINY_VIT_CONFIGS, VIT_CONFIGS
-    from models.yolo_v8 import MULTIPLES
-    from scripts.segment_anything import MODELS as SAM_CLI_MODELS
+    from candle_nn_models.resnet import VARIANTS
+    from candle_nn_models.segment_anything import TINY_VIT_CONFIGS, VIT_CONFIGS
+    from candle_nn_models.yolo_v8 import MULTIPLES
+    from candle_nn_models.scripts.segment_anything import MODELS as SAM_CLI_MODELS
 
     assert SPECS["resnet"].variants == tuple(VARIANTS)
     assert SPECS["yolo_v8"].variants == SPECS["yolo_v8_pose"].variants == tuple(MULTIPLES)

@@ -17,9 +17,9 @@ from conftest import load_fixture, one_error_line
 from _weights_fakes import (
     candle_to_ultralytics, random_candle_tensors, save_ultralytics, ultralytics_checkpoint,
 )
-from weights.cli import main
-from weights.metadata import read_metadata
-from weights.spec import expected_tensors
+from candle_nn_models.weights.cli import main
+from candle_nn_models.weights.metadata import read_metadata
+from candle_nn_models.weights.spec import expected_tensors
 
 
 COCO3 = {0: "cat", 1: "dog", 2: "bird"}
@@ -70,7 +70,7 @@ def three_class_model():
 
 def test_custom_class_count_converts_and_matches_the_candle_named_forward(tmp_path,
                                                                           three_class_model):
-    from models.yolo_v8 import YoloV8
+    from candle_nn_models.yolo_v8 import YoloV8
 
     candle, ultra = three_class_model
     rc, out = _convert(tmp_path, lambda f: ultralytics_checkpoint(ultra, pose=False, names=COCO3,

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from conftest import assert_matches, load_fixture, nchw_to_nhwc, nhwc_to_nchw
 
-from models.yolo_v8 import (MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec, infer_spec, load_model,
+from candle_nn_models.yolo_v8 import (MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec, infer_spec, load_model,
                             num_anchors)
-from weights.spec import expected_tensors
+from candle_nn_models.weights.spec import expected_tensors
 
 FIXTURES = ("yolov8n", "yolov8n_pose")
 OUTPUTS = ("backbone_p3", "backbone_p4", "backbone_p5", "neck_p3", "neck_p4", "neck_p5", "pred")

@@ -17,8 +17,8 @@ import pytest
 from conftest import fixture_dir
 from PIL import Image
 
-import scripts.yolo_v8 as cli
-from models.yolo_v8 import YoloV8
+import candle_nn_models.scripts.yolo_v8 as cli
+from candle_nn_models.yolo_v8 import YoloV8
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ from conftest import fixture_dir
 from PIL import Image
 from test_yolo_v8_post import _random_boxes, reference_nms
 
-import scripts.yolo_v8 as cli
-from models.letterbox import Letterbox
-from models.yolo_v8_post import Detection, crop_box, postprocess, yolo_label_lines
-from scripts.yolo_v8_draw import draw_detections
+import candle_nn_models.scripts.yolo_v8 as cli
+from candle_nn_models.letterbox import Letterbox
+from candle_nn_models.yolo_v8_post import Detection, crop_box, postprocess, yolo_label_lines
+from candle_nn_models.scripts.yolo_v8_draw import draw_detections
 
 MAX_WH = 7680  # ultralytics' class offset: boxes of different classes never overlap
 
@@ -191,8 +191,8 @@ def test_cli_classes_max_det_and_agnostic_nms(capsys, paths, tmp_path) -> None:
     # the flag reaches NMS: the same as postprocess(agnostic=True) on the model's prediction
     import mlx.core as mx
 
-    from models.letterbox import letterbox
-    from scripts.common import load_rgb
+    from candle_nn_models.letterbox import letterbox
+    from candle_nn_models.scripts.common import load_rgb
     model, spec, names, _ = cli.load_detector(paths["detect"], None, None, cn.Device.cpu())
     lb = letterbox(load_rgb(paths["bike"]), 320, auto=True)
     want = postprocess(model(mx.array(lb.as_input())), [lb], num_classes=80, agnostic=True)[0]

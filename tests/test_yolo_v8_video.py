@@ -13,7 +13,7 @@ import pytest
 from conftest import fixture_dir
 from PIL import Image
 
-import scripts.yolo_v8 as cli
+import candle_nn_models.scripts.yolo_v8 as cli
 
 FRAMES, W, H = 12, 200, 138
 

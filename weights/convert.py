@@ -11,8 +11,8 @@ Sources (``--from``):
 * ``mobile_sam``: MobileSAM's ``mobile_sam.pt`` ``state_dict``; names are candle's already,
   the ``attention_bias_idxs`` index buffers (candle recomputes them) are dropped.
 
-Every converted file is checked against our model (:mod:`weights.spec`) before it is written and
-carries the ``candle_nn.*`` metadata of :mod:`weights.metadata`. Tensors keep their dtype.
+Every converted file is checked against our model (:mod:`candle_nn_models.weights.spec`) before it is written and
+carries the ``candle_nn.*`` metadata of :mod:`candle_nn_models.weights.metadata`. Tensors keep their dtype.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from candle_nn import CandleNNError, VarBuilder, WeightsFileError
-from models.resnet import infer_variant
-from models.yolo_v8 import YoloV8Spec, infer_spec
+from candle_nn_models.resnet import infer_variant
+from candle_nn_models.yolo_v8 import YoloV8Spec, infer_spec
 
 from .metadata import TASKS, WeightsMetadata
 from .spec import ModelUnavailableError
@@ -234,7 +234,7 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
 
 
 def _yolo_spec(tensors: Mapping[str, Any], where: str) -> YoloV8Spec:
-    """models.yolo_v8.infer_spec on the converted names."""
+    """candle_nn_models.yolo_v8.infer_spec on the converted names."""
     try:
         return infer_spec(_shapes_only(tensors))
     except CandleNNError as exc:

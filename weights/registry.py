@@ -38,7 +38,7 @@ class Checkpoint:
     @property
     def tensors(self) -> int:
         """How many tensors our model reads from it (a file with fewer is truncated or the wrong
-        file), counted by building the model (:func:`weights.spec.tensor_count`)."""
+        file), counted by building the model (:func:`candle_nn_models.weights.spec.tensor_count`)."""
         return tensor_count(self.model, self.variant)
 
     @property
@@ -57,7 +57,7 @@ class Checkpoint:
 
 
 # Where candle publishes each model's files: hub repository and variant -> file name (None: no
-# published file for that variant). The variants themselves come from weights.spec.SPECS.
+# published file for that variant). The variants themselves come from candle_nn_models.weights.spec.SPECS.
 _HUB_FILES: dict[str, tuple[str, Callable[[str], str | None]]] = {
     "resnet": ("lmz/candle-resnet", lambda v: f"{v}.safetensors"),
     "yolo_v8": ("lmz/candle-yolo-v8", lambda v: f"yolov8{v}.safetensors"),

@@ -1,9 +1,9 @@
 """The registered models: what each model/variant is built from and reads from a weights file.
 
 :data:`SPECS` lists every model family with its variants, taken from the models' own config
-tables (``models.resnet.VARIANTS``, ``models.yolo_v8.MULTIPLES``,
-``models.segment_anything.TINY_VIT_CONFIGS`` / ``VIT_CONFIGS``), and :func:`build_model` builds
-one from a VarBuilder. The registry of published files (``weights.registry``), ``inspect``,
+tables (``candle_nn_models.resnet.VARIANTS``, ``candle_nn_models.yolo_v8.MULTIPLES``,
+``candle_nn_models.segment_anything.TINY_VIT_CONFIGS`` / ``VIT_CONFIGS``), and :func:`build_model` builds
+one from a VarBuilder. The registry of published files (``candle_nn_models.weights.registry``), ``inspect``,
 ``convert`` and the CLIs take their model/variant names from here.
 
 The expected ``name -> shape`` table (:func:`expected_tensors`) is not written down anywhere
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from candle_nn import CandleNNError, Device, Module, TensorSource, VarBuilder
-from models.resnet import VARIANTS as RESNET_VARIANTS
-from models.resnet import ResNet
-from models.segment_anything import TINY_VIT_CONFIGS, VIT_CONFIGS, Sam, TinyViT
-from models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Pose
+from candle_nn_models.resnet import VARIANTS as RESNET_VARIANTS
+from candle_nn_models.resnet import ResNet
+from candle_nn_models.segment_anything import TINY_VIT_CONFIGS, VIT_CONFIGS, Sam, TinyViT
+from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Pose
 import mlx.core as mx  # noqa: I001  (after candle_nn, which picks the BLAS)
 
 Shape = tuple[int, ...]

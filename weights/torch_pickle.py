@@ -1,7 +1,7 @@
 """Reading PyTorch checkpoints (pickles) for the converters — never called by the library itself.
 
 Unpickling runs code named by the file, so it is an explicit, opt-in act of
-``candle-nn-weights convert``, and torch never reads the file: :mod:`weights.torch_archive`
+``candle-nn-weights convert``, and torch never reads the file: :mod:`candle_nn_models.weights.torch_archive`
 checks the container (refusing TorchScript archives and anything but a plain ``torch.save``
 file) and reads the storages; :class:`RestrictedUnpickler` reads the pickle. Two readers:
 
@@ -89,7 +89,7 @@ def _device(*args: Any) -> str:
 
 
 def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_: Any) -> np.ndarray:
-    """torch's ``_rebuild_tensor[_v2]`` on a storage from :mod:`weights.torch_archive`: the
+    """torch's ``_rebuild_tensor[_v2]`` on a storage from :mod:`candle_nn_models.weights.torch_archive`: the
     strided view it describes (bfloat16 widened to float32), bounds-checked against the storage."""
     if not (isinstance(storage, tuple) and len(storage) == 2
             and isinstance(storage[0], StorageType) and isinstance(storage[1], np.ndarray)):

@@ -3,7 +3,7 @@ pre- and postprocessing.
 
 Everything is NHWC: images ``(B, H, W, 3)``, embeddings ``(B, 64, 64, 256)``, masks
 ``(B, H, W, M)`` with one channel per mask. For a numpy-in, numpy-out interface with prompts in
-original-image pixels, use :class:`~models.segment_anything.predictor.SamPredictor`.
+original-image pixels, use :class:`~candle_nn_models.segment_anything.predictor.SamPredictor`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ A :class:`BenchModel` names one model at one input size and knows how to build
 * **the PyTorch reference** (``build_torch() -> nn.Module``, NCHW input), randomly initialised:
   speed does not depend on the values; ``None`` when the reference code is not installed, with
   ``torch_missing`` saying what to install;
-* its ONNX export, made from the PyTorch module (see scripts/bench_peers.py).
+* its ONNX export, made from the PyTorch module (see benchmarks/bench_peers.py).
 
 Models whose candle_nn implementation has not landed report themselves as unavailable.
 """
@@ -79,7 +79,7 @@ def _have(module: str) -> bool:
 # -- ResNet -------------------------------------------------------------------------------------------
 def _resnet_ours(variant: str) -> Callable[["VarBuilder"], Forward]:
     def build(vb: "VarBuilder") -> Forward:
-        from models.resnet import ResNet
+        from candle_nn_models.resnet import ResNet
 
         return ResNet.load(vb, variant, num_classes=1000)
     return build
@@ -96,7 +96,7 @@ def _resnet_torch(variant: str) -> Callable[[], Any]:
 # -- YOLOv8 -------------------------------------------------------------------------------------------
 def _yolo_ours(size: str) -> Callable[["VarBuilder"], Forward]:
     def build(vb: "VarBuilder") -> Forward:
-        from models.yolo_v8 import YoloV8
+        from candle_nn_models.yolo_v8 import YoloV8
 
         return YoloV8.load(vb, variant=size, num_classes=80)
     return build
@@ -133,7 +133,7 @@ _POINT = (580.0 * 1024 / 800, 240.0 * 1024 / 800)  # the fixture's prompt, in 10
 
 
 def _sam_encoder_ours(vb: "VarBuilder") -> Forward:
-    from models.segment_anything import Sam
+    from candle_nn_models.segment_anything import Sam
 
     return Sam.load_tiny(vb).image_encoder
 
@@ -157,7 +157,7 @@ def _sam_decoder_inputs(n: int, rng: Any) -> tuple:
 
 def _sam_decoder_ours(vb: "VarBuilder") -> Forward:
     import candle_nn as cn
-    from models.segment_anything import Sam
+    from candle_nn_models.segment_anything import Sam
 
     class PromptDecode(cn.Module):
         """Prompt encoder + mask decoder: embeddings (1, 64, 64, 256), points (n, 1, 2) xy in
@@ -195,18 +195,18 @@ def _registry() -> dict[str, BenchModel]:
     tv = None if _have("torchvision") else "torchvision (pip install 'candle-nn-mlx[bench]')"
     ul = None if _have("ultralytics") else "ultralytics (pip install ultralytics)"
     models = [
-        BenchModel("resnet18", (224, 224), 8, "resnet18", "models.resnet",
+        BenchModel("resnet18", (224, 224), 8, "resnet18", "candle_nn_models.resnet",
                    _resnet_ours("resnet18"), _resnet_torch("resnet18"), tv),
-        BenchModel("resnet50", (224, 224), 8, None, "models.resnet",
+        BenchModel("resnet50", (224, 224), 8, None, "candle_nn_models.resnet",
                    _resnet_ours("resnet50"), _resnet_torch("resnet50"), tv),
-        BenchModel("yolov8n", (640, 640), 4, "yolov8n", "models.yolo_v8",
+        BenchModel("yolov8n", (640, 640), 4, "yolov8n", "candle_nn_models.yolo_v8",
                    _yolo_ours("n"), _yolo_torch("n"), ul),
-        BenchModel("yolov8s", (640, 640), 4, None, "models.yolo_v8",
+        BenchModel("yolov8s", (640, 640), 4, None, "candle_nn_models.yolo_v8",
                    _yolo_ours("s"), _yolo_torch("s"), ul),
-        BenchModel("mobilesam-encoder", (1024, 1024), 2, "mobile_sam", "models.segment_anything",
+        BenchModel("mobilesam-encoder", (1024, 1024), 2, "mobile_sam", "candle_nn_models.segment_anything",
                    _sam_encoder_ours, _sam_encoder_torch, ul),
         # Prompt encoder + mask decoder on one image's embeddings; the batch is of point prompts.
-        BenchModel("mobilesam-decoder", (64, 64), 8, "mobile_sam", "models.segment_anything",
+        BenchModel("mobilesam-decoder", (64, 64), 8, "mobile_sam", "candle_nn_models.segment_anything",
                    _sam_decoder_ours, _sam_decoder_torch, ul, _sam_decoder_inputs),
     ]
     return {m.name: m for m in models}

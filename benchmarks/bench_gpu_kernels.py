@@ -1,7 +1,7 @@
 """candle_nn's CUDA kernels (candle_nn/cuda_kernels.py) against the MLX ops they replace, on
 the GPU machine: same inputs, relative error and median time of each.
 
-    python -m scripts.bench_gpu_kernels
+    python -m benchmarks.bench_gpu_kernels
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from candle_nn import cuda_kernels as ck
 from candle_nn.pooling import _pool
-from models.yolo_v8_head import Dfl
+from candle_nn_models.yolo_v8_head import Dfl
 
 
 def mlx_max_pool(x, k, s, p):

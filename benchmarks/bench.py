@@ -1,6 +1,8 @@
 """``candle-nn-bench``: candle_nn's models against PyTorch and ONNX Runtime, in one run.
 
-For each model (scripts/bench_models.py), device and dtype it measures load time, first-call
+Run from the repository root as ``python -m benchmarks`` (a repository tool, not installed).
+
+For each model (benchmarks/bench_models.py), device and dtype it measures load time, first-call
 latency, steady batch-1 latency (median, p90) and throughput at a larger batch, for candle_nn
 (optionally under ``mx.compile``), PyTorch (eager, optionally ``torch.compile``) and the PyTorch
 model exported to ONNX and run by ONNX Runtime, then prints a table with the ratios ours/theirs,
@@ -10,10 +12,10 @@ Each implementation runs in its own fresh Python process by default, so thread p
 libraries of one cannot slow down another (PyTorch's OpenMP threads spin after a call; candle_nn
 preloads OpenBLAS); ``--in-process`` runs everything here instead (faster, for smoke tests).
 
-    candle-nn-bench --threads 2 --json bench.json         # every model, every device
-    candle-nn-bench --json b.json --markdown b.md          # also a Markdown table for the README
-    candle-nn-bench --report b.json                        # print a saved run's table again
-    candle-nn-bench --quick                                # smoke run: ResNet-18, few iterations
+    python -m benchmarks --threads 2 --json bench.json    # every model, every device
+    python -m benchmarks --json b.json --markdown b.md     # also a Markdown table for the README
+    python -m benchmarks --report b.json                   # print a saved run's table again
+    python -m benchmarks --quick                           # smoke run: ResNet-18, few iterations
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from scripts.bench_models import MODELS, QUICK_MODELS, BenchModel
-from scripts.bench_timing import Options, result, time_calls
+from benchmarks.bench_models import MODELS, QUICK_MODELS, BenchModel
+from benchmarks.bench_timing import Options, result, time_calls
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS, OURS_COMPILED = "candle_nn", "candle_nn+mx.compile"
@@ -125,7 +127,7 @@ def ours_inputs(model: BenchModel, n: int, dtype: str, seed: int = 0) -> list:
 
 def _profile(args: argparse.Namespace, cache_dir: str) -> int:
     """``--profile``: self time per module for each model (ours only, in this process)."""
-    from scripts.bench_profile import profile
+    from benchmarks.bench_profile import profile
 
     import candle_nn as cn
 
@@ -154,7 +156,7 @@ def run_job(job: dict) -> dict:
     try:
         if impl in (OURS, OURS_COMPILED):
             return run_ours(model, device, dtype, opts, job["cache_dir"], impl == OURS_COMPILED)
-        from scripts import bench_peers
+        from benchmarks import bench_peers
 
         if impl == "torch":
             return bench_peers.run_torch(model, device, dtype, opts)
@@ -177,7 +179,7 @@ def _run_isolated(job: dict, timeout_s: float) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.setdefault("YOLO_OFFLINE", "1")
     try:
-        done = subprocess.run([sys.executable, "-m", "scripts.bench", "--worker", json.dumps(job)],
+        done = subprocess.run([sys.executable, "-m", "benchmarks", "--worker", json.dumps(job)],
                               capture_output=True, text=True, env=env, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return result(job["impl"], MODELS[job["model"]], job["device"], job["dtype"],
@@ -265,7 +267,7 @@ def _meta(args: argparse.Namespace, opts: Options, argv: Sequence[str]) -> dict:
 
     cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
                 if line.startswith("model name")), None)
-    return {"command": "candle-nn-bench " + " ".join(argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    return {"command": "python -m benchmarks " + " ".join(argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "quick": args.quick, "rounds": args.rounds, "isolated": not args.in_process, "options": opts.as_dict(),
             "cpu": cpu, "cpu_count": os.cpu_count(), "info": dict(cn.info()),
             "versions": {d: version(d) for d in ("torch", "torchvision", "ultralytics",
@@ -280,7 +282,7 @@ def _read(path: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="candle-nn-bench", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=None,
                    help="models to measure (default: all; --quick: resnet18)")
@@ -322,11 +324,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point ``candle-nn-bench`` (failures: one ``error:`` line, exit status 1)."""
+    """Entry point of ``python -m benchmarks`` (failures: one ``error:`` line, exit status 1)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--worker" in argv:  # a peer's worker process must not import candle_nn (BLAS preload)
         return _main(argv)
-    from scripts.common import run_main
+    from candle_nn_models.scripts.common import run_main
 
     return run_main(_main, argv)
 
@@ -338,7 +340,7 @@ def _main(argv: Sequence[str] | None) -> int:
         print(json.dumps(run_job(json.loads(args.worker))))
         return 0
     from candle_nn import CandleNNError
-    from scripts import bench_report
+    from benchmarks import bench_report
 
     for out in (args.json, args.markdown, args.chart):  # fail before minutes of measuring
         if out:
@@ -400,7 +402,7 @@ def _check_writable(path: str) -> None:
 
 def _emit(report: dict, args: argparse.Namespace) -> None:
     """The terminal table, and the Markdown table and chart when asked for."""
-    from scripts import bench_report
+    from benchmarks import bench_report
 
     print(bench_report.table(report))
     if args.markdown:

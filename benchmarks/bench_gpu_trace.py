@@ -3,9 +3,9 @@
 For candle_nn (eager and ``mx.compile``) and PyTorch (eager channels_last and
 ``torch.compile(mode="reduce-overhead")``), per model, dtype and batch::
 
-    python -m scripts.bench_gpu_trace --side ours --models resnet50 yolov8n mobilesam-encoder \
+    python -m benchmarks.bench_gpu_trace --side ours --models resnet50 yolov8n mobilesam-encoder \
         --dtypes float32,float16 --batches 1,32 --json trace_ours.json
-    python -m scripts.bench_gpu_trace --side torch ...   # or --side torch.compile
+    python -m benchmarks.bench_gpu_trace --side torch ...   # or --side torch.compile
 
 Kernel activity is recorded by CUPTI through ``torch.profiler`` (Kineto): CUPTI sees every kernel
 launched in the process, MLX's too, so both sides are measured by one tool. Per forward it reports
@@ -32,7 +32,7 @@ import time
 from collections import defaultdict
 from typing import Any, Callable
 
-from scripts.bench_models import MODELS, BenchModel
+from benchmarks.bench_models import MODELS, BenchModel
 
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -139,7 +139,7 @@ def trace_ours(model: BenchModel, dtype: str, batch: int, compiled: bool, iters:
     import candle_nn as cn  # noqa: F401  (before mlx: precision policy, BLAS)
     import mlx.core as mx
 
-    from scripts.bench import load_ours, ours_inputs
+    from benchmarks.bench import load_ours, ours_inputs
 
     forward, _, _ = load_ours(model, "gpu:0", dtype, cache_dir)
     fn = mx.compile(forward) if compiled else forward
@@ -169,8 +169,8 @@ def trace_ours(model: BenchModel, dtype: str, batch: int, compiled: bool, iters:
 def trace_torch(model: BenchModel, dtype: str, batch: int, compiled: bool, iters: int) -> dict:
     import torch
 
-    from scripts import bench_peers
-    from scripts.bench_timing import Options
+    from benchmarks import bench_peers
+    from benchmarks.bench_timing import Options
 
     opts = Options()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -218,7 +218,7 @@ def _line(row: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m scripts.bench_gpu_trace",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_gpu_trace",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--side", required=True,
                    choices=("ours", "ours+mx.compile", "torch", "torch.compile"))

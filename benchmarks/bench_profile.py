@@ -1,4 +1,4 @@
-"""``candle-nn-bench --profile``: where a candle_nn model's forward spends its time.
+"""``python -m benchmarks --profile``: where a candle_nn model's forward spends its time.
 
 Every :class:`candle_nn.Module` call is evaluated (``mx.eval``) and timed, so MLX's lazy graph
 is cut at module boundaries: the total is a little above the un-profiled forward (no overlap, no
@@ -13,7 +13,7 @@ import time
 from collections import defaultdict
 from typing import Any, Callable, Iterator
 
-from scripts.bench_models import BenchModel
+from benchmarks.bench_models import BenchModel
 
 
 @contextlib.contextmanager

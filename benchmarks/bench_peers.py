@@ -1,7 +1,7 @@
 """The peers ``candle-nn-bench`` compares against: PyTorch (eager or ``torch.compile``) and the
 same PyTorch model exported to ONNX and run by ONNX Runtime.
 
-Each ``run_*`` returns a result dict (see scripts/bench.py ``_result``) and imports its library
+Each ``run_*`` returns a result dict (see benchmarks/bench.py ``_result``) and imports its library
 lazily, so a missing peer is reported as unavailable rather than failing the run.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from scripts.bench_models import BenchModel
-from scripts.bench_timing import Options, result, time_calls
+from benchmarks.bench_models import BenchModel
+from benchmarks.bench_timing import Options, result, time_calls
 
 def _torch() -> Any:
     import torch

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from scripts.bench_models import BenchModel
+from benchmarks.bench_models import BenchModel
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,8 @@ def time_calls(single: Callable[[], Any], batched: Callable[[], Any], batch: int
     batch_times = _timed(batched, opts)
     batch_s = statistics.median(batch_times)
     trace = {}
-    if os.environ.get("CANDLE_NN_BENCH_TRACE"):  # GPU kernel/idle split (scripts/bench_gpu_trace.py)
-        from scripts.bench_gpu_trace import profile_calls
+    if os.environ.get("CANDLE_NN_BENCH_TRACE"):  # GPU kernel/idle split (benchmarks/bench_gpu_trace.py)
+        from benchmarks.bench_gpu_trace import profile_calls
 
         trace = {"trace": profile_calls(single, batched)}
     return {
