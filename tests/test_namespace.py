@@ -1,0 +1,225 @@
+"""One import namespace (issue 12 item 4): installing the package adds only `candle_nn` and
+`candle_nn_models` (the repository's models/, with weights/ and scripts/ as its .weights and
+.scripts, mapped in pyproject.toml); benchmarks/ and tests/ are never installed.
+
+The wheel is built here, installed with ``pip --target`` (no dependencies: this venv's MLX,
+NumPy, ... serve) and used from a user's folder that has its own ``models``, ``weights`` and
+``scripts`` packages: the README's Python snippets and its first command run there, and the
+user's packages stay the ones Python imports.
+"""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, ROOT
+
+NAMES = {"candle_nn", "candle_nn_models"}
+# the repository's folders that used to be installed as top-level packages, and the harness
+OLD = ("models", "weights", "scripts")
+NOT_INSTALLED = ("benchmarks", "tests")
+MAPPED = {"candle_nn": "candle_nn", "models": "candle_nn_models",
+          "weights": "candle_nn_models/weights", "scripts": "candle_nn_models/scripts"}
+SOURCES = ["candle_nn", *OLD, "benchmarks", "tests"]
+
+
+def _python_files() -> list[Path]:
+    return sorted(p for folder in SOURCES for p in (ROOT / folder).rglob("*.py"))
+
+
+def _old_name(module: str | None) -> bool:
+    return bool(module) and module.split(".")[0] in OLD
+
+
+def _module_strings(tree: ast.AST) -> list[str]:
+    """String constants that name a module: 'pkg.mod', 'pkg.mod:func', or the argument of
+    import_module / find_spec / resources.files / `python -m`."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            if name in ("import_module", "find_spec", "files") and isinstance(node.args[0].value, str):
+                found.append(node.args[0].value)
+        if isinstance(node, (ast.List, ast.Tuple)):  # ["python", "-m", "pkg.mod"]
+            items = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+            found += [b for a, b in zip(items, items[1:]) if a == "-m" and isinstance(b, str)]
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if re.fullmatch(r"\w+(\.\w+)+(:\w+)?", node.value):
+                found.append(node.value.split(":")[0])
+    return found
+
+
+def test_nothing_imports_the_old_top_level_names() -> None:
+    """No `import models|weights|scripts` (they exist only in a checkout, never installed): code,
+    tests and the benchmark use candle_nn_models.*, as a user does."""
+    bad = []
+    for path in _python_files():
+        tree = ast.parse(path.read_text(), str(path))
+        rel = path.relative_to(ROOT)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                bad += [f"{rel}:{node.lineno}: import {a.name}" for a in node.names if _old_name(a.name)]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and _old_name(node.module):
+                bad.append(f"{rel}:{node.lineno}: from {node.module} import ...")
+        bad += [f"{rel}: module name {s!r}" for s in _module_strings(tree)
+                if _old_name(s) and _is_module(s)]
+    assert not bad, "\n".join(bad)
+
+
+def _is_module(dotted: str) -> bool:
+    """Whether 'models.x.y' is a module path of this repository (not e.g. a file 'weights.pt')."""
+    parts = dotted.split(".")
+    base = ROOT.joinpath(*parts)
+    return base.is_dir() or base.with_suffix(".py").is_file() or len(parts) == 1
+
+
+def test_readme_and_entry_points_use_the_installed_names() -> None:
+    texts = {p: p.read_text() for p in (ROOT / "README.md", ROOT / "weights" / "README.md")}
+    for path, text in texts.items():
+        for block in re.findall(r"```(?:python|bash)\n(.*?)```", text, flags=re.S):
+            assert not re.search(rf"^\s*(from|import)\s+({'|'.join(OLD)})\b", block, flags=re.M), path
+            assert not re.search(rf"-m\s+({'|'.join(OLD)})\.", block), path
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    scripts = re.search(r"^\[project\.scripts\]\n(.*?)^\[", pyproject, flags=re.S | re.M).group(1)
+    targets = re.findall(r'=\s*"([\w.]+):\w+"', scripts)
+    assert targets and all(t.split(".")[0] == "candle_nn_models" for t in targets), targets
+
+
+def test_the_editable_install_adds_only_the_two_names(tmp_path) -> None:
+    """This venv's `pip install -e .` (setuptools' import finder, not a path entry for the
+    repository): outside the checkout only candle_nn and candle_nn_models import."""
+    probe = textwrap.dedent("""
+        import importlib.util, json
+        import candle_nn_models.weights, candle_nn_models.scripts
+        print(json.dumps({"found": {n: importlib.util.find_spec(n) is not None
+                                    for n in %r},
+                          "weights": candle_nn_models.weights.__file__}))
+    """ % [*NAMES, *OLD, *NOT_INSTALLED])
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env=_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["found"] == {n: n in NAMES for n in [*NAMES, *OLD, *NOT_INSTALLED]}
+    assert Path(out["weights"]) == ROOT / "weights" / "__init__.py"
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["CANDLE_NN_FIXTURES"] = str(FIXTURES)
+    return env
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built from a copy of the checkout (no build/ or egg-info left in the tree)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".*", "build", "dist", "*.egg-info", "__pycache__", "out"))
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation,
+                           "-w", str(tmp / "dist"), str(src)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (built,) = (tmp / "dist").glob("*.whl")
+    return built
+
+
+def _dist_info(names: list[str], file: str) -> str:
+    (path,) = [n for n in names if re.fullmatch(rf"[^/]+\.dist-info/{file}", n)]
+    return path
+
+
+def test_the_wheel_holds_only_the_two_names_and_every_module(wheel) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        top_level = set(zf.read(_dist_info(names, "top_level.txt")).decode().split())
+        record = zf.read(_dist_info(names, "RECORD")).decode().splitlines()
+        entry_points = configparser.ConfigParser()
+        entry_points.read_string(zf.read(_dist_info(names, "entry_points.txt")).decode())
+    assert top_level == NAMES
+    tops = {line.split(",")[0].split("/")[0] for line in record if line}
+    assert {t for t in tops if not t.endswith(".dist-info")} == NAMES, tops
+    for folder, installed in MAPPED.items():  # the explicit package list misses no module
+        for py in (ROOT / folder).rglob("*.py"):
+            rel = py.relative_to(ROOT / folder).as_posix()
+            assert f"{installed}/{rel}" in names, f"{folder}/{rel} is not in the wheel"
+    for data in (ROOT / "models" / "data").glob("*.txt"):
+        assert f"candle_nn_models/data/{data.name}" in names
+    scripts = dict(entry_points["console_scripts"])
+    assert set(scripts) == {"candle-resnet", "candle-yolo-v8", "candle-segment-anything",
+                            "candle-nn-weights"}
+    assert all(t.startswith("candle_nn_models.") for t in scripts.values()), scripts
+
+
+USER_PACKAGE = 'MARK = "the user\'s own {name}"\n'
+PRELUDE = textwrap.dedent("""
+    import numpy as np
+    import candle_nn as cn
+    import mlx.core as mx
+    vb = cn.VarBuilder.from_varmap(cn.VarMap(), seed=0, device="cpu")  # random weights
+    rgb_uint8 = np.random.default_rng(0).integers(0, 256, (120, 160, 3), dtype=np.uint8)
+    x = mx.random.normal((1, 64, 64, 3), key=mx.random.key(0))
+""")
+
+
+def test_the_wheel_beside_a_user_folder_with_its_own_models(wheel, tmp_path) -> None:
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                           "--target", str(site), str(wheel)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {p.name for p in site.iterdir() if not p.name.endswith(".dist-info")} >= NAMES
+    assert not {p.name for p in site.iterdir()} & {*OLD, *NOT_INSTALLED}
+
+    user = tmp_path / "project"
+    for name in OLD:
+        (user / name).mkdir(parents=True)
+        (user / name / "__init__.py").write_text(USER_PACKAGE.format(name=name))
+    readme = (ROOT / "README.md").read_text()
+    snippets = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    assert len(snippets) >= 4
+    runner = [PRELUDE]
+    for i, snippet in enumerate(snippets):
+        runner.append(f"exec(compile({snippet!r}, 'README snippet {i}', 'exec'), {{**globals()}})")
+    runner.append(textwrap.dedent(f"""
+        import sys, json, candle_nn, candle_nn_models, candle_nn_models.weights
+        import models, weights, scripts
+        print(json.dumps({{"user": [models.MARK, weights.MARK, scripts.MARK],
+                           "installed": [candle_nn.__file__, candle_nn_models.__file__,
+                                         candle_nn_models.weights.__file__]}}))
+    """))
+    (user / "readme_snippets.py").write_text("\n".join(runner))
+    env = {**_env(), "PYTHONPATH": str(site)}
+    proc = subprocess.run([sys.executable, "readme_snippets.py"], cwd=user, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "(2, 10)" in proc.stdout  # the "new model in 25 lines" snippet's print
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["user"] == [USER_PACKAGE.format(name=n).split('"')[1] for n in OLD]
+    assert all(Path(f).is_relative_to(site) for f in out["installed"]), out["installed"]
+
+    # the README's first command, through the wheel's console-script target, from the user folder
+    first = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)[0]
+    args = first.split(".venv/bin/candle-resnet", 1)[1].split()
+    args = [str(FIXTURES / a.split("../shared/fixtures/", 1)[1]) if "../shared/fixtures/" in a
+            else a for a in args]
+    proc = subprocess.run([sys.executable, "-c", "import sys; from candle_nn_models.scripts.resnet "
+                           "import main; sys.exit(main())", *args], cwd=user, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "bearskin" in proc.stdout  # the fixture weights are random (README)
+    assert (user / "models" / "__init__.py").read_text() == USER_PACKAGE.format(name="models")
