@@ -1,4 +1,4 @@
-"""``candle-nn-bench``, the benchmark harness of this repository (not part of the installed package).
+"""``candle-nn-bench``, this repository's benchmark harness (not part of the installed package).
 
 Run it from the repository root, in a venv with the package installed (``pip install -e .``, plus
 ``'.[bench]'`` for the PyTorch / ONNX Runtime peers)::

@@ -44,7 +44,7 @@ def preprocess_batch(images: Sequence[np.ndarray]) -> np.ndarray:
 @lru_cache(maxsize=1)
 def class_names() -> tuple[str, ...]:
     """The 1000 ImageNet-1k class names, in the index order of the classifier."""
-    text = resources.files("candle_nn_models").joinpath("data/imagenet_classes.txt").read_text("utf-8")
+    text = resources.files(__package__).joinpath("data/imagenet_classes.txt").read_text("utf-8")
     names = tuple(line for line in text.splitlines() if line)
     assert len(names) == 1000, len(names)
     return names

@@ -9,8 +9,8 @@ Tensor names, as candle-transformers' ``resnet.rs`` and torchvision write them::
     fc                                             classifier (absent when headless)
 
 Every BatchNorm (eps 1e-5) is folded into its convolution at load. Inputs are NHWC float batches
-``(N, H, W, 3)`` normalised with ImageNet's mean/std (see :mod:`candle_nn_models.imagenet`); outputs are
-logits ``(N, num_classes)``, or pooled features ``(N, 512 | 2048)`` for a headless model.
+``(N, H, W, 3)`` normalised with ImageNet's mean/std (see :mod:`candle_nn_models.imagenet`); outputs
+are logits ``(N, num_classes)``, or pooled features ``(N, 512 | 2048)`` for a headless model.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """From YOLOv8's raw prediction to detections, as ultralytics' ``non_max_suppression``.
 
 Per image: keep anchors whose best class score exceeds ``conf`` (and, with ``classes``, whose best
-class is one of them), sort by that score, run greedy class-aware NMS (a box is dropped when its
-IoU with a kept box of the same class exceeds ``iou``), keep at most ``max_det``, and map boxes (and keypoints) back to the original image with the
-:class:`~candle_nn_models.letterbox.Letterbox` that made the input. Everything here runs in NumPy on the
-host, after the model.
+class is one of them), sort by that score, run greedy class-aware NMS (a box is dropped when its IoU
+with a kept box of the same class exceeds ``iou``), keep at most ``max_det``, and map boxes (and
+keypoints) back to the original image with the :class:`~candle_nn_models.letterbox.Letterbox` that
+made the input. Everything here runs in NumPy on the host, after the model.
 
 Also here, ultralytics' output formats for detections: :func:`yolo_label_lines` (``--save-txt``'s
 YOLO label lines) and :func:`crop_box` (``--save-crop``'s crop rectangle).

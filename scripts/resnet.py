@@ -24,8 +24,8 @@ from tqdm import tqdm
 
 from candle_nn_models.imagenet import class_names, preprocess
 from candle_nn_models.resnet import VARIANTS, ResNet, infer_variant
-from candle_nn_models.scripts.common import (add_device_argument, collect_images, load_rgb, parse_device,
-                            run_main)
+from candle_nn_models.scripts.common import (add_device_argument, collect_images, load_rgb,
+                                             parse_device, run_main)
 from candle_nn_models.scripts.common import compile_choice
 from candle_nn_models.weights.metadata import WeightsMetadata
 from candle_nn_models.weights.registry import resolve_weights

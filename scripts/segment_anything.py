@@ -24,8 +24,8 @@ from PIL import Image
 
 from candle_nn import CandleNNError, VarBuilder
 from candle_nn_models.segment_anything import Sam, SamPredictor
-from candle_nn_models.scripts.common import (add_device_argument, load_rgb, parse_device, prepare_out_dir,
-                            run_main, save_image_atomic)
+from candle_nn_models.scripts.common import (add_device_argument, load_rgb, parse_device,
+                                             prepare_out_dir, run_main, save_image_atomic)
 from candle_nn_models.scripts.common import compile_choice
 from candle_nn_models.weights.registry import resolve_weights
 

@@ -44,10 +44,12 @@ import mlx.core as mx  # noqa: I001
 
 from candle_nn_models.coco import COCO_SKELETON, coco_class_names
 from candle_nn_models.letterbox import letterbox
-from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec, infer_spec, load_model
+from candle_nn_models.yolo_v8 import (MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec, infer_spec,
+                                      load_model)
 from candle_nn_models.yolo_v8_post import Detection, crop_box, postprocess, yolo_label_lines
-from candle_nn_models.scripts.common import (add_device_argument, collect_images, load_rgb, parse_device,
-                            prepare_out_dir, run_main, save_image_atomic, save_text_atomic)
+from candle_nn_models.scripts.common import (add_device_argument, collect_images, load_rgb,
+                                             parse_device, prepare_out_dir, run_main,
+                                             save_image_atomic, save_text_atomic)
 from candle_nn_models.scripts.common import compile_choice
 from candle_nn_models.scripts.yolo_v8_draw import draw_detections
 from candle_nn_models.scripts.yolo_v8_video import check_sources, detect_video, print_video_result

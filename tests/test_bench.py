@@ -1,4 +1,5 @@
-"""candle-nn-bench (`python -m benchmarks`) --quick on ResNet-18: structure of the table, the JSON and the chart.
+"""candle-nn-bench (`python -m benchmarks`) --quick on ResNet-18: structure of the table, the
+JSON and the chart.
 
 No timing assertions. Peers that are not installed in this venv (torch/torchvision, ONNX
 Runtime, matplotlib) must be reported as unavailable, never as errors or failures.

@@ -16,7 +16,8 @@ import pytest
 
 import candle_nn as cn
 from conftest import DEVICES, assert_matches, load_fixture, nchw_to_nhwc, rel_err
-from candle_nn_models.segment_anything import PIXEL_MEAN, PIXEL_STD, ResizeLongestSide, Sam, SamPredictor
+from candle_nn_models.segment_anything import (PIXEL_MEAN, PIXEL_STD, ResizeLongestSide, Sam,
+                                               SamPredictor)
 from candle_nn_models.segment_anything.tiny_vit import attention_bias_index
 
 OUTPUTS = ["image_embeddings", "image_pe", "sparse_embeddings", "dense_embeddings",

@@ -20,7 +20,8 @@ def models() -> dict[str, tuple]:
         return cn.VarBuilder.from_varmap(cn.VarMap(), seed=0, device="cpu", dtype=dtype)
 
     return {
-        "ResNet": (resnet18(vb(), num_classes=10), (1, 32, 32, 3), "candle_nn_models.imagenet.preprocess"),
+        "ResNet": (resnet18(vb(), num_classes=10), (1, 32, 32, 3),
+                   "candle_nn_models.imagenet.preprocess"),
         "YoloV8": (YoloV8.load(vb(), "n", 80), (1, 64, 64, 3), "letterbox"),
         "Sam.embed": (lambda x, m=Sam.load_tiny(vb()): m.embed(x), (1, 1024, 1024, 3),
                       "Sam.preprocess"),

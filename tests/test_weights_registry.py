@@ -14,7 +14,8 @@ from conftest import load_fixture, one_error_line
 from candle_nn_models.weights import registry
 from candle_nn_models.weights.cli import main
 from candle_nn_models.weights.metadata import NAMES, WeightsMetadata, read_metadata
-from candle_nn_models.weights.registry import CHECKPOINTS, WeightsUnavailableError, download, resolve_weights
+from candle_nn_models.weights.registry import (CHECKPOINTS, WeightsUnavailableError, download,
+                                               resolve_weights)
 from candle_nn_models.weights.spec import MOBILE_SAM_ENCODERS, SPECS, expected_tensors
 
 

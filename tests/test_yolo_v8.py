@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from conftest import assert_matches, load_fixture, nchw_to_nhwc, nhwc_to_nchw
 
-from candle_nn_models.yolo_v8 import (MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec, infer_spec, load_model,
-                            num_anchors)
+from candle_nn_models.yolo_v8 import (MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec, infer_spec,
+                                      load_model, num_anchors)
 from candle_nn_models.weights.spec import expected_tensors
 
 FIXTURES = ("yolov8n", "yolov8n_pose")

@@ -8,7 +8,8 @@ import pytest
 from conftest import load_fixture
 
 from candle_nn_models.letterbox import Letterbox, letterbox, resize_bilinear
-from candle_nn_models.yolo_v8_post import box_iou_one, non_max_suppression, postprocess, xywh_to_xyxy
+from candle_nn_models.yolo_v8_post import (box_iou_one, non_max_suppression, postprocess,
+                                           xywh_to_xyxy)
 
 # --- letterbox -----------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Checkpoints for candle_nn's models: the registered models and their variants (:data:`SPECS`,
-:func:`build_model`, from the models' own config tables), the registry of candle's published
-files (:func:`resolve_weights`), the ``candle_nn.*`` safetensors metadata of converted files
-(:func:`read_metadata`), and the ``candle-nn-weights`` tool (:mod:`candle_nn_models.weights.cli`). See README.md.
+:func:`build_model`, from the models' own config tables), the registry of candle's published files
+(:func:`resolve_weights`), the ``candle_nn.*`` safetensors metadata of converted files
+(:func:`read_metadata`), and the ``candle-nn-weights`` tool (:mod:`candle_nn_models.weights.cli`).
+See README.md.
 """
 
 from .metadata import WeightsMetadata, read_metadata

@@ -11,8 +11,9 @@ Sources (``--from``):
 * ``mobile_sam``: MobileSAM's ``mobile_sam.pt`` ``state_dict``; names are candle's already,
   the ``attention_bias_idxs`` index buffers (candle recomputes them) are dropped.
 
-Every converted file is checked against our model (:mod:`candle_nn_models.weights.spec`) before it is written and
-carries the ``candle_nn.*`` metadata of :mod:`candle_nn_models.weights.metadata`. Tensors keep their dtype.
+Every converted file is checked against our model (:mod:`candle_nn_models.weights.spec`) before it
+is written and carries the ``candle_nn.*`` metadata of :mod:`candle_nn_models.weights.metadata`.
+Tensors keep their dtype.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """``inspect FILE``: what a safetensors file holds and which model/variant it fits.
 
 Only the header is read (names, shapes, dtypes, metadata); tensors are never loaded. Each model
-family and variant is compared with its expected table (:mod:`candle_nn_models.weights.spec`): a file *fits* when
-every tensor the model reads is present with the right shape. Extra tensors (e.g. MobileSAM's
-unused classification head, BatchNorm ``num_batches_tracked``) do not prevent a fit.
+family and variant is compared with its expected table (:mod:`candle_nn_models.weights.spec`): a
+file *fits* when every tensor the model reads is present with the right shape. Extra tensors (e.g.
+MobileSAM's unused classification head, BatchNorm ``num_batches_tracked``) do not prevent a fit.
 """
 
 from __future__ import annotations

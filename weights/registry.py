@@ -57,7 +57,8 @@ class Checkpoint:
 
 
 # Where candle publishes each model's files: hub repository and variant -> file name (None: no
-# published file for that variant). The variants themselves come from candle_nn_models.weights.spec.SPECS.
+# published file for that variant). The variants themselves come from
+# candle_nn_models.weights.spec.SPECS.
 _HUB_FILES: dict[str, tuple[str, Callable[[str], str | None]]] = {
     "resnet": ("lmz/candle-resnet", lambda v: f"{v}.safetensors"),
     "yolo_v8": ("lmz/candle-yolo-v8", lambda v: f"yolov8{v}.safetensors"),

@@ -1,10 +1,11 @@
 """The registered models: what each model/variant is built from and reads from a weights file.
 
-:data:`SPECS` lists every model family with its variants, taken from the models' own config
-tables (``candle_nn_models.resnet.VARIANTS``, ``candle_nn_models.yolo_v8.MULTIPLES``,
-``candle_nn_models.segment_anything.TINY_VIT_CONFIGS`` / ``VIT_CONFIGS``), and :func:`build_model` builds
-one from a VarBuilder. The registry of published files (``candle_nn_models.weights.registry``), ``inspect``,
-``convert`` and the CLIs take their model/variant names from here.
+:data:`SPECS` lists every model family with its variants, taken from the models' own config tables
+(``candle_nn_models.resnet.VARIANTS``, ``candle_nn_models.yolo_v8.MULTIPLES``,
+``candle_nn_models.segment_anything.TINY_VIT_CONFIGS`` / ``VIT_CONFIGS``), and :func:`build_model`
+builds one from a VarBuilder. The registry of published files
+(``candle_nn_models.weights.registry``), ``inspect``, ``convert`` and the CLIs take their
+model/variant names from here.
 
 The expected ``name -> shape`` table (:func:`expected_tensors`) is not written down anywhere
 either: it is recorded by building the model through a :class:`RecordingSource`, a VarBuilder

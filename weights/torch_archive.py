@@ -13,9 +13,10 @@ the two layouts ``torch.save`` writes —
   system info, the object pickle, the list of storage keys, then each storage as a little-endian
   int64 element count followed by its bytes.
 
-The object pickle is read by the caller's restricted unpickler (:mod:`candle_nn_models.weights.torch_pickle`);
-this module gives it the storages as 1-D NumPy arrays (bfloat16 as its uint16 bit patterns).
-Malformed or foreign files raise :class:`candle_nn.WeightsFileError`.
+The object pickle is read by the caller's restricted unpickler
+(:mod:`candle_nn_models.weights.torch_pickle`); this module gives it the storages as 1-D NumPy
+arrays (bfloat16 as its uint16 bit patterns). Malformed or foreign files raise
+:class:`candle_nn.WeightsFileError`.
 """
 
 from __future__ import annotations
