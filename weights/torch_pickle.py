@@ -1,9 +1,10 @@
 """Reading PyTorch checkpoints (pickles) for the converters — never called by the library itself.
 
-Unpickling runs code named by the file, so it is an explicit, opt-in act of ``candle-nn-weights
-convert``, and torch never reads the file: :mod:`candle_nn_models.weights.torch_archive` checks the
-container (refusing TorchScript archives and anything but a plain ``torch.save`` file) and reads the
-storages; :class:`RestrictedUnpickler` reads the pickle. Two readers:
+Unpickling runs code named by the file, so it is an explicit, opt-in act of
+``candle-nn-weights convert``, and torch never reads the file:
+:mod:`candle_nn_models.weights.torch_archive` checks the container (refusing TorchScript archives
+and anything but a plain ``torch.save`` file) and reads the storages; :class:`RestrictedUnpickler`
+reads the pickle. Two readers:
 
 * :func:`load_state_dict` — plain ``state_dict`` files (torchvision, timm, MobileSAM): tensors
   and containers only (any other global is refused).
@@ -89,9 +90,9 @@ def _device(*args: Any) -> str:
 
 
 def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_: Any) -> np.ndarray:
-"""torch's ``_rebuild_tensor[_v2]`` on a storage from :mod:`candle_nn_models.weights.torch_archive`:
-the
-    strided view it describes (bfloat16 widened to float32), bounds-checked against the storage."""
+    """torch's ``_rebuild_tensor[_v2]`` on a storage from
+    :mod:`candle_nn_models.weights.torch_archive`: the strided view it describes (bfloat16 widened to
+    float32), bounds-checked against the storage."""
     if not (isinstance(storage, tuple) and len(storage) == 2
             and isinstance(storage[0], StorageType) and isinstance(storage[1], np.ndarray)):
         raise ConversionError(f"a tensor's storage is a {type(storage).__name__}, not a storage")
