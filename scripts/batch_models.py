@@ -181,9 +181,13 @@ class SamBatch(BatchModel):
         return padded, {"input_h": h, "input_w": w}
 
     def load(self, device):
+        from scripts.segment_anything import MODELS
         from weights.registry import resolve_weights
 
         variant = self.options.variant or "tiny"
+        if variant not in MODELS:
+            raise CandleNNError(f"--variant {variant}: segment_anything is one of "
+                                f"{', '.join(MODELS)}")
         registry_model = "mobile_sam" if variant == "tiny" else "sam"
         vb = VarBuilder.from_safetensors(
             resolve_weights(registry_model, variant, self.options.weights), device=device)

@@ -58,7 +58,11 @@ class InputSource:
         if path.is_file() and path.suffix.lower() == ".txt":
             return cls("list", str(path.resolve()))
         if path.is_file() and path.suffix.lower() == ".parquet":
-            if "path" not in pq.read_schema(path).names:
+            try:
+                names = pq.read_schema(path).names
+            except (pa.ArrowException, OSError) as exc:
+                raise ImageError(f"{path} is not a readable Parquet file ({exc})") from None
+            if "path" not in names:
                 raise ImageError(f"{path} has no 'path' column: --input PARQUET needs one string "
                                  "column named 'path' with the image paths")
             return cls("parquet", str(path.resolve()))
@@ -224,6 +228,8 @@ def run_job(source: InputSource, output: Path, options: JobOptions, resources: R
     model = batch_model(options)
     check_manifest(output, options)
     done = scan_output(output, model.schema())
+    if source.kind == "paths" and done.issuperset(source.paths):
+        return summarize(output, done)  # nothing left: no actors to start
     decoded = source.dataset(resources.batch_size).map_batches(
         partial(decode_batch, model=model, done=done, cwd=os.getcwd()),
         batch_size=resources.batch_size, batch_format="numpy",
