@@ -140,13 +140,18 @@ def _main(argv: Sequence[str] | None) -> int:
     batch_model(options).load(Device.cpu())  # bad weights: one error line here, not in actors
     if args.address is None and args.device == "gpu":
         Device.parse("gpu")  # this machine's MLX must have a GPU backend
-    output = prepare_out_dir(args.output)
     local_device = args.device or ("gpu" if Device.default().kind == "gpu" else "cpu")
     started = start_ray(args.address, local_cpus(args.actors, local_device))
     try:
         cluster = ray.cluster_resources()
         resources = plan(args, int(cluster.get("CPU", 1)), int(cluster.get("GPU", 0)))
-        summary = run_job(source, output, options, resources)
+        output = prepare_out_dir(args.output)  # last: a failed start leaves no folder behind
+        if args.address is not None and args.address.startswith("ray://"):
+            # Ray Data cannot stream from a Ray Client driver: run the job as a task there.
+            summary = ray.get(ray.remote(num_cpus=0)(run_job).remote(
+                source, output, options, resources))
+        else:
+            summary = run_job(source, output, options, resources)
     finally:
         if started:
             ray.shutdown()
