@@ -48,6 +48,7 @@ class BatchModel:
 
     name: ClassVar[str]
     input_dtype: ClassVar[type] = np.float32
+    extras: ClassVar[tuple[str, ...]] = ()  # the per-image numbers ``preprocess`` returns
     output_fields: ClassVar[list[pa.Field]]
 
     def __init__(self, options: JobOptions) -> None:
@@ -62,8 +63,8 @@ class BatchModel:
         return pa.schema(BASE_FIELDS + self.output_fields)
 
     def preprocess(self, rgb: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-        """``(H, W, 3)`` uint8 → ``(input_shape)`` array and per-image scalars postprocessing
-        needs (e.g. the letterbox's scale)."""
+        """``(H, W, 3)`` uint8 → ``(input_shape)`` array and the per-image numbers named in
+        ``extras`` that postprocessing needs (e.g. the letterbox's scale)."""
         raise NotImplementedError
 
     def load(self, device: Device) -> None:
@@ -112,6 +113,7 @@ class YoloBatch(BatchModel):
     name = "yolo_v8"
     task = "detect"
     input_dtype = np.uint8
+    extras = ("scale", "pad_x", "pad_y")
     _detection = [("class_id", pa.int32()), ("class_name", pa.string()), ("score", pa.float32()),
                   ("box_xyxy", pa.list_(pa.float32(), 4))]
     output_fields = [pa.field("detections", pa.list_(pa.struct(_detection)))]
@@ -163,6 +165,7 @@ class SamBatch(BatchModel):
 
     name = "segment_anything"
     input_dtype = np.uint8
+    extras = ("input_h", "input_w")
     output_fields = [
         pa.field("point_xy", pa.list_(pa.float32(), 2)),
         pa.field("masks", pa.list_(pa.struct([
@@ -198,8 +201,8 @@ class SamBatch(BatchModel):
         from pycocotools import mask as mask_utils
 
         sam, rows = self.predictor.model, []
-        for image, h, w, (height, width) in zip(inputs, extras["input_h"], extras["input_w"],
-                                                sizes_hw):
+        for image, h, w, (height, width) in zip(inputs, extras["input_h"].astype(int),
+                                                extras["input_w"].astype(int), sizes_hw):
             self.predictor.set_preprocessed_image(
                 sam.preprocess(mx.array(image[:h, :w])[None]), (height, width), (h, w))
             point = center_point(int(height), int(width))

@@ -117,14 +117,15 @@ def decode_batch(batch: dict[str, np.ndarray], model: BatchModel, done: frozense
 
     Returns columns ``path``, ``width``, ``height``, ``error`` ("" when fine: an all-null column
     would not survive Ray's Arrow round trip as strings), ``input``
-    ``(N, *model.input_shape)`` (zeros for a failed image) and the model's per-image extras.
+    ``(N, *model.input_shape)`` (zeros for a failed image) and the model's ``extras`` columns
+    (0 for a failed image: every block has the same columns).
     """
     paths = [os.path.normpath(os.path.join(cwd, str(p).strip())) for p in batch["path"]]
     paths = [p for p in paths if p not in done and p != cwd]  # p == cwd: a blank list line
     inputs = np.zeros((len(paths), *model.input_shape), dtype=model.input_dtype)
     sizes = np.zeros((len(paths), 2), dtype=np.int32)
     errors = [""] * len(paths)
-    extras: list[dict[str, Any]] = []
+    per_image: list[dict[str, Any]] = []
     for i, path in enumerate(paths):
         try:
             rgb = load_rgb(path)
@@ -133,11 +134,11 @@ def decode_batch(batch: dict[str, np.ndarray], model: BatchModel, done: frozense
         except Exception as exc:  # noqa: BLE001 -- any bad image becomes an error row
             errors[i] = (str(exc) if isinstance(exc, CandleNNError) else f"{path}: {exc!r}") or "?"
             extra = {}
-        extras.append(extra)
-    keys = sorted({k for e in extras for k in e})
+        per_image.append(extra)
     return {"path": np.array(paths, dtype=object), "height": sizes[:, 0], "width": sizes[:, 1],
             "error": np.array(errors, dtype=object), "input": inputs,
-            **{k: np.array([e.get(k, 0) for e in extras]) for k in keys}}
+            **{k: np.array([e.get(k, 0) for e in per_image], dtype=np.float64)
+               for k in model.extras}}
 
 
 class Predictor:
@@ -161,10 +162,9 @@ class Predictor:
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         ok = np.array([not e for e in batch["error"]], dtype=bool)
         n = len(ok)
-        base = ("path", "height", "width", "error", "input")
         results = iter(self._mlx.submit(
             self.model.predict, batch["input"][ok],
-            {k: v[ok] for k, v in batch.items() if k not in base},
+            {k: batch[k][ok] for k in self.model.extras},
             np.stack([batch["height"], batch["width"]], axis=1)[ok]).result() if ok.any() else [])
         rows = []
         for i in range(n):
