@@ -77,16 +77,17 @@ def require_batch_extra() -> None:
                             f"({exc.msg}): {EXTRA_HINT}") from None
 
 
-def start_ray(address: str | None, local_cpus: int) -> bool:
-    """Connect to ``address`` or start a local runtime with ``local_cpus`` CPUs; returns whether
-    this call started (and so should stop) Ray. An already connected process is left as is."""
+def start_ray(address: str | None, local_cpus: int, local_gpus: int) -> bool:
+    """Connect to ``address`` or start a local runtime with ``local_cpus`` CPUs and the GPUs
+    MLX has (Ray would miss a Mac's, or count CUDA GPUs a CPU-only MLX cannot use); returns
+    whether this call started (and so should stop) Ray. A connected process is left as is."""
     import ray
 
     if ray.is_initialized():
         return False
     quiet = {"logging_level": logging.WARNING, "log_to_driver": True}
     if address is None:
-        ray.init(num_cpus=local_cpus, include_dashboard=False, **quiet)
+        ray.init(num_cpus=local_cpus, num_gpus=local_gpus, include_dashboard=False, **quiet)
         return True
     try:
         ray.init(address=address, **quiet)
@@ -96,7 +97,8 @@ def start_ray(address: str | None, local_cpus: int) -> bool:
 
 
 def plan(args: argparse.Namespace, cpus: int, gpus: int):
-    """The job's :class:`~scripts.batch_pipeline.Resources` on a cluster of ``cpus``/``gpus``."""
+    """The job's :class:`~scripts.batch_pipeline.Resources` on a cluster of ``cpus``/``gpus``
+    (default device: the GPU when there is one)."""
     from scripts.batch_pipeline import Resources
 
     device = args.device or ("gpu" if gpus else "cpu")
@@ -141,7 +143,8 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.address is None and args.device == "gpu":
         Device.parse("gpu")  # this machine's MLX must have a GPU backend
     local_device = args.device or ("gpu" if Device.default().kind == "gpu" else "cpu")
-    started = start_ray(args.address, local_cpus(args.actors, local_device))
+    started = start_ray(args.address, local_cpus(args.actors, local_device),
+                        len(Device.available()) - 1)
     try:
         cluster = ray.cluster_resources()
         resources = plan(args, int(cluster.get("CPU", 1)), int(cluster.get("GPU", 0)))

@@ -23,7 +23,7 @@ import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,11 +45,13 @@ DECODE_CPUS = 0.5
 class InputSource:
     """Where the image paths come from: ``kind`` is ``paths`` (a folder, a glob or one image,
     listed here), ``list`` (a text file, one path a line) or ``parquet`` (its ``path`` column).
-    Relative paths in a list or Parquet file are relative to the current folder."""
+    Relative paths in a list or Parquet file are relative to ``cwd``, the folder the command
+    ran in."""
 
     kind: str
     spec: str
     paths: tuple[str, ...] = ()
+    cwd: str = field(default_factory=os.getcwd)
 
     @classmethod
     def parse(cls, spec: str) -> "InputSource":
@@ -96,8 +98,7 @@ class Resources:
     device: str          # "cpu" or "gpu": each GPU actor takes one whole GPU
     actors: int
     batch_size: int      # images per model call (and per decode task)
-    shard_rows: int      # rows per Parquet shard (at least; a hint to Ray)
-    cpus_per_actor: int = 1  # CPU actors run their BLAS on this many threads
+    shard_rows: int      # rows per Parquet shard (a hint to Ray)
 
 
 @dataclass
@@ -231,7 +232,7 @@ def run_job(source: InputSource, output: Path, options: JobOptions, resources: R
     if source.kind == "paths" and done.issuperset(source.paths):
         return summarize(output, done)  # nothing left: no actors to start
     decoded = source.dataset(resources.batch_size).map_batches(
-        partial(decode_batch, model=model, done=done, cwd=os.getcwd()),
+        partial(decode_batch, model=model, done=done, cwd=source.cwd),
         batch_size=resources.batch_size, batch_format="numpy",
         # Half a CPU: two decode tasks share a core (they wait on file reads); and a resource
         # shape unlike the CPU actors' keeps Ray from fusing decoding into them, so decoding
@@ -242,7 +243,7 @@ def run_job(source: InputSource, output: Path, options: JobOptions, resources: R
         predictor_cls, fn_constructor_args=(options, resources.device),
         batch_size=resources.batch_size, batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=resources.actors),
-        num_gpus=1 if gpu else 0, num_cpus=1 if gpu else resources.cpus_per_actor)
+        num_gpus=1 if gpu else 0, num_cpus=1)  # a CPU actor's BLAS runs on its one core
     predicted.write_parquet(str(output), min_rows_per_file=resources.shard_rows,
                             max_rows_per_file=resources.shard_rows)
     return summarize(output, done)
