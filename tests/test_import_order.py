@@ -24,7 +24,8 @@ def _state(module: str) -> str:
     "candle_nn_models.resnet", "candle_nn_models.yolo_v8", "candle_nn_models.segment_anything",
     "candle_nn_models.weights.convert", "candle_nn_models.scripts.resnet",
     "candle_nn_models.scripts.yolo_v8", "candle_nn_models.scripts.segment_anything",
-    "candle_nn_models.scripts.common"])
+    "candle_nn_models.scripts.common", "candle_nn_models.scripts.batch",
+    "candle_nn_models.scripts.batch_models", "candle_nn_models.scripts.batch_pipeline"])
 def test_entry_modules_import_candle_nn_before_mlx(module):
     assert _state(module) == _state("candle_nn")
 
