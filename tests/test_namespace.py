@@ -77,6 +77,19 @@ def test_nothing_imports_the_old_top_level_names() -> None:
     assert not bad, "\n".join(bad)
 
 
+def test_the_installed_package_never_imports_the_benchmark() -> None:
+    """benchmarks/ is a repository tool (python -m benchmarks): the wheel's code must not need it."""
+    bad = []
+    for folder in ("candle_nn", *OLD):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names
+                        if n and n.split(".")[0] in NOT_INSTALLED]
+    assert not bad, bad
+
+
 def _is_module(dotted: str) -> bool:
     """Whether 'models.x.y' is a module path of this repository (not e.g. a file 'weights.pt')."""
     parts = dotted.split(".")
