@@ -1,10 +1,12 @@
 """``candle-yolo-v8``: detect objects (or people's poses) with YOLOv8 and draw them.
 
-    candle-yolo-v8 --image bike.jpg [--image DIR ...] [--task detect|pose] [--variant n|s|m|l|x]
-                   [--weights FILE] [--conf 0.25] [--iou 0.45] [--size 640] [--square]
-                   [--device cpu] [--out DIR] [--json]
+    candle-yolo-v8 --image bike.jpg [DIR 'photos/*.jpg' - ...] [--recursive] [--strict]
+                   [--task detect|pose] [--variant n|s|m|l|x] [--weights FILE] [--conf 0.25]
+                   [--iou 0.45] [--size 640] [--square] [--device cpu] [--out DIR]
+                   [--max-pixels N] [--json]
 
-For each image, writes ``<stem>_detect<ext>`` (or ``_pose``) into ``--out``: boxes with class
+For each image, writes ``<stem>_detect<ext>`` (or ``_pose``) into ``--out`` (all files of a run
+are renamed into place together at its end; a failed run leaves none): boxes with class
 names and scores, and skeletons for pose. Prints the detections (``--json``: one JSON document
 on stdout). Without ``--weights`` the default is candle's published ``yolov8{variant}[-pose]``
 checkpoint (variant ``n``); with ``--weights`` the variant, task and class count are read from the
@@ -15,25 +17,28 @@ file, and a ``--variant``/``--task`` that disagrees is an error. Class names com
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from candle_nn import CandleNNError, Device, VarBuilder, WeightsFileError  # before mlx: BLAS choice
 import mlx.core as mx  # noqa: I001
+import numpy as np
 
 from models.coco import COCO_SKELETON, coco_class_names
 from models.letterbox import letterbox
 from models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec, infer_spec, load_model
 from models.yolo_v8_post import Detection, postprocess
-from scripts.common import (add_device_argument, collect_images, load_rgb, parse_device,
-                            prepare_out_dir, run_main, save_image_atomic)
+from scripts.batch import Batch
+from scripts.common import (add_device_argument, add_input_arguments, check_finite, load_rgb,
+                            parse_device, run_main, shown)
+from scripts.outputs import OutputFolder
 from scripts.yolo_v8_draw import draw_detections
 from weights.metadata import WeightsMetadata
 from weights.registry import resolve_weights
 
 SAVE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}  # others are written as PNG
+MAX_SIZE = 4096  # --size: 6.5x YOLOv8's 640 on a side is 41x the work; beyond, memory runs out
 
 
 @dataclass
@@ -46,7 +51,7 @@ class ImageResult:
     detections: list[Detection]
 
     def to_dict(self, names: Sequence[str]) -> dict:
-        return {"image": str(self.image), "output": str(self.output),
+        return {"image": shown(self.image), "output": shown(self.output),
                 "height": self.size_hw[0], "width": self.size_hw[1],
                 "detections": [d.to_dict(names) for d in self.detections]}
 
@@ -59,9 +64,16 @@ def _fraction(text: str) -> float:
 
 
 def _size(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value <= 0 or value % 32:
         raise argparse.ArgumentTypeError(f"{text} is not a positive multiple of 32")
+    if value > MAX_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"{text} is above {MAX_SIZE}: YOLOv8 is trained at 640, and the work grows with the "
+            "square of the size (try 640, 1280 or at most 4096)")
     return value
 
 
@@ -69,8 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="candle-yolo-v8",
         description="Detect objects (or human poses) with YOLOv8 and write annotated images.")
-    parser.add_argument("--image", action="append", required=True, metavar="PATH",
-                        help="an image file or a folder of images (repeatable)")
+    add_input_arguments(parser, what="detections")
     parser.add_argument("--task", choices=("detect", "pose"), default=None,
                         help="detect (boxes) or pose (boxes + keypoints); default: what --weights "
                              "holds, else detect")
@@ -84,14 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--iou", type=_fraction, default=0.45,
                         help="NMS IoU threshold (default 0.45)")
     parser.add_argument("--size", type=_size, default=640,
-                        help="longest side of the model input, a multiple of 32 (default 640)")
+                        help=f"longest side of the model input, a multiple of 32 up to {MAX_SIZE} "
+                             "(default 640)")
     parser.add_argument("--square", action="store_true",
                         help="pad every input to size x size "
                              "(default: pad only up to a multiple of 32)")
     add_device_argument(parser)
     parser.add_argument("--out", default="out", help="output folder (default: ./out)")
-    parser.add_argument("--json", action="store_true",
-                        help="print the detections as one JSON document on stdout")
     return parser
 
 
@@ -119,55 +129,57 @@ def load_detector(weights: "str | Path | None", task: str | None, variant: str |
     return load_model(vb, spec), spec, names, path
 
 
-def output_path(out_dir: Path, image: Path, task: str, taken: set[Path]) -> Path:
-    """``<out>/<stem>_<task><ext>``, numbered when two inputs share a stem."""
+def output_name(image: Path, task: str, taken: set[str]) -> str:
+    """``<stem>_<task><ext>``, numbered when two inputs share a stem."""
     suffix = image.suffix.lower() if image.suffix.lower() in SAVE_SUFFIXES else ".png"
-    path, n = out_dir / f"{image.stem}_{task}{suffix}", 1
-    while path in taken:
-        path, n = out_dir / f"{image.stem}_{task}-{n}{suffix}", n + 1
-    taken.add(path)
-    return path
+    name, n = f"{image.stem}_{task}{suffix}", 1
+    while name in taken:
+        name, n = f"{image.stem}_{task}-{n}{suffix}", n + 1
+    taken.add(name)
+    return name
 
 
-def detect(args: argparse.Namespace) -> tuple[list[ImageResult], list[str]]:
-    """Run the CLI's work for parsed ``args``: the per-image results and the class names."""
-    images = collect_images(args.image)
+def detect(args: argparse.Namespace, batch: Batch) -> None:
+    """Run the CLI's work for parsed ``args``: each image's detections into ``batch``."""
+    paths = batch.start()
+    if not paths:
+        return
     device = parse_device(args.device, args.verbose)
-    model, spec, names, _ = load_detector(args.weights, args.task, args.variant, device)
-    out_dir = prepare_out_dir(args.out)  # after the weights: a failed load creates no folder
+    model, spec, names, weights = load_detector(args.weights, args.task, args.variant, device)
+    batch.doc.update({"model": str(spec), "task": spec.task})
+    batch.output = OutputFolder(args.out)  # after the weights: a failed load creates no folder
     skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()
-    results: list[ImageResult] = []
-    taken: set[Path] = set()
-    for image in images:
-        rgb = load_rgb(image)
-        lb = letterbox(rgb, args.size, auto=not args.square)
-        pred = model(mx.array(lb.as_input()))
-        detections = postprocess(pred, [lb], num_classes=spec.num_classes, conf=args.conf,
-                                 iou=args.iou)[0]
-        drawing = draw_detections(rgb, detections, names, skeleton)
-        out = save_image_atomic(drawing, output_path(out_dir, image, spec.task, taken))
-        results.append(ImageResult(image, out, rgb.shape[:2], detections))
-        if not args.json:
-            _print_result(results[-1], names)
-    if args.json:
-        print(json.dumps({"model": str(spec), "task": spec.task,
-                          "images": [r.to_dict(names) for r in results]}, indent=2))
-    return results, names
+    taken: set[str] = set()
+    for image in batch.progress(paths):
+        with batch.image(image):
+            rgb = load_rgb(image, args.max_pixels)
+            lb = letterbox(rgb, args.size, auto=not args.square)
+            pred = model(mx.array(lb.as_input()))
+            check_finite(np.array(pred), weights)
+            detections = postprocess(pred, [lb], num_classes=spec.num_classes, conf=args.conf,
+                                     iou=args.iou)[0]
+            drawing = draw_detections(rgb, detections, names, skeleton)
+            out = batch.output.save_image(drawing, output_name(image, spec.task, taken))
+            result = ImageResult(image, out, rgb.shape[:2], detections)
+            batch.done(result.to_dict(names), _result_lines(result, names))
 
 
-def _print_result(result: ImageResult, names: Sequence[str]) -> None:
+def _result_lines(result: ImageResult, names: Sequence[str]) -> list[str]:
     h, w = result.size_hw
     count = len(result.detections)
     plural = "s" if count != 1 else ""
-    print(f"{result.image}: {w}x{h}, {count} detection{plural} -> {result.output}")
+    lines = [f"{shown(result.image)}: {w}x{h}, {count} detection{plural} -> {shown(result.output)}"]
     for det in result.detections:
         box = ", ".join(f"{v:.1f}" for v in det.box_xyxy)
-        print(f"  {names[det.class_id]:<15} {det.score:.3f}  [{box}]")
+        lines.append(f"  {names[det.class_id]:<15} {det.score:.3f}  [{box}]")
+    return lines
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    detect(build_parser().parse_args(argv))
-    return 0
+    args = build_parser().parse_args(argv)
+    with Batch(args) as batch:
+        detect(args, batch)
+    return batch.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
