@@ -82,7 +82,8 @@ def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) ->
     except OSError as exc:
         raise ImageInputError(path, f"cannot read: {exc.strerror or exc}") from None
     with os.fdopen(fd, "rb") as fh:
-        problem = not_regular(os.fstat(fd).st_mode)
+        info = os.fstat(fd)
+        problem = not_regular(info.st_mode) or ("an empty file (0 bytes)" if not info.st_size else None)
         if problem:
             raise ImageInputError(path, problem)
         saved = Image.MAX_IMAGE_PIXELS
