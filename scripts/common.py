@@ -95,8 +95,8 @@ def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) ->
                     width, height = img.size
                     if width * height > max_pixels:
                         raise ImageInputError(
-                            path, f"{width}x{height} is {width * height / 1e6:.1f} Mpx, above the "
-                                  f"{max_pixels / 1e6:.1f} Mpx limit that guards against "
+                            path, f"{width}x{height} is {_pixels(width * height)}, above the "
+                                  f"{_pixels(max_pixels)} limit that guards against "
                                   f"decompression bombs; pass --max-pixels {width * height} to "
                                   "read it anyway")
                     return _to_rgb(ImageOps.exif_transpose(img))
@@ -112,6 +112,10 @@ def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) ->
                                         "use a JPEG or PNG file") from None
         finally:
             Image.MAX_IMAGE_PIXELS = saved
+
+
+def _pixels(count: int) -> str:
+    return f"{count / 1e6:.1f} Mpx" if count >= 100_000 else f"{count} pixels"
 
 
 def _to_rgb(img) -> np.ndarray:
