@@ -129,7 +129,7 @@ def test_resnet_extreme_aspect_ratios_give_results(capsys, weights, tmp_path):
     assert capsys.readouterr().out.startswith(f"{image}:")
 
 
-@pytest.mark.parametrize("shape", [(1, 3000), (3000, 1), (7, 2100), (2100, 7), (20, 700)])
+@pytest.mark.parametrize("shape", [(1, 1000), (1000, 1), (7, 2100), (2100, 7), (20, 700)])
 def test_resnet_crop_span_resize_matches_the_full_resize(shape, monkeypatch):
     rgb = noise(*shape, seed=3)
     fast = preprocess(rgb)
