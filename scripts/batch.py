@@ -14,7 +14,7 @@
 
 A failed image is one ``error: <path>: <reason>`` line on stderr and an ``errors`` entry in the
 JSON document; its staged output files are dropped. ``--strict`` turns the first failure into a
-fatal error. At the end the staged files are renamed into place, ``--json`` prints its one
+fatal error (and holds stdout until the run has succeeded). At the end the staged files are renamed into place, ``--json`` prints its one
 document, and a run of several images prints ``N images: k ok, f failed`` on stderr. Exit status
 0 when any image succeeded, else 1. A fatal error (weights, device, a write, Ctrl-C) removes every
 staged file and, with ``--json``, still prints the document (with the error) before re-raising.
@@ -54,6 +54,7 @@ class Batch:
         self.exit_code = 1
         self._bar: tqdm | None = None
         self._started = 0.0
+        self._held: list[str] = []  # --strict: stdout lines held until the run succeeds
 
     def __enter__(self) -> "Batch":
         return self
@@ -106,7 +107,9 @@ class Batch:
     def done(self, result: dict, lines: Iterable[str] = ()) -> None:
         """One image succeeded: ``result`` goes into the JSON document, ``lines`` to stdout."""
         self.results.append(result)
-        if not self.json:
+        if self.strict:  # printed only if the whole run succeeds (else nothing is written)
+            self._held.extend(lines)
+        elif not self.json:
             for line in lines:
                 self.write(line, sys.stdout)
         if self._bar is not None:
@@ -128,6 +131,9 @@ class Batch:
                 except CandleNNError as error:
                     self._print_doc(error)
                     raise
+            if not self.json:
+                for line in self._held:
+                    print(line)
             self._print_doc()
             ok, failed = len(self.results), len(self.errors)
             if self.total > 1:

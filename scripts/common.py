@@ -108,8 +108,8 @@ def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) ->
         except MemoryError:
             raise ImageInputError(path, "not enough memory to decode this image") from None
         except Exception as exc:  # Pillow's decoders raise many types on corrupt data
-            raise ImageInputError(path, f"not a readable image ({type(exc).__name__}: {exc}); "
-                                        "use a JPEG or PNG file") from None
+            raise ImageInputError(path, f"not a readable image: corrupt or truncated data "
+                                        f"({type(exc).__name__}: {exc})") from None
         finally:
             Image.MAX_IMAGE_PIXELS = saved
 

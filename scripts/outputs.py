@@ -27,6 +27,7 @@ class OutputFolder:
     def __init__(self, path: "str | os.PathLike") -> None:
         self.path = Path(path)
         self._check()
+        self._existed = self.path.exists()
         self._staged: list[tuple[str, Path]] = []  # (temporary file, destination), in order
         self._lock = threading.Lock()  # an interrupt waits for a commit in progress
         interrupt.on_interrupt(self.abort)
@@ -64,7 +65,8 @@ class OutputFolder:
                                        dir=dest.parent)
         except OSError as exc:
             raise CandleNNError(f"cannot write {dest}: {exc.strerror or exc}") from exc
-        self._staged.append((tmp, dest))
+        with self._lock:
+            self._staged.append((tmp, dest))
         try:
             with os.fdopen(fd, "wb") as fh:
                 write(fh)
@@ -102,12 +104,17 @@ class OutputFolder:
             return done
 
     def abort(self) -> None:
-        """Remove every staged file (nothing of this run is left)."""
+        """Remove every staged file (nothing of this run is left, nor the folder it created)."""
         with self._lock:
             for tmp, _ in self._staged:
                 _remove(tmp)
             self._staged.clear()
             interrupt.forget(self.abort)
+            if not self._existed:
+                try:
+                    self.path.rmdir()  # only when empty
+                except OSError:
+                    pass
 
 
 def _remove(path: str) -> None:
