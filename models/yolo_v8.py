@@ -233,6 +233,12 @@ class YoloV8Spec:
     num_classes: int
     num_keypoints: int = 0
 
+    def __post_init__(self) -> None:
+        if self.num_classes < 1 or (self.task == "pose" and self.num_keypoints < 1):
+            what = (f"{self.num_classes} classes" if self.num_classes < 1
+                    else f"{self.num_keypoints} keypoints")
+            raise cn.ShapeMismatchError(f"a YOLOv8 head with {what} is empty: it needs at least 1")
+
     def __str__(self) -> str:
         classes = f"{self.num_classes} class{'es' if self.num_classes != 1 else ''}"
         if self.task == "pose":
@@ -265,9 +271,16 @@ def infer_spec(vb: cn.VarBuilder, name: str = "the checkpoint") -> YoloV8Spec:
         raise cn.WeightsFileError(
             f"{name} holds a YOLOv8 segmentation model, which is not supported")
     num_classes = vb.shape("head.cv3.0.2.weight")[0]
+    if num_classes == 0:
+        raise cn.WeightsFileError(
+            f"{name} has an empty detection head: head.cv3.0.2.weight has 0 output channels "
+            "(0 classes)")
     if not vb.contains("head.cv4.0.2.weight"):
         return YoloV8Spec(variant, "detect", num_classes)
     nk = vb.shape("head.cv4.0.2.weight")[0]
+    if nk == 0:
+        raise cn.WeightsFileError(
+            f"{name} has an empty keypoint head: head.cv4.0.2.weight has 0 output channels")
     if nk % 3:
         raise cn.WeightsFileError(
             f"{name}: pose head with {nk} keypoint channels; only (x, y, visibility) keypoints "

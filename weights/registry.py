@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from candle_nn import WeightsFileError
+from candle_nn.var_builder import check_weights_path
 
 from .metadata import TASKS
 
@@ -202,8 +203,5 @@ def resolve_weights(model: str, variant: str, path: "str | Path | None" = None) 
         path: an explicit file (``--weights``); always wins.
     """
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise WeightsFileError(f"weights file not found: {p}")
-        return p
+        return Path(check_weights_path(path))
     return download(model, variant)
