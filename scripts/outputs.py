@@ -48,7 +48,8 @@ class OutputFolder:
 
     def save_image(self, image, name: str) -> Path:
         """Stage a PIL ``image`` as ``<out>/<name>`` (format from the suffix: JPEG quality 95,
-        PNG, BMP, WebP; anything else PNG). Returns the final path."""
+        PNG, BMP, WebP; anything else PNG). A name already staged in this run gets a number
+        (``bike_detect-1.jpg``). Returns the final path."""
         fmt = _PIL_FORMATS.get(Path(name).suffix.lower(), "PNG")
         options = {"quality": 95} if fmt == "JPEG" else {}
         return self._stage(name, lambda fh: image.save(fh, format=fmt, **options))
@@ -58,7 +59,9 @@ class OutputFolder:
         return self._stage(name, lambda fh: fh.write(text.encode("utf-8")))
 
     def _stage(self, name: str, write) -> Path:
-        dest = self.path / name
+        dest, n = self.path / name, 1
+        while any(dest == staged for _, staged in self._staged):  # two inputs, one stem
+            dest, n = self.path / f"{Path(name).stem}-{n}{Path(name).suffix}", n + 1
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{dest.stem}-", suffix=dest.suffix,

@@ -129,14 +129,10 @@ def load_detector(weights: "str | Path | None", task: str | None, variant: str |
     return load_model(vb, spec), spec, names, path
 
 
-def output_name(image: Path, task: str, taken: set[str]) -> str:
-    """``<stem>_<task><ext>``, numbered when two inputs share a stem."""
+def output_name(image: Path, task: str) -> str:
+    """``<stem>_<task><ext>`` (the output folder numbers a name already taken in the run)."""
     suffix = image.suffix.lower() if image.suffix.lower() in SAVE_SUFFIXES else ".png"
-    name, n = f"{image.stem}_{task}{suffix}", 1
-    while name in taken:
-        name, n = f"{image.stem}_{task}-{n}{suffix}", n + 1
-    taken.add(name)
-    return name
+    return f"{image.stem}_{task}{suffix}"
 
 
 def detect(args: argparse.Namespace, batch: Batch) -> None:
@@ -149,7 +145,6 @@ def detect(args: argparse.Namespace, batch: Batch) -> None:
     batch.doc.update({"model": str(spec), "task": spec.task})
     batch.output = OutputFolder(args.out)  # after the weights: a failed load creates no folder
     skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()
-    taken: set[str] = set()
     for image in batch.progress(paths):
         with batch.image(image):
             rgb = load_rgb(image, args.max_pixels)
@@ -159,7 +154,7 @@ def detect(args: argparse.Namespace, batch: Batch) -> None:
             detections = postprocess(pred, [lb], num_classes=spec.num_classes, conf=args.conf,
                                      iou=args.iou)[0]
             drawing = draw_detections(rgb, detections, names, skeleton)
-            out = batch.output.save_image(drawing, output_name(image, spec.task, taken))
+            out = batch.output.save_image(drawing, output_name(image, spec.task))
             result = ImageResult(image, out, rgb.shape[:2], detections)
             batch.done(result.to_dict(names), _result_lines(result, names))
 

@@ -169,18 +169,20 @@ def test_sam_processes_every_image(capsys, weights, photos, tmp_path, monkeypatc
     monkeypatch.setattr(SamPredictor, "predict", lambda self, **kw: (
         np.ones((1, *seen[-1][:2]), bool), np.array([0.9]), np.zeros((1, 256, 256))))
     code = segment_anything.main(["--image", str(photos), str(photos / "sub" / "d.png"),
-                                  "--point", "0.5,0.5", "--weights", weights["sam"],
-                                  "--out", str(tmp_path / "out"), "--json"])
+                                  str(photos / "a.jpg"), "--point", "0.5,0.5",
+                                  "--weights", weights["sam"], "--out", str(tmp_path / "out"),
+                                  "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     doc = json.loads(out)
     assert [i["image"] for i in doc["images"]] == [str(photos / n) for n in ("a.jpg", "b.jpg",
-                                                                            "sub/d.png")]
-    assert seen == [(556, 800, 3), (556, 800, 3), (50, 70, 3)]
+                                                                            "sub/d.png", "a.jpg")]
+    assert seen == [(556, 800, 3), (556, 800, 3), (50, 70, 3), (556, 800, 3)]
+    assert doc["images"][-1]["mask"] == str(tmp_path / "out" / "a_mask-1.png")  # same stem twice
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "a_mask.png", "a_overlay.png", "b_mask.png", "b_overlay.png", "d_mask.png",
-        "d_overlay.png"]
-    assert err.splitlines()[-1] == "4 images: 3 ok, 1 failed"
+        "a_mask-1.png", "a_mask.png", "a_overlay-1.png", "a_overlay.png", "b_mask.png",
+        "b_overlay.png", "d_mask.png", "d_overlay.png"]
+    assert err.splitlines()[-1] == "5 images: 4 ok, 1 failed"
 
 
 def _stderr_of(argv, tty: bool) -> str:
