@@ -82,11 +82,26 @@ class Module(nn.Module, metaclass=_EvaluatedWhenBuilt):
 
     def __init__(self, device: Device | None = None) -> None:
         object.__setattr__(self, "_device", device)
+        object.__setattr__(self, "_weights_prefix", None)
         super().__init__()
 
     @property
     def device(self) -> Device | None:
         return self._device
+
+    @property
+    def weights_prefix(self) -> str | None:
+        """The VarBuilder prefix this module's tensors were read under (set by the layers'
+        ``load``), which ``candle_nn.save_safetensors`` writes them back under; ``None``: unknown
+        (its parent's prefix and attribute path are used)."""
+        return self._weights_prefix
+
+    def loaded_from(self, vb: Any) -> "Module":
+        """Record that this module's tensors came from ``vb`` (its prefix; a VarMap-backed ``vb``
+        also remembers the module, see ``VarMap.save``). Returns ``self``."""
+        object.__setattr__(self, "_weights_prefix", vb.prefix)
+        vb.track(self)
+        return self
 
     def __setattr__(self, key: str, value: Any) -> None:
         if not key.startswith("_"):

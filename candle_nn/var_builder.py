@@ -25,6 +25,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import mlx.core as mx
 import numpy as np
 
+from .checkpoint import LAYOUT_KEY
 from .device import Device, as_device
 from .errors import DTypeError, MissingTensorError, ShapeMismatchError, WeightsFileError
 from .init import DEFAULT_KAIMING_NORMAL, ZEROS, Init
@@ -112,6 +113,21 @@ def _header(path: str, inode: int, mtime_ns: int, size: int) -> tuple[int, dict[
         return 8 + n, json.loads(f.read(n))
 
 
+@functools.lru_cache(maxsize=16)
+def _mlx_writer(path: str, inode: int, mtime_ns: int, size: int) -> bool:
+    """Whether MLX's writer made this safetensors file: it writes ``"__metadata__":null`` and each
+    entry's keys sorted (``data_offsets`` first); the safetensors library (candle, PyTorch's
+    converters) writes ``dtype`` first and no null metadata."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        raw = f.read(n)
+    if b'"__metadata__":null' in raw:
+        return True
+    entries = json.loads(raw, object_pairs_hook=lambda pairs: pairs)
+    keys = [pairs for name, pairs in entries if name != "__metadata__" and isinstance(pairs, list)]
+    return bool(keys) and keys[0][0][0] == "data_offsets"
+
+
 def _read_bfloat16(path: str, name: str) -> mx.array:
     """Read a bfloat16 tensor's raw bytes (safetensors' MLX loader goes through NumPy, which has
     no bfloat16). The header was already validated by ``safe_open``."""
@@ -159,6 +175,10 @@ class TensorSource:
 
     metadata: dict[str, str] = {}
 
+    def written_by_mlx(self, path: str) -> bool:
+        """Whether tensor ``path`` comes from a file that MLX wrote (so may be in MLX's layout)."""
+        return False
+
     def missing(self, path: str) -> MissingTensorError:
         names = self.names()
         close = difflib.get_close_matches(path, names, n=3, cutoff=0.5)
@@ -204,6 +224,15 @@ class _SafetensorsSource(TensorSource):
 
     def describe(self) -> str:
         return ", ".join(self.paths)
+
+    def written_by_mlx(self, path: str) -> bool:
+        if path not in self._file_of:
+            return False
+        file = self._file_of[path]
+        if (self._where[path].metadata() or {}).get(LAYOUT_KEY) == "candle":
+            return False
+        stat = os.stat(file)
+        return _mlx_writer(file, stat.st_ino, stat.st_mtime_ns, stat.st_size)
 
 
 class _TensorsSource(TensorSource):
@@ -351,6 +380,16 @@ class VarBuilder:
     def shape(self, name: str) -> tuple[int, ...]:
         """The stored shape of ``prefix.name`` without reading the tensor."""
         return self._source.shape(self.path(name))
+
+    def written_by_mlx(self, name: str) -> bool:
+        """Whether ``prefix.name`` comes from a file written by MLX without candle_nn's layout
+        marker (conv weights there may be in MLX's layout; see ``checkpoint.check_conv_layout``)."""
+        return self._source.written_by_mlx(self.path(name))
+
+    def track(self, module: Any) -> None:
+        """Let a VarMap source remember ``module`` (built from its variables) for ``VarMap.save``."""
+        if isinstance(self._source, _VarMapSource):
+            self._source.varmap.track(module)
 
     def accessed(self) -> set[str]:
         """Full names of every tensor read so far through this builder or its ``pp`` children."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from candle_nn import (BatchNorm2d, Conv2d, Conv2dConfig, Linear, Module, ShapeMismatchError,
-                       VarBuilder, WeightsFileError, max_pool2d, relu)
+                       VarBuilder, WeightsFileError, check_image_batch, max_pool2d, relu)
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,8 @@ class ResNet(Module):
     def forward_features(self, x: mx.array) -> dict[str, mx.array]:
         """Intermediate outputs: ``stem`` (after the max-pool), ``layer1``..``layer4`` (NHWC) and
         ``pooled`` ``(N, feature_dim)``."""
+        check_image_batch(x, model="ResNet", dtype=self.stem.weight.dtype,
+                          preprocessing="models.imagenet.preprocess_batch(images)")
         with self.on_device():
             out = {"stem": max_pool2d(relu(self.stem(x)), 3, 2, 1)}
             y = out["stem"]

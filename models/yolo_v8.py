@@ -161,10 +161,8 @@ class _YoloV8Base(cn.Module):
         self.spec = spec
 
     def _check_input(self, x: mx.array) -> None:
-        if x.ndim != 4 or x.shape[-1] != 3:
-            raise cn.ShapeMismatchError(
-                f"{type(self).__name__} expects an NHWC batch (N, H, W, 3), "
-                f"got shape {tuple(x.shape)}")
+        cn.check_image_batch(x, model=type(self).__name__, dtype=cn.model_dtype(self.net),
+                          preprocessing="mx.array(letterbox(rgb, 640).as_input())")
         if x.shape[1] % 32 or x.shape[2] % 32 or not x.shape[1] or not x.shape[2]:
             raise cn.ShapeMismatchError(
                 f"{type(self).__name__}: input height and width must be positive multiples of 32, "

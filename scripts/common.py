@@ -34,11 +34,12 @@ def shown(path: "str | os.PathLike") -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
-def add_input_arguments(parser: argparse.ArgumentParser, *, what: str = "results") -> None:
+def add_input_arguments(parser: argparse.ArgumentParser, *, what: str = "results",
+                        required: bool = True) -> None:
     """The options every model CLI shares for its inputs and its report: ``--image`` (files,
     folders, globs, ``-`` for stdin), ``--recursive``, ``--strict``, ``--max-pixels``, ``--json``."""
     parser.add_argument(
-        "--image", nargs="+", action="extend", required=True, metavar="PATH",
+        "--image", nargs="+", action="extend", required=required, metavar="PATH",
         help="image files, folders, glob patterns ('photos/*.jpg'; '**' spans folders) or - to "
              "read paths from stdin, one a line (several after one --image, or repeat --image)")
     parser.add_argument("--recursive", action="store_true",

@@ -28,6 +28,7 @@ class OutputFolder:
         self.path = Path(path)
         self._check()
         self._existed = self.path.exists()
+        self._made: list[Path] = []  # subfolders made for staged files (removed on abort if empty)
         self._staged: list[tuple[str, Path]] = []  # (temporary file, destination), in order
         self._lock = threading.Lock()  # an interrupt waits for a commit in progress
         interrupt.on_interrupt(self.abort)
@@ -46,6 +47,15 @@ class OutputFolder:
             raise CandleNNError(f"output folder {self.path} is not writable{where}; "
                                 "pass another --out DIR")
 
+    def create(self) -> Path:
+        """Make the folder now (for writers that stage their own files); returns its path."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CandleNNError(f"cannot create output folder {self.path}: "
+                                f"{exc.strerror or exc}") from exc
+        return self.path
+
     def save_image(self, image, name: str) -> Path:
         """Stage a PIL ``image`` as ``<out>/<name>`` (format from the suffix: JPEG quality 95,
         PNG, BMP, WebP; anything else PNG). A name already staged in this run gets a number
@@ -63,6 +73,10 @@ class OutputFolder:
         while any(dest == staged for _, staged in self._staged):  # two inputs, one stem
             dest, n = self.path / f"{Path(name).stem}-{n}{Path(name).suffix}", n + 1
         try:
+            missing = dest.parent
+            while not missing.is_dir() and missing != missing.parent:
+                self._made.append(missing)
+                missing = missing.parent
             dest.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{dest.stem}-", suffix=dest.suffix,
                                        dir=dest.parent)
@@ -103,7 +117,6 @@ class OutputFolder:
                 for tmp, _ in self._staged[len(done):]:
                     _remove(tmp)
                 self._staged.clear()
-                interrupt.forget(self.abort)
             return done
 
     def abort(self) -> None:
@@ -113,9 +126,10 @@ class OutputFolder:
                 _remove(tmp)
             self._staged.clear()
             interrupt.forget(self.abort)
-            if not self._existed:
+            made = sorted(set(self._made), key=lambda p: len(p.parts), reverse=True)
+            for folder in made + ([] if self._existed else [self.path]):
                 try:
-                    self.path.rmdir()  # only when empty
+                    folder.rmdir()  # only when empty
                 except OSError:
                     pass
 

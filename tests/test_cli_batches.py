@@ -94,10 +94,11 @@ def test_strict_makes_a_failure_fatal(capsys, weights, photos):
 
 
 def test_strict_writes_nothing(capsys, weights, photos, tmp_path):
-    """YOLO with --strict: a.jpg and b.jpg were drawn before c.jpg failed; none is left."""
+    """YOLO with --strict: a.jpg and b.jpg were drawn (with labels and crops) before c.jpg
+    failed; none is left, nor the folders made for them."""
     out_dir = tmp_path / "out"
     code = yolo_v8.main(["--image", str(photos), "--weights", weights["yolo"], "--size", "64",
-                         "--out", str(out_dir), "--strict"])
+                         "--out", str(out_dir), "--strict", "--save-txt", "--save-crop"])
     out, err = capsys.readouterr()
     assert code == 1 and "c.jpg" in err and err.count("\n") == 1
     assert out == ""  # a.jpg's result is not printed: it was not written

@@ -275,7 +275,7 @@ def test_yolo_failed_write_leaves_none_of_the_runs_images(capsys, weights, tmp_p
     drawings = iter([None, _DiskFull()])
     real = yolo_v8.draw_detections
     monkeypatch.setattr(yolo_v8, "draw_detections",
-                        lambda *a: next(drawings) or real(*a))
+                        lambda *a, **kw: next(drawings) or real(*a, **kw))
     second = tmp_path / "second.jpg"
     shutil.copy(BIKE, second)
     out_dir = tmp_path / "out"

@@ -272,7 +272,7 @@ def test_varmap_save_then_from_safetensors_is_bit_exact(tmp_path, dtype):
     assert [p.name for p in tmp_path.iterdir()] == ["tiny.safetensors"]  # no temp file left
     vb = cn.VarBuilder.from_safetensors(path, dtype=dtype, device="cpu")
     assert sorted(vb.names()) == sorted(varmap)
-    assert vb.metadata == {"note": "seed 7"}
+    assert vb.metadata == {"note": "seed 7", "format": "pt", "candle_nn.layout": "candle"}
     for name, value in varmap.all_vars().items():
         got = vb.get(value.shape, name)
         assert got.dtype == value.dtype == dtype

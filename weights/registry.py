@@ -109,7 +109,8 @@ def download(model: str, variant: str, *, force: bool = False) -> Path:
     except ImportError:
         raise WeightsUnavailableError(
             f"huggingface_hub is not installed, so {entry.filename} cannot be downloaded "
-            f"(pip install 'candle-nn-mlx[hub]'). {entry.how_to_get()}") from None
+            f"(pip install huggingface_hub: candle-nn-mlx depends on it). {entry.how_to_get()}"
+        ) from None
     try:
         if not force:  # a cached copy needs no network at all
             try:
