@@ -25,6 +25,7 @@ from models.resnet import VARIANTS, ResNet, infer_variant
 from scripts.batch import Batch
 from scripts.common import (add_device_argument, add_input_arguments, check_finite, load_rgb,
                             parse_device, run_main, shown)
+from scripts.common import compile_choice
 from weights.metadata import WeightsMetadata
 from weights.registry import resolve_weights
 
@@ -92,6 +93,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if paths:
             device = parse_device(args.device, args.verbose)
             model, names, weights = load_classifier(args.weights, args.variant, device)
+            model.set_compiled(compile_choice(args.compile))
             batch.doc["model"] = model.variant
             classify(model, batch, paths, names, min(args.top_k, len(names)), args.batch_size,
                      weights)

@@ -32,6 +32,7 @@ from scripts.batch import Batch
 from scripts.common import (ImageInputError, add_device_argument, add_input_arguments,
                             check_finite, load_rgb, parse_device, run_main, shown)
 from scripts.outputs import OutputFolder
+from scripts.common import compile_choice
 from weights.registry import resolve_weights
 
 TINT = np.array([30, 144, 255], dtype=np.float32)  # mask colour in the overlay
@@ -180,6 +181,7 @@ def _main(argv: Sequence[str] | None) -> int:
             weights = resolve_weights(registry_model, args.model, args.weights)
             vb = VarBuilder.from_safetensors(weights, device=device)
             sam = Sam.load_tiny(vb) if args.model == "tiny" else Sam.load_vit(vb, args.model)
+            sam.image_encoder.set_compiled(compile_choice(args.compile))
             batch.doc["model"] = args.model
             batch.output = OutputFolder(args.out)
             predictor = SamPredictor(sam)

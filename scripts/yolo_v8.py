@@ -53,6 +53,7 @@ from scripts.batch import Batch
 from scripts.common import (add_device_argument, add_input_arguments, check_finite, load_rgb,
                             parse_device, run_main, shown)
 from scripts.outputs import OutputFolder
+from scripts.common import compile_choice
 from scripts.yolo_v8_draw import draw_detections
 from scripts.yolo_v8_video import check_sources, detect_video, print_video_result
 from weights.metadata import WeightsMetadata
@@ -200,12 +201,14 @@ def load_detector(weights: "str | Path | None", task: str | None, variant: str |
 def load_for(args: argparse.Namespace, device: Device,
              ) -> tuple[YoloV8 | YoloV8Pose, YoloV8Spec, list[str], Path]:
     """:func:`load_detector` with the command line's weights, task, variant and ``--half``;
-    ``--classes`` checked against the model's class count. Also returns the weights file."""
+    ``--classes`` checked against the model's class count; ``--compile`` applied. Also returns
+    the weights file."""
     model, spec, names, path = load_detector(args.weights, args.task, args.variant, device,
                                           "float16" if args.half else "float32")
     if args.classes and max(args.classes) >= spec.num_classes:
         raise CandleNNError(f"--classes {max(args.classes)}: the model has {spec.num_classes} "
                             f"classes (0..{spec.num_classes - 1})")
+    model.set_compiled(compile_choice(args.compile))
     return model, spec, names, path
 
 
