@@ -1,7 +1,8 @@
 """Pieces every model CLI shares: the input options, safe image loading, device parsing, the
-non-finite output check, and the one-clear-line error handling (``error: …`` on stderr, exit
-status 1; 130 on Ctrl-C). Inputs are listed by :mod:`scripts.inputs`, runs over many images are
-driven by :mod:`scripts.batch`, and output files are written by :mod:`scripts.outputs`."""
+non-finite output check, and (re-exported from :mod:`candle_nn.cli`) the one-clear-line error
+handling (``error: …`` on stderr, exit status 1; 130 on Ctrl-C). Inputs are listed by
+:mod:`scripts.inputs`, runs over many images are driven by :mod:`scripts.batch`, and output files
+are written by :mod:`scripts.outputs`."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
 from candle_nn import CandleNNError, Device, ImageError
+from candle_nn.cli import run_main  # noqa: F401  (re-exported: every CLI's entry wrapper)
 from scripts.inputs import not_regular
 
 DEFAULT_MAX_PIXELS = 2 * 89_478_485  # Pillow's own refusal threshold (Image.MAX_IMAGE_PIXELS x 2)
@@ -164,24 +165,3 @@ def parse_device(spec: str | None, verbose: bool = False) -> Device:
 
         print(info(), file=sys.stderr)
     return Device.default() if spec is None else Device.parse(spec)
-
-
-def run_main(main: Callable[[Sequence[str] | None], int],
-             argv: Sequence[str] | None = None) -> int:
-    """Run a CLI body: library errors become one ``error: …`` line on stderr and exit status 1."""
-    for stream in (sys.stdout, sys.stderr):  # a non-UTF-8 terminal or file name never crashes
-        try:
-            stream.reconfigure(errors="backslashreplace")
-        except (AttributeError, ValueError):
-            pass
-    try:
-        return int(main(argv) or 0)
-    except BrokenPipeError:  # e.g. `candle-resnet ... | head -1`: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except CandleNNError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
