@@ -1,161 +1,172 @@
-"""One CLI run over many images that survives bad ones.
+"""``candle-nn-batch``: run a model over a large image collection on Ray Data, into Parquet.
 
-    with Batch(args) as batch:                # args: add_input_arguments' options
-        todo = batch.start()                  # lists --image; unusable inputs reported, skipped
-        if todo:
-            model = ...                       # load only when there is work
-            batch.doc["model"] = ...          # top-level fields of the --json document
-            batch.output = OutputFolder(args.out)   # optional: staged files, committed at the end
-            for path in batch.progress(todo):
-                with batch.image(path):       # an ImageError here: reported, skipped
-                    ...
-                    batch.done(result_dict, text_lines)
-    return batch.exit_code
+    candle-nn-batch {resnet,yolo_v8,yolo_v8_pose,segment_anything}
+                    --input DIR|GLOB|LIST.txt|PARQUET --output DIR [--weights FILE]
+                    [--device cpu|gpu] [--batch-size N] [--actors N] [--address ray://…|auto]
 
-A failed image is one ``error: <path>: <reason>`` line on stderr and an ``errors`` entry in the
-JSON document; its staged output files are dropped. ``--strict`` turns the first failure into a
-fatal error (and holds stdout until the run has succeeded). At the end the staged files are renamed into place, ``--json`` prints its one
-document, and a run of several images prints ``N images: k ok, f failed`` on stderr. Exit status
-0 when any image succeeded, else 1. A fatal error (weights, device, a write, Ctrl-C) removes every
-staged file and, with ``--json``, still prints the document (with the error) before re-raising.
-Progress (``i/N``, ms per image) goes to stderr through tqdm, only when it is a terminal.
+Images are decoded and preprocessed in Ray tasks, the model runs in a pool of actors that load
+the weights once (one GPU each on a GPU job), and every image becomes one row of a Parquet shard
+in ``--output``: its path, size, the model's output, or an ``error``. Rerunning with the same
+``--output`` resumes: images already written are skipped. Without ``--address`` a local Ray
+runtime is started on this machine. Needs the ``batch`` extra (Ray Data, pycocotools).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import time
-from contextlib import contextmanager
+import logging
+import os
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Sequence
 
-from tqdm import tqdm
+from candle_nn import CandleNNError, Device, DeviceUnavailableError  # before mlx: BLAS choice
+from scripts.common import prepare_out_dir, run_main
+from scripts.yolo_v8 import _fraction, _size
 
-from candle_nn import CandleNNError, ImageError
-from scripts.common import ImageInputError, shown
-from scripts.inputs import expand_image_args
-from scripts.outputs import OutputFolder
+MODELS = ("resnet", "yolo_v8", "yolo_v8_pose", "segment_anything")
+EXTRA_HINT = "pip install 'candle-nn-mlx[batch]'"
 
 
-class Batch:
-    """The state of one run: inputs, results, errors, staged outputs, progress bar."""
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="candle-nn-batch",
+        description="Run a model over many images on Ray Data and write Parquet shards "
+                    "(one row per image; reruns resume).")
+    parser.add_argument("model", choices=MODELS)
+    parser.add_argument("--input", required=True, metavar="DIR|GLOB|LIST.txt|PARQUET",
+                        help="a folder of images, a glob ('photos/**/*.jpg'), a text file with "
+                             "one path a line, or a Parquet file with a 'path' column")
+    parser.add_argument("--output", required=True, metavar="DIR",
+                        help="folder for the Parquet shards; reuse it to resume a job")
+    parser.add_argument("--weights", default=None, metavar="FILE",
+                        help="safetensors in candle's layout, reachable at this path on every "
+                             "node (default: candle's published checkpoint from the Hugging Face "
+                             "hub, fetched by each node)")
+    parser.add_argument("--variant", default=None,
+                        help="resnet18..152 / n..x / tiny, vit_b, vit_l, vit_h (default: what "
+                             "--weights holds; SAM: tiny)")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default=None,
+                        help="where the actors run the model (default: gpu when there are GPUs)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="images per model call (default 8 on the CPU, 32 on GPUs)")
+    parser.add_argument("--actors", type=int, default=None,
+                        help="model replicas (default: one per GPU; on the CPU one per core "
+                             "but one, each on one core)")
+    parser.add_argument("--shard-rows", type=int, default=1000,
+                        help="rows per Parquet shard, about (default 1000)")
+    parser.add_argument("--address", default=None, metavar="ray://HOST:PORT|auto",
+                        help="join this Ray cluster (default: start a local Ray runtime)")
+    parser.add_argument("--top-k", type=int, default=5, help="resnet: classes kept (default 5)")
+    parser.add_argument("--conf", type=_fraction, default=0.25,
+                        help="yolo: minimum class score (default 0.25)")
+    parser.add_argument("--iou", type=_fraction, default=0.45,
+                        help="yolo: NMS IoU threshold (default 0.45)")
+    parser.add_argument("--size", type=_size, default=640,
+                        help="yolo: inputs are letterboxed to size x size (default 640)")
+    return parser
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.strict: bool = args.strict
-        self.json: bool = args.json
-        self.doc: dict = {}
-        self.results: list[dict] = []
-        self.errors: list[dict] = []
-        self.total = 0
-        self.output: OutputFolder | None = None
-        self.exit_code = 1
-        self._bar: tqdm | None = None
-        self._started = 0.0
-        self._held: list[str] = []  # --strict: stdout lines held until the run succeeds
 
-    def __enter__(self) -> "Batch":
-        return self
+def require_batch_extra() -> None:
+    """CandleNNError naming the extra to install when Ray Data (or pycocotools) is missing."""
+    try:
+        import pyarrow  # noqa: F401
+        import pycocotools  # noqa: F401
+        import ray.data  # noqa: F401
+    except ImportError as exc:
+        raise CandleNNError(f"candle-nn-batch needs Ray Data, which is not installed "
+                            f"({exc.msg}): {EXTRA_HINT}") from None
 
-    def start(self) -> list[Path]:
-        """Expand ``--image``; report the inputs that cannot be used; the paths to process."""
-        inputs = expand_image_args(self.args.image, recursive=self.args.recursive)
-        if not inputs:
-            raise CandleNNError("no image given: pass --image PATH (files, folders, globs, or - "
-                                "to read paths from stdin)")
-        self.total = len(inputs)
-        for item in inputs:
-            if item.error:
-                self.fail(ImageInputError(item.path, item.error))
-        return [item.path for item in inputs if not item.error]
 
-    def progress(self, paths: Sequence[Path]) -> Iterator[Path]:
-        """Iterate ``paths`` with a progress bar on stderr (terminal only, runs of 2+ images)."""
-        with tqdm(paths, unit="img", file=sys.stderr, dynamic_ncols=True,
-                  disable=True if len(paths) < 2 else None) as bar:
-            self._bar, self._started = bar, time.perf_counter()
-            try:
-                yield from bar
-            finally:
-                self._bar = None
+def start_ray(address: str | None, local_cpus: int, local_gpus: int) -> bool:
+    """Connect to ``address`` or start a local runtime with ``local_cpus`` CPUs and the GPUs
+    MLX has (Ray would miss a Mac's, or count CUDA GPUs a CPU-only MLX cannot use); returns
+    whether this call started (and so should stop) Ray. A connected process is left as is."""
+    import ray
 
-    @contextmanager
-    def image(self, path: Path, *, errors: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
-        """Run one image's work: an :class:`ImageError` (or one of ``errors``) or running out of
-        memory fails this image only, dropping the files it staged; anything else is fatal."""
-        mark = self.output.mark() if self.output else 0
-        try:
-            yield
-        except (ImageError, MemoryError, *errors) as exc:
-            if self.output:
-                self.output.rollback(mark)
-            if isinstance(exc, MemoryError):
-                exc = ImageInputError(path, "out of memory while processing this image")
-            elif not isinstance(exc, ImageInputError):
-                exc = ImageInputError(path, str(exc))
-            self.fail(exc)
+    if ray.is_initialized():
+        return False
+    quiet = {"logging_level": logging.WARNING, "log_to_driver": True}
+    if address is None:
+        ray.init(num_cpus=local_cpus, num_gpus=local_gpus, include_dashboard=False, **quiet)
+        return True
+    try:
+        ray.init(address=address, **quiet)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise CandleNNError(f"cannot join the Ray cluster at {address}: {exc}") from None
+    return True
 
-    def fail(self, exc: ImageInputError) -> None:
-        """Record and report one failed image (fatal under ``--strict``)."""
-        if self.strict:
-            raise exc
-        self.errors.append({"path": shown(exc.path), "reason": exc.reason})
-        self.write(f"error: {exc}", sys.stderr)
 
-    def done(self, result: dict, lines: Iterable[str] = ()) -> None:
-        """One image succeeded: ``result`` goes into the JSON document, ``lines`` to stdout."""
-        self.results.append(result)
-        if self.strict:  # printed only if the whole run succeeds (else nothing is written)
-            self._held.extend(lines)
-        elif not self.json:
-            for line in lines:
-                self.write(line, sys.stdout)
-        if self._bar is not None:
-            ms = 1000 * (time.perf_counter() - self._started) / len(self.results)
-            self._bar.set_postfix_str(f"{ms:.0f} ms/img", refresh=False)
+def plan(args: argparse.Namespace, cpus: int, gpus: int):
+    """The job's :class:`~scripts.batch_pipeline.Resources` on a cluster of ``cpus``/``gpus``
+    (default device: the GPU when there is one)."""
+    from scripts.batch_pipeline import Resources
 
-    def write(self, line: str, stream) -> None:
-        """Print a line without garbling the progress bar."""
-        if self._bar is not None and not self._bar.disable:
-            tqdm.write(line, file=stream)
+    device = args.device or ("gpu" if gpus else "cpu")
+    if device == "gpu":
+        actors = args.actors or gpus
+        if actors > gpus:
+            raise DeviceUnavailableError(
+                f"--device gpu with {actors} actor(s) needs {actors} GPU(s), the Ray cluster has "
+                f"{gpus}: pass --actors {gpus} or --device cpu" if gpus else
+                "--device gpu, but the Ray cluster has no GPU: pass --device cpu")
+    else:
+        actors = args.actors or max(1, cpus - 1)
+    return Resources(device=device, actors=actors,
+                     batch_size=args.batch_size or (32 if device == "gpu" else 8),
+                     shard_rows=args.shard_rows)
+
+
+def local_cpus(actors: int | None, device: str) -> int:
+    """Ray's CPU count on this machine: its cores, or more so that one core stays for decoding
+    when CPU actors take one each."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(cores or 1, (actors or 0) + 1 if device == "cpu" else 1)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    for flag in ("batch_size", "actors", "shard_rows", "top_k"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise CandleNNError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
+    require_batch_extra()
+    import ray
+
+    from scripts.batch_models import JobOptions, batch_model
+    from scripts.batch_pipeline import InputSource, run_job
+
+    source = InputSource.parse(args.input)
+    weights = None if args.weights is None else str(Path(args.weights).resolve())
+    options = JobOptions(model=args.model, weights=weights, variant=args.variant,
+                         top_k=args.top_k, conf=args.conf, iou=args.iou, size=args.size)
+    batch_model(options).load(Device.cpu())  # bad weights: one error line here, not in actors
+    if args.address is None and args.device == "gpu":
+        Device.parse("gpu")  # this machine's MLX must have a GPU backend
+    local_device = args.device or ("gpu" if Device.default().kind == "gpu" else "cpu")
+    started = start_ray(args.address, local_cpus(args.actors, local_device),
+                        len(Device.available()) - 1)
+    try:
+        cluster = ray.cluster_resources()
+        resources = plan(args, int(cluster.get("CPU", 1)), int(cluster.get("GPU", 0)))
+        output = prepare_out_dir(args.output)  # last: a failed start leaves no folder behind
+        if args.address is not None and args.address.startswith("ray://"):
+            # Ray Data cannot stream from a Ray Client driver: run the job as a task there.
+            summary = ray.get(ray.remote(num_cpus=0)(run_job).remote(
+                source, output, options, resources))
         else:
-            print(line, file=stream)
+            summary = run_job(source, output, options, resources)
+    finally:
+        if started:
+            ray.shutdown()
+    print(f"{output}: {summary.rows} images in {summary.shards} shard(s), {summary.errors} "
+          f"error(s); this run: {summary.new_rows} new, {summary.skipped} already there")
+    return 0
 
-    def __exit__(self, kind, exc, tb) -> bool:
-        if exc is None:
-            if self.output:
-                try:
-                    self.output.commit()
-                except CandleNNError as error:
-                    self._print_doc(error)
-                    raise
-            if not self.json:
-                for line in self._held:
-                    print(line)
-            self._print_doc()
-            ok, failed = len(self.results), len(self.errors)
-            if self.total > 1:
-                print(f"{self.total} images: {ok} ok, {failed} failed", file=sys.stderr)
-            self.exit_code = 0 if ok else 1
-            return False
-        if self.output:
-            self.output.abort()
-        if isinstance(exc, (CandleNNError, KeyboardInterrupt)):
-            self._print_doc(exc)
-        return False  # the error goes on to run_main: one `error: …` line
 
-    def _print_doc(self, fatal: BaseException | None = None) -> None:
-        if not self.json:
-            return
-        errors = list(self.errors)
-        if fatal is not None:
-            path = getattr(fatal, "path", None)
-            errors.append({"path": None if path is None else shown(path),
-                           "reason": getattr(fatal, "reason", None) or str(fatal) or "interrupted",
-                           "fatal": True})
-        doc = {**self.doc, "images": self.results, "errors": errors,
-               "summary": {"images": self.total, "ok": len(self.results),
-                           "failed": self.total - len(self.results)}}
-        print(json.dumps(doc, indent=2, ensure_ascii=True))
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point ``candle-nn-batch``."""
+    return run_main(_main, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,8 +1,9 @@
 """Pieces every model CLI shares: the input options, safe image loading, device parsing, the
 non-finite output check, and (re-exported from :mod:`candle_nn.cli`) the one-clear-line error
 handling (``error: …`` on stderr, exit status 1; 130 on Ctrl-C). Inputs are listed by
-:mod:`scripts.inputs`, runs over many images are driven by :mod:`scripts.batch`, and output files
-are written by :mod:`scripts.outputs`."""
+:mod:`scripts.inputs`, runs over many images are driven by :mod:`scripts.image_batch`, and output
+files are written by :mod:`scripts.outputs` (``candle-nn-batch``'s Parquet output folder by
+:func:`prepare_out_dir`)."""
 
 from __future__ import annotations
 
@@ -130,6 +131,18 @@ def _to_rgb(img) -> np.ndarray:
         grey = np.clip(np.rint(values), 0, 255).astype(np.uint8)
         return np.repeat(grey[..., None], 3, axis=2)
     return np.asarray(img.convert("RGB"), dtype=np.uint8).copy()
+
+
+def prepare_out_dir(path: "str | os.PathLike") -> Path:
+    """Create ``path`` if needed and check it is a writable folder (CandleNNError otherwise)."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CandleNNError(f"cannot create output folder {out}: {exc.strerror or exc}") from exc
+    if not out.is_dir() or not os.access(out, os.W_OK | os.X_OK):
+        raise CandleNNError(f"output folder {out} is not writable; pass another --out DIR")
+    return out
 
 
 def check_finite(values: np.ndarray, weights: "str | os.PathLike") -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from models.imagenet import class_names, preprocess
 from models.resnet import VARIANTS, ResNet, infer_variant
-from scripts.batch import Batch
+from scripts.image_batch import Batch
 from scripts.common import (add_device_argument, add_input_arguments, check_finite, load_rgb,
                             parse_device, run_main, shown)
 from scripts.common import compile_choice
@@ -71,17 +71,24 @@ def classify(model: ResNet, batch: Batch, paths: Sequence[Path], names: Sequence
         with batch.image(path):
             pending.append((path, preprocess(load_rgb(path, batch.args.max_pixels))))
         if len(pending) == batch_size or (n == len(paths) and pending):
-            with model.on_device():
-                probs = np.array(softmax(model(mx.array(np.stack([x for _, x in pending]))), axis=-1))
-            check_finite(probs, weights)
-            for (image, _), row in zip(pending, probs):
-                best = np.argsort(-row, kind="stable")[:top_k]
-                top = [{"index": int(i), "label": names[i], "probability": float(row[i])}
-                       for i in best]
-                batch.done({"image": shown(image), "top_k": top},  # candle's `label: 12.34%`
-                           [f"{shown(image)}:"] + [f"  {e['label']:24}: {100 * e['probability']:.2f}%"
-                                                  for e in top])
+            tops = top_k_probabilities(model, np.stack([x for _, x in pending]), top_k)
+            check_finite(np.array([p for top in tops for _, p in top]), weights)  # NaN logits
+            for (image, _), top in zip(pending, tops):
+                entries = [{"index": i, "label": names[i], "probability": prob} for i, prob in top]
+                batch.done({"image": shown(image), "top_k": entries},  # candle's `label: 12.34%`
+                           [f"{shown(image)}:"] + [f"  {names[i]:24}: {100 * prob:.2f}%"
+                                                  for i, prob in top])
             pending.clear()
+
+
+def top_k_probabilities(model: ResNet, batch: np.ndarray,
+                        top_k: int) -> list[list[tuple[int, float]]]:
+    """Top-k ``(class index, probability)`` per image of a preprocessed ``(N, 224, 224, 3)``
+    batch, best first (ties keep the lower index)."""
+    with model.on_device():
+        probs = np.array(softmax(model(mx.array(batch)), axis=-1))
+    return [[(int(i), float(row[i])) for i in np.argsort(-row, kind="stable")[:top_k]]
+            for row in probs]
 
 
 def _main(argv: Sequence[str] | None) -> int:

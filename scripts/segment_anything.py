@@ -28,7 +28,7 @@ from PIL import Image
 from candle_nn import CandleNNError, VarBuilder
 from models.segment_anything import Sam, SamPredictor
 from models.segment_anything.transforms import preprocess_shape
-from scripts.batch import Batch
+from scripts.image_batch import Batch
 from scripts.common import (ImageInputError, add_device_argument, add_input_arguments,
                             check_finite, load_rgb, parse_device, run_main, shown)
 from scripts.outputs import OutputFolder

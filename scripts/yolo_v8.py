@@ -49,7 +49,7 @@ from models.coco import COCO_SKELETON, coco_class_names
 from models.letterbox import letterbox
 from models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec, infer_spec, load_model
 from models.yolo_v8_post import Detection, crop_box, postprocess, yolo_label_lines
-from scripts.batch import Batch
+from scripts.image_batch import Batch
 from scripts.common import (add_device_argument, add_input_arguments, check_finite, load_rgb,
                             parse_device, run_main, shown)
 from scripts.outputs import OutputFolder
