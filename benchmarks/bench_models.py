@@ -203,11 +203,11 @@ def _registry() -> dict[str, BenchModel]:
                    _yolo_ours("n"), _yolo_torch("n"), ul),
         BenchModel("yolov8s", (640, 640), 4, None, "candle_nn_models.yolo_v8",
                    _yolo_ours("s"), _yolo_torch("s"), ul),
-        BenchModel("mobilesam-encoder", (1024, 1024), 2, "mobile_sam", "candle_nn_models.segment_anything",
-                   _sam_encoder_ours, _sam_encoder_torch, ul),
+        BenchModel("mobilesam-encoder", (1024, 1024), 2, "mobile_sam",
+                   "candle_nn_models.segment_anything", _sam_encoder_ours, _sam_encoder_torch, ul),
         # Prompt encoder + mask decoder on one image's embeddings; the batch is of point prompts.
-        BenchModel("mobilesam-decoder", (64, 64), 8, "mobile_sam", "candle_nn_models.segment_anything",
-                   _sam_decoder_ours, _sam_decoder_torch, ul, _sam_decoder_inputs),
+        BenchModel("mobilesam-decoder", (64, 64), 8, "mobile_sam",
+                   "candle_nn_models.segment_anything", _sam_decoder_ours, _sam_decoder_torch, ul, _sam_decoder_inputs),
     ]
     return {m.name: m for m in models}
 

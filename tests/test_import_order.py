@@ -31,7 +31,8 @@ def test_entry_modules_import_candle_nn_before_mlx(module):
 
 
 LAYERS = ("import {module}, json, sys; print(json.dumps(sorted(sys.modules)))")
-MODELS, WEIGHTS, SCRIPTS = "candle_nn_models", "candle_nn_models.weights", "candle_nn_models.scripts"
+MODELS = "candle_nn_models"
+WEIGHTS, SCRIPTS = f"{MODELS}.weights", f"{MODELS}.scripts"
 
 
 def _below(name: str, package: str) -> bool:
@@ -39,8 +40,8 @@ def _below(name: str, package: str) -> bool:
 
 
 @pytest.mark.parametrize("module, above", [("candle_nn.cli", (MODELS, WEIGHTS, SCRIPTS)),
-                                           ("candle_nn_models.segment_anything", (WEIGHTS, SCRIPTS)),
-                                           ("candle_nn_models.weights.cli", (SCRIPTS,))])
+                                           (f"{MODELS}.segment_anything", (WEIGHTS, SCRIPTS)),
+                                           (f"{WEIGHTS}.cli", (SCRIPTS,))])
 def test_imports_go_one_way_candle_nn_models_weights_scripts(module, above):
     proc = subprocess.run([sys.executable, "-c", LAYERS.format(module=module)],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)

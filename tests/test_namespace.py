@@ -78,7 +78,7 @@ def test_nothing_imports_the_old_top_level_names() -> None:
 
 
 def test_the_installed_package_never_imports_the_benchmark() -> None:
-    """benchmarks/ is a repository tool (python -m benchmarks): the wheel's code must not need it."""
+    """benchmarks/ is a repository tool (python -m benchmarks): installed code must not need it."""
     bad = []
     for folder in ("candle_nn", *OLD):
         for path in (ROOT / folder).rglob("*.py"):

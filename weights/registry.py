@@ -38,7 +38,8 @@ class Checkpoint:
     @property
     def tensors(self) -> int:
         """How many tensors our model reads from it (a file with fewer is truncated or the wrong
-        file), counted by building the model (:func:`candle_nn_models.weights.spec.tensor_count`)."""
+        file), counted by building the model
+        (:func:`candle_nn_models.weights.spec.tensor_count`)."""
         return tensor_count(self.model, self.variant)
 
     @property

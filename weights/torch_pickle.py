@@ -91,8 +91,8 @@ def _device(*args: Any) -> str:
 
 def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_: Any) -> np.ndarray:
     """torch's ``_rebuild_tensor[_v2]`` on a storage from
-    :mod:`candle_nn_models.weights.torch_archive`: the strided view it describes (bfloat16 widened to
-    float32), bounds-checked against the storage."""
+    :mod:`candle_nn_models.weights.torch_archive`: the strided view it describes (bfloat16 widened
+    to float32), bounds-checked against the storage."""
     if not (isinstance(storage, tuple) and len(storage) == 2
             and isinstance(storage[0], StorageType) and isinstance(storage[1], np.ndarray)):
         raise ConversionError(f"a tensor's storage is a {type(storage).__name__}, not a storage")
