@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from candle_nn import CandleNNError, Device, ImageError
+from candle_nn.cli import run_main  # noqa: F401  (re-exported: every CLI's entry wrapper)
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -121,6 +122,14 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true",
                         help="print the MLX version, devices, CPU BLAS and float32 precision "
                              "in use (to stderr)")
+    parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                        help="run the model under mx.compile (auto, the default: on GPUs, where "
+                             "it is faster; off on the CPU, where it is slower)")
+
+
+def compile_choice(choice: str) -> bool | None:
+    """``--compile`` as :meth:`candle_nn.Module.set_compiled`'s argument (``auto`` → ``None``)."""
+    return {"auto": None, "on": True, "off": False}[choice]
 
 
 def parse_device(spec: str | None, verbose: bool = False) -> Device:
@@ -131,16 +140,3 @@ def parse_device(spec: str | None, verbose: bool = False) -> Device:
 
         print(info(), file=sys.stderr)
     return Device.default() if spec is None else Device.parse(spec)
-
-
-def run_main(main: Callable[[Sequence[str] | None], int],
-             argv: Sequence[str] | None = None) -> int:
-    """Run a CLI body: library errors become one ``error: …`` line on stderr and exit status 1."""
-    try:
-        return int(main(argv) or 0)
-    except CandleNNError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
