@@ -57,8 +57,7 @@ def applies(dtype: mx.Dtype) -> bool:
 
 
 def _estrin(coeffs: tuple[float, ...], x: mx.array) -> mx.array:
-    """``sum(c_k x^k)`` by Estrin's scheme: graph depth ~2 log2(n) instead of Horner's 2n, so
-    ``mx.compile`` (which splits fused CPU kernels deeper than ~11 ops) keeps it in one loop."""
+    """``sum(c_k x^k)`` by Estrin's scheme (a graph ~2 log2(n) ops deep instead of Horner's 2n)."""
     terms: list[mx.array | float] = [c0 + c1 * x for c0, c1 in zip(coeffs[::2], coeffs[1::2])]
     if len(coeffs) % 2:
         terms.append(coeffs[-1])
@@ -93,10 +92,11 @@ def _gelu(x: mx.array, large: mx.array) -> mx.array:
     return x * mx.where(x * x < 2.0, small, large) * 0.5
 
 
-# Two compiled kernels, not one: MLX's CPU compiler splits a fused kernel with many inputs (each
-# polynomial coefficient is one) into pieces that are slower than ``mx.erf``; split by hand, the
-# two passes are ~4x faster than the plain GELU. Selects and signs are written the way that
-# measured fastest (``sign`` and one ``where``; nested ``where`` on bool masks was ~3x slower).
+# Two compiled functions, not one: as one compiled function (both polynomials and the select, any
+# degree tried) MLX's CPU fusion ran it ~3x slower than this split, no faster than ``mx.erf``;
+# split by hand, the two passes are ~3x faster than the plain GELU (16.7M elements). Selects and
+# signs are written the way that measured fastest (``sign`` and one ``where``; nested ``where``
+# on bool masks was ~3x slower).
 # Without a C++ compiler MLX runs compiled functions unfused: still right, just slower.
 _erfc_large_unit = mx.compile(lambda z: _erfc_large(z, 1.0))
 _erf_combine = mx.compile(_erf)
