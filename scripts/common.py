@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from candle_nn import CandleNNError, Device, ImageError
+from candle_nn.blas import warn_if_slow_cpu
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -112,7 +113,9 @@ def parse_device(spec: str | None, verbose: bool = False) -> Device:
         from candle_nn import info
 
         print(info(), file=sys.stderr)
-    return Device.default() if spec is None else Device.parse(spec)
+    device = Device.default() if spec is None else Device.parse(spec)
+    warn_if_slow_cpu(device)
+    return device
 
 
 def run_main(main: Callable[[Sequence[str] | None], int],
