@@ -10,6 +10,10 @@ from __future__ import annotations
 from . import precision as _precision
 
 _precision.configure_from_env()
+# ... and kernels launched the way that is fastest for inference on CUDA (see cuda_launch.py).
+from . import cuda_launch as _cuda_launch  # noqa: E402
+
+_cuda_launch.configure_from_env()
 
 # Before anything imports MLX: an optimized CPU BLAS instead of MLX's bundled reference one on
 # Linux (see blas.py; CANDLE_NN_BLAS=off opts out). candle_nn.info() reports what is in use.
@@ -24,6 +28,7 @@ from .activation import (  # noqa: E402
 )
 from .attention import scaled_dot_product_attention  # noqa: E402
 from .batch_norm import BatchNorm2d, batch_norm  # noqa: E402
+from .checkpoint import save_safetensors, state_dict  # noqa: E402
 from .conv import (  # noqa: E402
     Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, conv2d, conv2d_no_bias,
     conv_transpose2d,
@@ -35,13 +40,16 @@ from .errors import (  # noqa: E402
     MissingTensorError, ShapeMismatchError, WeightsFileError,
 )
 from .init import Init  # noqa: E402
+from .inputs import check_image_batch, model_dtype  # noqa: E402
 from .layer_norm import LayerNorm, LayerNorm2d, LayerNormConfig, layer_norm, rms_norm  # noqa: E402
 from .linear import Linear, linear, linear_b, linear_no_bias  # noqa: E402
 from .module import Module, Sequential, check_same_device, seq  # noqa: E402
 from .pooling import AvgPool2d, MaxPool2d, avg_pool2d, max_pool2d  # noqa: E402
 from .precision import float32_precision, set_float32_precision  # noqa: E402
 from .upsample import upsample_bilinear2d, upsample_nearest2d  # noqa: E402
-from .var_builder import TensorSource, VarBuilder  # noqa: E402
+from .var_builder import (  # noqa: E402
+    TensorSource, VarBuilder, check_weights_path, open_safetensors, read_tensor,
+)
 from .var_map import VarMap  # noqa: E402
 
 __version__ = "0.1.0"
@@ -53,9 +61,10 @@ __all__ = [
     "LayerNorm", "LayerNorm2d", "LayerNormConfig", "Linear", "MaxPool2d", "MissingTensorError",
     "Module", "Sequential", "ShapeMismatchError", "TensorSource", "VarBuilder", "VarMap",
     "WeightsFileError",
-    "avg_pool2d", "batch_norm", "check_same_device", "conv2d", "conv2d_no_bias",
-    "conv_transpose2d", "embedding", "float32_precision", "gelu", "gelu_tanh", "info", "layer_norm",
-    "linear", "linear_b", "linear_no_bias", "max_pool2d", "relu", "rms_norm",
+    "avg_pool2d", "batch_norm", "check_image_batch", "check_same_device", "check_weights_path",
+    "conv2d", "conv2d_no_bias", "conv_transpose2d", "embedding", "float32_precision", "gelu",
+    "gelu_tanh", "info", "layer_norm", "linear", "linear_b", "linear_no_bias", "max_pool2d",
+    "model_dtype", "open_safetensors", "read_tensor", "relu", "rms_norm", "save_safetensors",
     "scaled_dot_product_attention", "seq", "set_float32_precision", "sigmoid", "silu",
-    "softmax", "upsample_bilinear2d", "upsample_nearest2d",
+    "softmax", "state_dict", "upsample_bilinear2d", "upsample_nearest2d",
 ]

@@ -5,15 +5,23 @@ model built for the CPU runs on the CPU whatever MLX's default device is at call
 child module of another device raises :class:`DeviceMismatchError` at construction time, so a
 model can never silently straddle two devices. Stateless modules (pooling, activations) may have
 ``device=None``: they run on the stream of whatever module calls them.
+
+Threads: once a module is built (its outermost constructor has returned) its arrays are evaluated
+in the building thread, and each call runs on the calling thread's stream of the module's device
+(:attr:`Device.stream`), so a model can be called from any thread, several at a time. MLX's rule
+still applies to what you hand it: evaluate inputs (``mx.eval(x)``) and changed parameters before
+another thread uses them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Callable, Iterable
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from .device import Device
 from .errors import DeviceMismatchError
@@ -44,7 +52,27 @@ def _device_of(value: Any) -> Device | None:
     return None
 
 
-class Module(nn.Module):
+_building = threading.local()
+
+
+class _EvaluatedWhenBuilt(type(nn.Module)):  # type: ignore[misc]
+    """Evaluates a module's arrays when its outermost constructor returns: a pending MLX
+    computation can only run in the thread that created it, so weights left lazy by the building
+    thread (casts, layout transposes) would fail in any other thread."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        depth = getattr(_building, "depth", 0)
+        _building.depth = depth + 1
+        try:
+            module = super().__call__(*args, **kwargs)
+        finally:
+            _building.depth = depth
+        if depth == 0:
+            mx.eval([v for _, v in tree_flatten(module) if isinstance(v, mx.array)])
+        return module
+
+
+class Module(nn.Module, metaclass=_EvaluatedWhenBuilt):
     """Base class of candle_nn layers and models.
 
     Args:
@@ -54,11 +82,26 @@ class Module(nn.Module):
 
     def __init__(self, device: Device | None = None) -> None:
         object.__setattr__(self, "_device", device)
+        object.__setattr__(self, "_weights_prefix", None)
         super().__init__()
 
     @property
     def device(self) -> Device | None:
         return self._device
+
+    @property
+    def weights_prefix(self) -> str | None:
+        """The VarBuilder prefix this module's tensors were read under (set by the layers'
+        ``load``), which ``candle_nn.save_safetensors`` writes them back under; ``None``: unknown
+        (its parent's prefix and attribute path are used)."""
+        return self._weights_prefix
+
+    def loaded_from(self, vb: Any) -> "Module":
+        """Record that this module's tensors came from ``vb`` (its prefix; a VarMap-backed ``vb``
+        also remembers the module, see ``VarMap.save``). Returns ``self``."""
+        object.__setattr__(self, "_weights_prefix", vb.prefix)
+        vb.track(self)
+        return self
 
     def __setattr__(self, key: str, value: Any) -> None:
         if not key.startswith("_"):
@@ -78,8 +121,43 @@ class Module(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.__dict__.get("_compile") and not kwargs:
+            return self._compiled_forward()(*args)
         with self.on_device():
             return self.forward(*args, **kwargs)
+
+    def set_compiled(self, enabled: bool | None = None) -> "Module":
+        """Run calls of this module under ``mx.compile`` (or not); returns self.
+
+        The compiled path is the fast one for inference on GPUs: elementwise chains (bias, SiLU,
+        residual adds) fuse into single kernels and each forward launches fewer of them (ResNet-50
+        float16 on an H100: 109 kernels instead of 178). ``enabled=None`` compiles on GPUs only:
+        on the CPU, MLX builds C++ on the first call of each input shape and runs slower. Weights
+        are traced as constants, so compile after loading and switch it off (``False``) to train
+        or change them; :meth:`to` switches it off. Each thread traces its own compiled forward
+        (on its own stream); calls with keyword arguments run uncompiled.
+        """
+        if enabled is None:
+            enabled = self._device is not None and self._device.kind == "gpu"
+        object.__setattr__(self, "_compile", bool(enabled))
+        object.__setattr__(self, "_compiled", threading.local())
+        return self
+
+    @property
+    def compiled(self) -> bool:
+        """Whether calls run under ``mx.compile`` (see :meth:`set_compiled`)."""
+        return bool(self.__dict__.get("_compile"))
+
+    def _compiled_forward(self) -> Callable[..., Any]:
+        local = self.__dict__["_compiled"]
+        fn = getattr(local, "forward", None)
+        if fn is None:
+            def eager(*args: Any) -> Any:
+                with self.on_device():
+                    return self.forward(*args)
+
+            fn = local.forward = mx.compile(eager)
+        return fn
 
     def on_device(self) -> contextlib.AbstractContextManager:
         """Context manager running MLX ops on this module's stream (a no-op when stateless)."""
@@ -89,6 +167,7 @@ class Module(nn.Module):
         """Move this module and every candle_nn child to ``device`` (in place; returns self)."""
         device = Device.parse(device)
         mx.eval(self.parameters())  # finish pending work on the old stream
+        object.__setattr__(self, "_compile", False)  # traced on the old device's streams
         for _, module in self.named_modules():
             if isinstance(module, Module) and module._device is not None:
                 object.__setattr__(module, "_device", device)

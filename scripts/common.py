@@ -14,6 +14,7 @@ import numpy as np
 
 from candle_nn import CandleNNError, Device, ImageError
 from candle_nn.blas import warn_if_slow_cpu
+from candle_nn.cli import run_main  # noqa: F401  (re-exported: every CLI's entry wrapper)
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -86,6 +87,24 @@ def save_image_atomic(image, path: "str | os.PathLike") -> Path:
     return path
 
 
+def save_text_atomic(text: str, path: "str | os.PathLike") -> Path:
+    """Write ``text`` (UTF-8) so that ``path`` is either complete or absent, never half-written."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if isinstance(exc, OSError):
+            raise CandleNNError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        raise
+    return path
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -104,6 +123,14 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true",
                         help="print the MLX version, devices, CPU BLAS and float32 precision "
                              "in use (to stderr)")
+    parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                        help="run the model under mx.compile (auto, the default: on GPUs, where "
+                             "it is faster; off on the CPU, where it is slower)")
+
+
+def compile_choice(choice: str) -> bool | None:
+    """``--compile`` as :meth:`candle_nn.Module.set_compiled`'s argument (``auto`` → ``None``)."""
+    return {"auto": None, "on": True, "off": False}[choice]
 
 
 def parse_device(spec: str | None, verbose: bool = False) -> Device:
@@ -116,16 +143,3 @@ def parse_device(spec: str | None, verbose: bool = False) -> Device:
     device = Device.default() if spec is None else Device.parse(spec)
     warn_if_slow_cpu(device)
     return device
-
-
-def run_main(main: Callable[[Sequence[str] | None], int],
-             argv: Sequence[str] | None = None) -> int:
-    """Run a CLI body: library errors become one ``error: …`` line on stderr and exit status 1."""
-    try:
-        return int(main(argv) or 0)
-    except CandleNNError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130

@@ -26,6 +26,7 @@ from models.imagenet import class_names, preprocess
 from models.resnet import VARIANTS, ResNet, infer_variant
 from scripts.common import (add_device_argument, collect_images, load_rgb, parse_device,
                             run_main)
+from scripts.common import compile_choice
 from weights.metadata import WeightsMetadata
 from weights.registry import resolve_weights
 
@@ -73,14 +74,20 @@ def classify(model: ResNet, images: Sequence[Path], top_k: int,
               disable=True if len(images) < 2 else None) as bar:
         for start in range(0, len(images), batch_size):
             chunk = images[start:start + batch_size]
-            batch = mx.array(np.stack([preprocess(load_rgb(p)) for p in chunk]))
-            with model.on_device():
-                probs = np.array(softmax(model(batch), axis=-1))
-            for row in probs:
-                best = np.argsort(-row, kind="stable")[:top_k]
-                results.append([(int(i), float(row[i])) for i in best])
+            results.extend(top_k_probabilities(
+                model, np.stack([preprocess(load_rgb(p)) for p in chunk]), top_k))
             bar.update(len(chunk))
     return results
+
+
+def top_k_probabilities(model: ResNet, batch: np.ndarray,
+                        top_k: int) -> list[list[tuple[int, float]]]:
+    """Top-k ``(class index, probability)`` per image of a preprocessed ``(N, 224, 224, 3)``
+    batch, best first (ties keep the lower index)."""
+    with model.on_device():
+        probs = np.array(softmax(model(mx.array(batch)), axis=-1))
+    return [[(int(i), float(row[i])) for i in np.argsort(-row, kind="stable")[:top_k]]
+            for row in probs]
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -89,6 +96,7 @@ def _main(argv: Sequence[str] | None) -> int:
         raise CandleNNError("--top-k and --batch-size must be at least 1")
     images = collect_images(args.image)
     model, names = load_classifier(args.weights, args.variant, parse_device(args.device, args.verbose))
+    model.set_compiled(compile_choice(args.compile))
     results = classify(model, images, min(args.top_k, len(names)), args.batch_size)
     if args.json:
         print(json.dumps({"model": model.variant, "images": [

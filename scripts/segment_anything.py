@@ -26,6 +26,7 @@ from candle_nn import CandleNNError, VarBuilder
 from models.segment_anything import Sam, SamPredictor
 from scripts.common import (add_device_argument, load_rgb, parse_device, prepare_out_dir,
                             run_main, save_image_atomic)
+from scripts.common import compile_choice
 from weights.registry import resolve_weights
 
 TINT = np.array([30, 144, 255], dtype=np.float32)  # mask colour in the overlay
@@ -161,6 +162,7 @@ def _main(argv: Sequence[str] | None) -> int:
     weights = resolve_weights(registry_model, args.model, args.weights)
     vb = VarBuilder.from_safetensors(weights, device=device)
     sam = Sam.load_tiny(vb) if args.model == "tiny" else Sam.load_vit(vb, args.model)
+    sam.image_encoder.set_compiled(compile_choice(args.compile))
     out_dir = prepare_out_dir(args.out)
 
     predictor = SamPredictor(sam)
