@@ -12,15 +12,17 @@ path                        MLX CPU limitation it works around
                             ``kH * kW`` shifted multiply-adds fused by ``mx.compile``)
 :func:`silu_f32`            ``exp``/``sigmoid`` are scalar libm calls (~15-25 ns/element); a
                             polynomial exp fused by ``mx.compile`` is ~4x faster, 2.2 ulp
+``cpu_fast_gelu.gelu_f32``  ``erf`` is a scalar call (MobileSAM's encoder: GELU was about half
+                            the CPU time); erf from multiply-adds only, see cpu_fast_gelu.py
 ==========================  ======================================================================
 
-Tried and not kept: an exact-erf GELU from Cephes' erf/erfc polynomials and :func:`exp_f32`
-(within 1.1e-6 relative of float64 for x > -3, where MLX's ``erf`` formula is off by up to 2.2e-4)
-was ~2x *slower* than ``mx.erf``: ``mx.compile`` splits it into ~30 CPU kernels at every
-float/int bit cast (``view``), each a full pass over the tensor.
+``mx.compile`` on the CPU fuses short chains only and stops at float/int bit casts (``view``):
+a polynomial exp-based exact GELU tried here ran as ~30 kernels and was ~2x slower than
+``mx.erf``, which is why cpu_fast_gelu.py avoids ``exp`` and bit casts.
 
 Without a C++ compiler MLX runs compiled functions unfused: still right, just slower.
-Parity of each path with the plain MLX op (and float64) is tested in tests/test_cpu_fast.py.
+Parity of each path with the plain MLX op (and float64) is tested in tests/test_cpu_fast.py and
+tests/test_cpu_fast_gelu.py.
 """
 
 from __future__ import annotations

@@ -1,14 +1,17 @@
 """``candle-segment-anything``: segment an object in an image with MobileSAM from point/box prompts.
 
-    candle-segment-anything --image bike.jpg --point 0.6,0.55 [--point X,Y ...] [--neg-point X,Y]
-                            [--box X1,Y1,X2,Y2] [--multimask] [--model tiny|vit_b|vit_l|vit_h]
-                            [--weights FILE] [--device cpu] [--out DIR]
+    candle-segment-anything --image bike.jpg [DIR 'photos/*.jpg' - ...] --point 0.6,0.55
+                            [--point X,Y ...] [--neg-point X,Y] [--box X1,Y1,X2,Y2] [--multimask]
+                            [--model tiny|vit_b|vit_l|vit_h] [--weights FILE] [--device cpu]
+                            [--out DIR] [--recursive] [--strict] [--max-pixels N] [--json]
 
 Coordinates: each value in ``[0, 1]`` is a fraction of the image width (x) or height (y), as in
 candle's example; larger values are pixels. Writes ``<stem>_mask.png`` (the best mask, white on
 black) and ``<stem>_overlay.png`` (the image with the mask tinted and the prompts drawn) into
-``--out`` and prints the predicted IoU of each mask. Prompts are checked before the model is
-loaded: a bad prompt costs no encoder run and writes nothing.
+``--out`` and prints the predicted IoU of each mask. Every image gets the same prompts (fractions
+suit images of different sizes). A malformed prompt is refused before the model is loaded; a
+prompt outside one image skips that image before its encoder run. Each image's two files are
+written together or not at all.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ from PIL import Image
 
 from candle_nn import CandleNNError, VarBuilder
 from models.segment_anything import Sam, SamPredictor
-from scripts.common import (add_device_argument, load_rgb, parse_device, prepare_out_dir,
-                            run_main, save_image_atomic)
+from models.segment_anything.transforms import preprocess_shape
+from scripts.image_batch import Batch
+from scripts.common import (ImageInputError, add_device_argument, add_input_arguments,
+                            check_finite, load_rgb, parse_device, run_main, shown)
+from scripts.outputs import OutputFolder
 from scripts.common import compile_choice
 from weights.registry import resolve_weights
 
@@ -107,6 +113,18 @@ def parse_prompts(points: Sequence[str], neg_points: Sequence[str], box: str | N
     return prompts
 
 
+def check_prompt_syntax(points: Sequence[str], neg_points: Sequence[str], box: str | None) -> None:
+    """PromptError for a malformed or missing prompt (ranges are checked per image)."""
+    for option, texts in (("--point", points), ("--neg-point", neg_points)):
+        for text in texts:
+            parse_values(text, 2, option)
+    if box is not None:
+        parse_values(box, 4, "--box")
+    if not points and not neg_points and box is None:
+        raise PromptError("no prompt given: pass --point X,Y (repeatable), --neg-point X,Y "
+                          "and/or --box X1,Y1,X2,Y2")
+
+
 def overlay_image(rgb: np.ndarray, mask: np.ndarray, prompts: Prompts):
     """The image with ``mask`` tinted and the prompts drawn (positive green, negative red)."""
     from PIL import ImageDraw
@@ -131,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Segment the object at the given points / box with MobileSAM (TinyViT) "
                     "or SAM.",
         epilog="Coordinates in [0, 1] are fractions of the width/height; larger values are pixels.")
-    parser.add_argument("--image", required=True, help="the image file to segment")
+    add_input_arguments(parser, what="masks' scores and files")
     parser.add_argument("--point", action="append", default=[], metavar="X,Y",
                         help="a foreground point (repeatable)")
     parser.add_argument("--neg-point", action="append", default=[], metavar="X,Y",
@@ -154,39 +172,61 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    rgb = load_rgb(args.image)
+    check_prompt_syntax(args.point, args.neg_point, args.box)  # before any image or model
+    with Batch(args) as batch:
+        paths = batch.start()
+        if paths:
+            device = parse_device(args.device, args.verbose)
+            registry_model = "mobile_sam" if args.model == "tiny" else "sam"
+            weights = resolve_weights(registry_model, args.model, args.weights)
+            vb = VarBuilder.from_safetensors(weights, device=device)
+            sam = Sam.load_tiny(vb) if args.model == "tiny" else Sam.load_vit(vb, args.model)
+            sam.image_encoder.set_compiled(compile_choice(args.compile))
+            batch.doc["model"] = args.model
+            batch.output = OutputFolder(args.out)
+            predictor = SamPredictor(sam)
+            for path in batch.progress(paths):
+                with batch.image(path, errors=(PromptError,)):
+                    _segment(path, args, predictor, batch, weights)
+    return batch.exit_code
+
+
+def _segment(path: Path, args: argparse.Namespace, predictor: SamPredictor, batch: Batch,
+             weights: Path) -> None:
+    rgb = load_rgb(path, args.max_pixels)
     height, width = rgb.shape[:2]
     prompts = parse_prompts(args.point, args.neg_point, args.box, height, width)
-    device = parse_device(args.device, args.verbose)
-    registry_model = "mobile_sam" if args.model == "tiny" else "sam"
-    weights = resolve_weights(registry_model, args.model, args.weights)
-    vb = VarBuilder.from_safetensors(weights, device=device)
-    sam = Sam.load_tiny(vb) if args.model == "tiny" else Sam.load_vit(vb, args.model)
-    sam.image_encoder.set_compiled(compile_choice(args.compile))
-    out_dir = prepare_out_dir(args.out)
-
-    predictor = SamPredictor(sam)
+    side = predictor.model.image_size
+    if min(preprocess_shape(height, width, side)) < 1:
+        raise ImageInputError(path, f"{width}x{height} is too elongated: SAM scales the longer "
+                                    f"side to {side} px, which leaves the shorter one under 1 px "
+                                    f"(the aspect ratio can be at most {2 * side}:1)")
     predictor.set_image(rgb)
-    masks, scores, _ = predictor.predict(
+    masks, scores, low_res = predictor.predict(
         point_coords=np.array(prompts.points, dtype=np.float32) if prompts.points else None,
         point_labels=np.array(prompts.labels, dtype=np.int32) if prompts.points else None,
         box=np.array(prompts.box, dtype=np.float32) if prompts.box is not None else None,
         multimask_output=args.multimask)
+    check_finite(np.asarray(scores), weights)
+    check_finite(np.asarray(low_res), weights)
 
     best = int(np.argmax(scores))
-    stem = Path(args.image).stem
-    mask_path = save_image_atomic(Image.fromarray(masks[best].astype(np.uint8) * 255),
-                                  out_dir / f"{stem}_mask.png")
-    overlay_path = save_image_atomic(overlay_image(rgb, masks[best], prompts),
-                                     out_dir / f"{stem}_overlay.png")
-    print(f"{args.image}: {width}x{height}, {prompts.describe()}")
+    stem = path.stem
+    mask_path = batch.output.save_image(Image.fromarray(masks[best].astype(np.uint8) * 255),
+                                        f"{stem}_mask.png")
+    overlay_path = batch.output.save_image(overlay_image(rgb, masks[best], prompts),
+                                           f"{stem}_overlay.png")
+    lines = [f"{shown(path)}: {width}x{height}, {prompts.describe()}"]
+    entries = []
     for i, score in enumerate(scores):
         area = int(masks[i].sum())
-        print(f"mask {i}: iou {score:.4f}, {area} pixels ({100.0 * area / masks[i].size:.1f}%)"
-              + ("  <- best" if i == best and len(scores) > 1 else ""))
-    print(f"wrote {mask_path}")
-    print(f"wrote {overlay_path}")
-    return 0
+        entries.append({"iou": float(score), "area": area, "best": i == best})
+        lines.append(f"mask {i}: iou {score:.4f}, {area} pixels "
+                     f"({100.0 * area / masks[i].size:.1f}%)"
+                     + ("  <- best" if i == best and len(scores) > 1 else ""))
+    lines += [f"wrote {shown(mask_path)}", f"wrote {shown(overlay_path)}"]
+    batch.done({"image": shown(path), "width": width, "height": height, "masks": entries,
+                "mask": shown(mask_path), "overlay": shown(overlay_path)}, lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

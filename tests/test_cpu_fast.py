@@ -3,6 +3,7 @@ one switch turns them all off, and they are never taken off the CPU."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -48,6 +49,8 @@ def test_switch_off_gives_the_plain_ops(fast_off) -> None:
         assert not cpu_fast.applies()
         x = mx.array(np.linspace(-20, 20, 1001, dtype=np.float32))
         assert mx.array_equal(cn.silu(x), x * mx.sigmoid(x)).item()
+        plain_gelu = x * (1.0 + mx.erf(x / math.sqrt(2.0))) * 0.5  # the same switch for GELU
+        assert mx.array_equal(cn.gelu(x), plain_gelu).item()
 
 
 def test_silu_matches_the_plain_op() -> None:
