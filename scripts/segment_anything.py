@@ -1,19 +1,28 @@
-"""``candle-segment-anything``: segment an object in an image with MobileSAM from point/box prompts.
+"""``candle-segment-anything``: segment an object in an image with MobileSAM from point/box prompts,
+or everything in it.
 
     candle-segment-anything --image bike.jpg --point 0.6,0.55 [--point X,Y ...] [--neg-point X,Y]
-                            [--box X1,Y1,X2,Y2] [--multimask] [--model tiny|vit_b|vit_l|vit_h]
-                            [--weights FILE] [--device cpu] [--out DIR]
+                            [--box X1,Y1,X2,Y2] [--multimask] [--threshold X]
+                            [--save-embedding FILE | --embedding FILE]
+                            [--model tiny|vit_b|vit_l|vit_h] [--weights FILE] [--device cpu]
+                            [--out DIR] [--json]
+    candle-segment-anything --image bike.jpg --everything [--points-per-side 32 ...]
 
 Coordinates: each value in ``[0, 1]`` is a fraction of the image width (x) or height (y), as in
 candle's example; larger values are pixels. Writes ``<stem>_mask.png`` (the best mask, white on
-black) and ``<stem>_overlay.png`` (the image with the mask tinted and the prompts drawn) into
-``--out`` and prints the predicted IoU of each mask. Prompts are checked before the model is
-loaded: a bad prompt costs no encoder run and writes nothing.
+black; with ``--multimask`` also ``<stem>_mask_<i>.png`` for each of the three candidates),
+``<stem>_overlay.png`` (the image with each mask in its own colour and the prompts drawn) and
+``<stem>_masks.json`` (prompts, scores, boxes, masks as COCO RLE) into ``--out``, and prints the
+predicted IoU of each mask (``--json``: the JSON document instead). ``--everything``: see
+``scripts/sam_everything.py``. Prompts are checked before the model is loaded: a bad prompt costs
+no encoder run and writes nothing. ``--save-embedding`` / ``--embedding`` keep the image encoder's
+output in a safetensors file, so prompting the same image again skips the encoder.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +33,13 @@ from PIL import Image
 
 from candle_nn import CandleNNError, VarBuilder
 from models.segment_anything import Sam, SamPredictor
+from models.segment_anything.embedding_file import load_image_embedding, save_image_embedding
 from scripts.common import (add_device_argument, load_rgb, parse_device, prepare_out_dir,
                             run_main, save_image_atomic)
+from scripts.sam_everything import add_everything_arguments, make_generator, segment_everything
+from scripts.sam_outputs import mask_json, overlay_masks, save_json_atomic
 from weights.registry import resolve_weights
 
-TINT = np.array([30, 144, 255], dtype=np.float32)  # mask colour in the overlay
 POSITIVE, NEGATIVE, BOX = (0, 220, 0), (230, 0, 0), (255, 200, 0)
 MODELS = ("tiny", "vit_b", "vit_l", "vit_h")
 
@@ -102,19 +113,18 @@ def parse_prompts(points: Sequence[str], neg_points: Sequence[str], box: str | N
         prompts.box = (x1, y1, x2, y2)
     if not prompts.points and prompts.box is None:
         raise PromptError("no prompt given: pass --point X,Y (repeatable), --neg-point X,Y "
-                          "and/or --box X1,Y1,X2,Y2")
+                          "and/or --box X1,Y1,X2,Y2, or --everything")
     return prompts
 
 
-def overlay_image(rgb: np.ndarray, mask: np.ndarray, prompts: Prompts):
-    """The image with ``mask`` tinted and the prompts drawn (positive green, negative red)."""
+def overlay_image(rgb: np.ndarray, masks: Sequence[np.ndarray], prompts: Prompts):
+    """The image with each mask in its own colour and the prompts drawn (positive green,
+    negative red, the box yellow)."""
     from PIL import ImageDraw
 
-    out = rgb.astype(np.float32)
-    out[mask] = 0.45 * out[mask] + 0.55 * TINT
-    image = Image.fromarray(out.round().astype(np.uint8))
+    image = overlay_masks(rgb, masks)
     draw = ImageDraw.Draw(image)
-    h, w = mask.shape
+    h, w = rgb.shape[:2]
     r = max(3, round(min(h, w) / 120))
     if prompts.box is not None:
         draw.rectangle(prompts.box, outline=BOX, width=max(2, r // 2))
@@ -127,8 +137,8 @@ def overlay_image(rgb: np.ndarray, mask: np.ndarray, prompts: Prompts):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="candle-segment-anything",
-        description="Segment the object at the given points / box with MobileSAM (TinyViT) "
-                    "or SAM.",
+        description="Segment the object at the given points / box, or everything in the image "
+                    "(--everything), with MobileSAM (TinyViT) or SAM.",
         epilog="Coordinates in [0, 1] are fractions of the width/height; larger values are pixels.")
     parser.add_argument("--image", required=True, help="the image file to segment")
     parser.add_argument("--point", action="append", default=[], metavar="X,Y",
@@ -138,7 +148,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--box", default=None, metavar="X1,Y1,X2,Y2",
                         help="a box around the object (top-left, bottom-right)")
     parser.add_argument("--multimask", action="store_true",
-                        help="predict SAM's three candidate masks and keep the best-scored one")
+                        help="predict SAM's three candidate masks and save each "
+                             "(<stem>_mask_<i>.png); <stem>_mask.png is the best-scored one")
+    parser.add_argument("--threshold", type=_finite, default=0.0, metavar="X",
+                        help="mask logit threshold: a pixel is in the mask when its logit is "
+                             "above X (default 0.0, SAM's; higher gives tighter masks)")
+    cache = parser.add_mutually_exclusive_group()
+    cache.add_argument("--save-embedding", default=None, metavar="FILE",
+                       help="also save the image encoder's output to FILE (safetensors)")
+    cache.add_argument("--embedding", default=None, metavar="FILE",
+                       help="use the encoder output saved with --save-embedding for this image "
+                            "(no encoder run)")
     parser.add_argument("--model", default="tiny", choices=MODELS,
                         help="tiny: MobileSAM's TinyViT-5M (default); vit_b/vit_l/vit_h: the "
                              "original SAM's ViT encoder")
@@ -148,43 +168,107 @@ def build_parser() -> argparse.ArgumentParser:
                              "mobile_sam-tiny-vitt.safetensors, sam_vit_b_01ec64.safetensors)")
     add_device_argument(parser)
     parser.add_argument("--out", default=".", help="output folder (default: the current folder)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON document (prompts, scores, boxes, masks as COCO "
+                             "RLE, files written) instead of text")
+    add_everything_arguments(parser)
     return parser
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def check_mode(args: argparse.Namespace) -> None:
+    """PromptError for options that do not go together."""
+    if args.everything:
+        given = [o for o, v in (("--point", args.point), ("--neg-point", args.neg_point),
+                                ("--box", args.box), ("--multimask", args.multimask),
+                                ("--embedding", args.embedding),
+                                ("--save-embedding", args.save_embedding)) if v]
+        if given:
+            raise PromptError(f"--everything makes its own prompts: drop {', '.join(given)}")
 
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    check_mode(args)
     rgb = load_rgb(args.image)
     height, width = rgb.shape[:2]
-    prompts = parse_prompts(args.point, args.neg_point, args.box, height, width)
+    prompts = None if args.everything else parse_prompts(args.point, args.neg_point, args.box,
+                                                         height, width)
     device = parse_device(args.device, args.verbose)
     registry_model = "mobile_sam" if args.model == "tiny" else "sam"
     weights = resolve_weights(registry_model, args.model, args.weights)
     vb = VarBuilder.from_safetensors(weights, device=device)
     sam = Sam.load_tiny(vb) if args.model == "tiny" else Sam.load_vit(vb, args.model)
+    sam.mask_threshold = args.threshold
     out_dir = prepare_out_dir(args.out)
 
+    if args.everything:
+        doc, lines = segment_everything(Path(args.image), rgb, make_generator(sam, args), out_dir)
+    else:
+        doc, lines = _segment_prompts(Path(args.image), rgb, prompts, sam, args, out_dir)
+    print(json.dumps(doc) if args.json else "\n".join(lines))
+    return 0
+
+
+def _segment_prompts(path: Path, rgb: np.ndarray, prompts: Prompts, sam: Sam,
+                     args: argparse.Namespace, out_dir: Path) -> tuple[dict, list[str]]:
+    """Masks for the prompts; writes the mask PNG(s), the overlay and the JSON records."""
     predictor = SamPredictor(sam)
-    predictor.set_image(rgb)
-    masks, scores, _ = predictor.predict(
+    if args.embedding:
+        load_image_embedding(predictor, args.embedding, args.model, rgb)
+    else:
+        predictor.set_image(rgb)
+        if args.save_embedding:
+            save_image_embedding(predictor, args.save_embedding, args.model, rgb)
+    logits, scores, _ = predictor.predict(
         point_coords=np.array(prompts.points, dtype=np.float32) if prompts.points else None,
         point_labels=np.array(prompts.labels, dtype=np.int32) if prompts.points else None,
         box=np.array(prompts.box, dtype=np.float32) if prompts.box is not None else None,
-        multimask_output=args.multimask)
+        multimask_output=args.multimask, return_logits=True)
+    masks = logits > args.threshold
 
     best = int(np.argmax(scores))
-    stem = Path(args.image).stem
-    mask_path = save_image_atomic(Image.fromarray(masks[best].astype(np.uint8) * 255),
-                                  out_dir / f"{stem}_mask.png")
-    overlay_path = save_image_atomic(overlay_image(rgb, masks[best], prompts),
-                                     out_dir / f"{stem}_overlay.png")
-    print(f"{args.image}: {width}x{height}, {prompts.describe()}")
-    for i, score in enumerate(scores):
-        area = int(masks[i].sum())
-        print(f"mask {i}: iou {score:.4f}, {area} pixels ({100.0 * area / masks[i].size:.1f}%)"
-              + ("  <- best" if i == best and len(scores) > 1 else ""))
-    print(f"wrote {mask_path}")
-    print(f"wrote {overlay_path}")
-    return 0
+    stem = path.stem
+    files = {"mask": save_image_atomic(_mask_png(masks[best]), out_dir / f"{stem}_mask.png")}
+    if len(masks) > 1:
+        for i, mask in enumerate(masks):
+            files[f"mask_{i}"] = save_image_atomic(_mask_png(mask), out_dir / f"{stem}_mask_{i}.png")
+    shown = [masks[i] for i in range(len(masks))] if len(masks) > 1 else [masks[best]]
+    files["overlay"] = save_image_atomic(overlay_image(rgb, shown, prompts),
+                                         out_dir / f"{stem}_overlay.png")
+    records = [{**mask_json(mask), "predicted_iou": float(score), "best": i == best}
+               for i, (mask, score) in enumerate(zip(masks, scores))]
+    doc = {"image": str(path), "width": rgb.shape[1], "height": rgb.shape[0], "mode": "prompts",
+           "prompts": {"points": [list(p) for p in prompts.points], "labels": prompts.labels,
+                       "box": list(prompts.box) if prompts.box is not None else None},
+           "threshold": args.threshold, "masks": records}
+    files["json"] = save_json_atomic(doc, out_dir / f"{stem}_masks.json")
+    if args.save_embedding:
+        files["embedding"] = Path(args.save_embedding)
+    doc["files"] = {k: str(v) for k, v in files.items()}
+
+    lines = [f"{path}: {rgb.shape[1]}x{rgb.shape[0]}, {prompts.describe()}"
+             + (f", embedding from {args.embedding}" if args.embedding else "")]
+    for i, record in enumerate(records):
+        area = record["area"]
+        lines.append(f"mask {i}: iou {record['predicted_iou']:.4f}, {area} pixels "
+                     f"({100.0 * area / masks[i].size:.1f}%)"
+                     + ("  <- best" if i == best and len(scores) > 1 else ""))
+    lines += [f"wrote {v}" for v in files.values()]
+    return doc, lines
+
+
+def _mask_png(mask: np.ndarray) -> Image.Image:
+    return Image.fromarray(mask.astype(np.uint8) * 255)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,7 +12,10 @@ imported, the stand-ins below take their place: the timm names behave as timm's 
 and ``batched_nms`` is a line-by-line transcription of torchvision's CPU NMS kernel
 (``torchvision/csrc/ops/cpu/nms_kernel.cpp``: sort by score, descending; drop boxes whose IoU
 with a kept box is ``> iou_threshold``; IoU in the boxes' dtype) plus ``batched_nms``'s
-coordinate trick for categories. Everything else — grids, crops, thresholds, stability score,
+coordinate trick for categories. That NMS replaces the generator's ``batched_nms`` even where
+torchvision imports, for one reason: equal scores (every mask of a crop has the same score in
+the NMS across crops) must be visited in a defined order — input order, as ours does — where
+torchvision leaves it to torch's unstable sort. Everything else — grids, crops, thresholds, stability score,
 RLEs, OpenCV's connected components, pycocotools — is MobileSAM's own code.
 """
 
@@ -54,14 +57,16 @@ def _stand_in_timm() -> None:
 
 
 def _nms(boxes, scores, iou_threshold: float):
-    """torchvision's CPU ``nms`` kernel, transcribed."""
+    """torchvision's CPU ``nms`` kernel, transcribed, with a stable sort: equal scores are visited
+    in input order (torch's default CPU sort, which the kernel calls, is not stable beyond 16
+    elements, so torchvision leaves their order to the sort's internals)."""
     import torch
 
     if boxes.numel() == 0:
         return torch.empty(0, dtype=torch.long)
     x1, y1, x2, y2 = boxes.unbind(1)
     areas = (x2 - x1) * (y2 - y1)
-    order = scores.sort(0, descending=True)[1]
+    order = scores.sort(dim=0, descending=True, stable=True)[1]
     suppressed = torch.zeros(len(boxes), dtype=torch.bool)
     keep = []
     for _i in range(len(order)):
@@ -78,17 +83,20 @@ def _nms(boxes, scores, iou_threshold: float):
     return torch.tensor(keep, dtype=torch.long)
 
 
-def _stand_in_torchvision_boxes() -> None:
+def batched_nms(boxes, scores, idxs, iou_threshold: float):
+    """torchvision's ``batched_nms`` (the coordinate trick: boxes of other categories never
+    overlap) over :func:`_nms`."""
     import torch
 
+    if boxes.numel() == 0:
+        return torch.empty((0,), dtype=torch.int64)
+    offsets = idxs.to(boxes) * (boxes.max() + torch.tensor(1).to(boxes))
+    return _nms(boxes + offsets[:, None], scores, iou_threshold)
+
+
+def _stand_in_torchvision_boxes() -> None:
     def box_area(boxes):
         return (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-
-    def batched_nms(boxes, scores, idxs, iou_threshold: float):
-        if boxes.numel() == 0:
-            return torch.empty((0,), dtype=torch.int64)
-        offsets = idxs.to(boxes) * (boxes.max() + torch.tensor(1).to(boxes))
-        return _nms(boxes + offsets[:, None], scores, iou_threshold)
 
     def to_pil_image(image):  # MobileSAM passes (H, W, 3) uint8 arrays
         from PIL import Image
@@ -132,7 +140,11 @@ def import_mobile_sam() -> tuple[types.ModuleType, list[str]]:
             del sys.modules[name]
         _stand_in_timm()
         stand_ins.append("timm")
-    return importlib.import_module("mobile_sam"), stand_ins
+    module = importlib.import_module("mobile_sam")
+    # Always the stable-tie NMS: the masks of one crop all share one score in the NMS across
+    # crops, and their order must not depend on a sort's internals.
+    importlib.import_module("mobile_sam.automatic_mask_generator").batched_nms = batched_nms
+    return module, stand_ins
 
 
 def build_reference_sam(weights: Path):

@@ -24,8 +24,8 @@ def stand_in_outputs(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     k = np.arange(3, dtype=np.float64)[None, :, None, None]  # (1, 3, 1, 1)
     gx, gy = GRID[None, None, None, :], GRID[None, None, :, None]
     phase = x / 97.0 + y / 61.0
-    radius = 70.0 + 55.0 * k + 45.0 * np.sin(phase + 1.7 * k)
-    slope = 2.5 + 2.0 * np.cos(0.8 * phase - k)
+    radius = 100.0 + 35.0 * k + 45.0 * np.sin(phase + 1.7 * k)
+    slope = 1.5 + 1.2 * np.cos(0.8 * phase - k)
     disc = (radius - np.hypot(gx - x, gy - y)) / slope
     # An island beside the disc and a hole inside it, of varying size.
     ix, iy = x + (radius + 40.0) * np.cos(phase), y + (radius + 40.0) * np.sin(phase)
@@ -33,7 +33,7 @@ def stand_in_outputs(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     hx, hy = x + 0.4 * radius * np.sin(phase), y + 0.4 * radius * np.cos(phase)
     hole = (np.hypot(gx - hx, gy - hy) - (9.0 + 7.0 * np.cos(3.0 * phase - k))) / slope
     logits = np.maximum(np.minimum(disc, hole), island)
-    iou = 0.81 + 0.19 * np.sin(1.3 * phase[:, :, 0, 0] + 2.1 * k[:, :, 0, 0])
+    iou = 0.81 + 0.19 * np.sin(1.3 * phase[:, :, 0, 0] + 0.6 * k[:, :, 0, 0])
     return logits.astype(np.float32), iou.astype(np.float32)
 
 
