@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -33,7 +34,8 @@ from PIL import Image
 
 from candle_nn import CandleNNError, VarBuilder
 from models.segment_anything import Sam, SamPredictor
-from models.segment_anything.embedding_file import load_image_embedding, save_image_embedding
+from models.segment_anything.embedding_file import (ImageEmbedding, read_image_embedding,
+                                                    save_image_embedding)
 from scripts.common import (add_device_argument, load_rgb, parse_device, prepare_out_dir,
                             run_main, save_image_atomic)
 from scripts.sam_everything import add_everything_arguments, make_generator, segment_everything
@@ -185,6 +187,16 @@ def _finite(text: str) -> float:
     return value
 
 
+def check_writable_file(path: str, option: str) -> None:
+    """CandleNNError unless ``path`` can be created in an existing, writable folder."""
+    file = Path(path)
+    folder = file.parent
+    if file.is_dir():
+        raise CandleNNError(f"{option} {path}: is a folder; name a file, e.g. image.safetensors")
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise CandleNNError(f"{option} {path}: folder {folder} does not exist or is not writable")
+
+
 def check_mode(args: argparse.Namespace) -> None:
     """PromptError for options that do not go together."""
     if args.everything:
@@ -203,6 +215,9 @@ def _main(argv: Sequence[str] | None) -> int:
     height, width = rgb.shape[:2]
     prompts = None if args.everything else parse_prompts(args.point, args.neg_point, args.box,
                                                          height, width)
+    embedding = read_image_embedding(args.embedding, args.model, rgb) if args.embedding else None
+    if args.save_embedding:
+        check_writable_file(args.save_embedding, "--save-embedding")
     device = parse_device(args.device, args.verbose)
     registry_model = "mobile_sam" if args.model == "tiny" else "sam"
     weights = resolve_weights(registry_model, args.model, args.weights)
@@ -214,17 +229,19 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.everything:
         doc, lines = segment_everything(Path(args.image), rgb, make_generator(sam, args), out_dir)
     else:
-        doc, lines = _segment_prompts(Path(args.image), rgb, prompts, sam, args, out_dir)
+        doc, lines = _segment_prompts(Path(args.image), rgb, prompts, sam, embedding, args,
+                                      out_dir)
     print(json.dumps(doc) if args.json else "\n".join(lines))
     return 0
 
 
 def _segment_prompts(path: Path, rgb: np.ndarray, prompts: Prompts, sam: Sam,
-                     args: argparse.Namespace, out_dir: Path) -> tuple[dict, list[str]]:
+                     embedding: ImageEmbedding | None, args: argparse.Namespace,
+                     out_dir: Path) -> tuple[dict, list[str]]:
     """Masks for the prompts; writes the mask PNG(s), the overlay and the JSON records."""
     predictor = SamPredictor(sam)
-    if args.embedding:
-        load_image_embedding(predictor, args.embedding, args.model, rgb)
+    if embedding is not None:
+        embedding.apply(predictor)
     else:
         predictor.set_image(rgb)
         if args.save_embedding:

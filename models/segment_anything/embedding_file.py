@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -19,8 +20,10 @@ import numpy as np
 from candle_nn import CandleNNError
 
 from .predictor import SamPredictor
+from .sam import IMAGE_EMBEDDING_SIZE, PROMPT_EMBED_DIM
 
 FORMAT = "candle_nn.sam_image_embedding.v1"
+EMBEDDING_SHAPE = (1, IMAGE_EMBEDDING_SIZE, IMAGE_EMBEDDING_SIZE, PROMPT_EMBED_DIM)
 
 
 class EmbeddingFileError(CandleNNError):
@@ -64,10 +67,24 @@ def save_image_embedding(predictor: SamPredictor, path: "str | os.PathLike", mod
     return path
 
 
-def load_image_embedding(predictor: SamPredictor, path: "str | os.PathLike", model: str,
-                         rgb: np.ndarray) -> None:
-    """Set the predictor's image from an embedding file made by :func:`save_image_embedding`
-    for this ``model`` and this very image (EmbeddingFileError otherwise); no encoder run."""
+@dataclass(frozen=True)
+class ImageEmbedding:
+    """An image's encoder output and the sizes the predictor needs with it."""
+
+    features: np.ndarray  # (1, 64, 64, 256) float32 NHWC
+    original_size: tuple[int, int]
+    input_size: tuple[int, int]
+
+    def apply(self, predictor: SamPredictor) -> None:
+        """Make this the predictor's current image (no encoder run)."""
+        predictor.set_image_embedding(mx.array(self.features), self.original_size,
+                                      self.input_size)
+
+
+def read_image_embedding(path: "str | os.PathLike", model: str,
+                         rgb: np.ndarray) -> ImageEmbedding:
+    """The embedding in a file made by :func:`save_image_embedding` for this ``model`` and this
+    very image; EmbeddingFileError otherwise (checked before any model is loaded)."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
@@ -83,19 +100,20 @@ def load_image_embedding(predictor: SamPredictor, path: "str | os.PathLike", mod
             embedding = fh.get_tensor("image_embeddings")
     except (SafetensorError, OSError, ValueError) as exc:
         raise EmbeddingFileError(f"{path} is not a readable safetensors file ({exc})") from exc
-    if metadata["model"] != model:
-        raise EmbeddingFileError(f"{path} was made by the {metadata['model']!r} model, not "
-                                 f"{model!r}: pass --model {metadata['model']} or make a new one")
-    if metadata["image_sha256"] != image_digest(rgb):
+    if metadata.get("model") != model:
+        raise EmbeddingFileError(f"{path} was made by the {metadata.get('model')!r} model, not "
+                                 f"{model!r}: pass --model {metadata.get('model')} or make a new "
+                                 "one")
+    if metadata.get("image_sha256") != image_digest(rgb):
         raise EmbeddingFileError(f"{path} is the embedding of another image (its pixels differ): "
                                  "make one for this image with --save-embedding FILE")
-    expected = tuple(predictor.model.get_dense_pe().shape)
-    if embedding.shape != expected or embedding.dtype != np.float32:
+    if embedding.shape != EMBEDDING_SHAPE or embedding.dtype != np.float32:
         raise EmbeddingFileError(f"{path} holds a {embedding.dtype} {embedding.shape} embedding; "
-                                 f"this model needs float32 {expected}")
-    original = tuple(int(v) for v in metadata["original_size"].split("x"))
-    predictor.reset_image()
-    predictor.features = mx.array(embedding)
-    predictor.original_size = original
-    predictor.input_size = tuple(int(v) for v in metadata["input_size"].split("x"))
-    predictor.is_image_set = True
+                                 f"SAM's is float32 {EMBEDDING_SHAPE}")
+    return ImageEmbedding(embedding, _size(metadata["original_size"]),
+                          _size(metadata["input_size"]))
+
+
+def _size(text: str) -> tuple[int, int]:
+    h, w = (int(v) for v in text.split("x"))
+    return h, w
