@@ -24,6 +24,7 @@ from .activation import (  # noqa: E402
 )
 from .attention import scaled_dot_product_attention  # noqa: E402
 from .batch_norm import BatchNorm2d, batch_norm  # noqa: E402
+from .checkpoint import save_safetensors, state_dict  # noqa: E402
 from .conv import (  # noqa: E402
     Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, conv2d, conv2d_no_bias,
     conv_transpose2d,
@@ -35,6 +36,7 @@ from .errors import (  # noqa: E402
     MissingTensorError, ShapeMismatchError, WeightsFileError,
 )
 from .init import Init  # noqa: E402
+from .inputs import check_image_batch, model_dtype  # noqa: E402
 from .layer_norm import LayerNorm, LayerNorm2d, LayerNormConfig, layer_norm, rms_norm  # noqa: E402
 from .linear import Linear, linear, linear_b, linear_no_bias  # noqa: E402
 from .module import Module, Sequential, check_same_device, seq  # noqa: E402
@@ -53,9 +55,9 @@ __all__ = [
     "LayerNorm", "LayerNorm2d", "LayerNormConfig", "Linear", "MaxPool2d", "MissingTensorError",
     "Module", "Sequential", "ShapeMismatchError", "TensorSource", "VarBuilder", "VarMap",
     "WeightsFileError",
-    "avg_pool2d", "batch_norm", "check_same_device", "conv2d", "conv2d_no_bias",
+    "avg_pool2d", "batch_norm", "check_image_batch", "check_same_device", "conv2d", "conv2d_no_bias",
     "conv_transpose2d", "embedding", "float32_precision", "gelu", "gelu_tanh", "info", "layer_norm",
-    "linear", "linear_b", "linear_no_bias", "max_pool2d", "relu", "rms_norm",
+    "linear", "linear_b", "linear_no_bias", "max_pool2d", "model_dtype", "relu", "rms_norm", "save_safetensors",
     "scaled_dot_product_attention", "seq", "set_float32_precision", "sigmoid", "silu",
-    "softmax", "upsample_bilinear2d", "upsample_nearest2d",
+    "softmax", "state_dict", "upsample_bilinear2d", "upsample_nearest2d",
 ]

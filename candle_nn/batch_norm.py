@@ -36,7 +36,12 @@ class BatchNorm2d(Module):
         shape = (num_features,)
         return cls(vb.get(shape, "running_mean", ZEROS), vb.get(shape, "running_var", ONES),
                    vb.get(shape, "weight", ONES), vb.get(shape, "bias", ZEROS), eps,
-                   device=vb.device)
+                   device=vb.device).loaded_from(vb)
+
+    def candle_tensors(self, prefix: str) -> dict[str, mx.array]:
+        """``running_mean``, ``running_var``, ``weight``, ``bias`` ``(C,)`` under ``prefix``."""
+        names = ("running_mean", "running_var", "weight", "bias")
+        return {f"{prefix}.{k}": self[k] for k in names}
 
     def scale_shift(self) -> tuple[mx.array, mx.array]:
         """Per-channel ``(scale, shift)`` with ``bn(x) == x * scale + shift``, computed in float32."""

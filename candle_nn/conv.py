@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from .checkpoint import check_conv_layout
 from .device import Device
 from .errors import ShapeMismatchError
 from .init import DEFAULT_KAIMING_NORMAL, Init
@@ -74,6 +75,8 @@ class Conv2d(Module):
                 f"by groups={config.groups}"
             )
         shape = (out_channels, in_channels // config.groups, kh, kw)
+        check_conv_layout(vb, "weight", shape, (out_channels, kh, kw, shape[1]),
+                          "(O, I/groups, kH, kW)")
         weight = vb.get(shape, "weight", DEFAULT_KAIMING_NORMAL)
         b = None
         if bias:
@@ -81,7 +84,34 @@ class Conv2d(Module):
             b = vb.get((out_channels,), "bias", Init.uniform(-bound, bound))
         with mx.stream(vb.device.stream):
             weight = mx.contiguous(weight.transpose(0, 2, 3, 1))
-        return cls(weight, b, config, device=vb.device)
+        return cls(weight, b, config, device=vb.device).loaded_from(vb)
+
+    def candle_tensors(self, prefix: str) -> dict[str, mx.array]:
+        """``weight`` ``(O, I/groups, kH, kW)`` and ``bias`` under ``prefix``; a conv with a
+        folded BatchNorm adds that BatchNorm as an identity carrying the shift (see
+        ``candle_nn.checkpoint``)."""
+        out = {f"{prefix}.weight": mx.contiguous(self.weight.transpose(0, 3, 1, 2))}
+        folded = self._folded_bn
+        if folded is None:
+            if "bias" in self:
+                out[f"{prefix}.bias"] = self.bias
+            return out
+        bn_prefix, eps, conv_had_bias = folded
+        n, dtype = self.out_channels, self.bias.dtype
+        zeros = mx.zeros((n,), dtype=dtype)
+        if conv_had_bias:
+            out[f"{prefix}.bias"] = self.bias
+        out.update({f"{bn_prefix}.running_mean": zeros,
+                    # float32(1 - eps) + eps == 1 exactly, so the BatchNorm's scale is exactly 1
+                    f"{bn_prefix}.running_var": mx.full((n,), 1.0 - mx.array(eps), dtype=dtype),
+                    f"{bn_prefix}.weight": mx.ones((n,), dtype=dtype),
+                    f"{bn_prefix}.bias": zeros if conv_had_bias else self.bias})
+        return out
+
+    @property
+    def _folded_bn(self) -> "tuple[str, float, bool] | None":
+        """``(BatchNorm prefix, eps, conv had a bias)`` when a BatchNorm was folded in."""
+        return self.__dict__.get("_folded_bn_info")
 
     @property
     def out_channels(self) -> int:
@@ -120,7 +150,14 @@ class Conv2d(Module):
             weight = self.weight * scale.reshape(-1, 1, 1, 1).astype(self.weight.dtype)
             bias = self.bias * scale + shift if "bias" in self else shift
             bias = bias.astype(self.weight.dtype)
-        return Conv2d(weight, bias, self.config, device=self.device)
+        folded = Conv2d(weight, bias, self.config, device=self.device)
+        if self.weights_prefix is not None and bn.weights_prefix is not None:
+            object.__setattr__(folded, "_weights_prefix", self.weights_prefix)
+            object.__setattr__(folded, "_folded_bn_info",
+                               (bn.weights_prefix, bn.eps, "bias" in self))
+        for vm in self.__dict__.get("_varmaps", ()):
+            vm.track(folded)
+        return folded
 
 
 @functools.lru_cache(maxsize=None)
@@ -192,6 +229,8 @@ class ConvTranspose2d(Module):
              bias: bool = True) -> "ConvTranspose2d":
         """Read ``weight`` ``(I, O, kH, kW)`` (PyTorch layout) and ``bias`` from ``vb``."""
         kh, kw = _pair(kernel_size)
+        check_conv_layout(vb, "weight", (in_channels, out_channels, kh, kw),
+                          (out_channels, kh, kw, in_channels), "(I, O, kH, kW)")
         weight = vb.get((in_channels, out_channels, kh, kw), "weight", DEFAULT_KAIMING_NORMAL)
         b = None
         if bias:
@@ -199,7 +238,14 @@ class ConvTranspose2d(Module):
             b = vb.get((out_channels,), "bias", Init.uniform(-bound, bound))
         with mx.stream(vb.device.stream):
             weight = mx.contiguous(weight.transpose(1, 2, 3, 0))
-        return cls(weight, b, config, device=vb.device)
+        return cls(weight, b, config, device=vb.device).loaded_from(vb)
+
+    def candle_tensors(self, prefix: str) -> dict[str, mx.array]:
+        """``weight`` ``(I, O, kH, kW)`` and ``bias`` under ``prefix``."""
+        out = {f"{prefix}.weight": mx.contiguous(self.weight.transpose(3, 0, 1, 2))}
+        if "bias" in self:
+            out[f"{prefix}.bias"] = self.bias
+        return out
 
     def forward(self, x: mx.array) -> mx.array:
         c = self.config

@@ -4,6 +4,12 @@ A :class:`Device` names an MLX device (``cpu`` or ``gpu:N``) and owns the MLX st
 on. Requests for the same device return the *same* object (``Device.cpu() is Device.parse("cpu")``)
 and equality is by kind and index, so devices can be compared and used as dict keys.
 
+Threads: a Device is shared by every thread, and its :attr:`Device.stream` is per thread (MLX
+streams belong to the thread that made them), so a model built in one thread can be called from any
+other, or from several at once. A model's arrays are evaluated when it has been built (see
+:class:`~candle_nn.module.Module`); inputs handed to another thread must be evaluated too
+(``mx.eval(x)``), because a pending MLX computation can only run in the thread that created it.
+
 On Apple silicon ``gpu`` is Metal; on Linux with ``mlx[cuda]`` it is CUDA; with ``mlx[cpu]`` there
 is no GPU and asking for one raises :class:`~candle_nn.errors.DeviceUnavailableError`.
 """
@@ -31,7 +37,10 @@ def _gpu_count() -> int:
 
 
 class Device:
-    """An MLX device and its stream.
+    """An MLX device and its streams (one per thread: see :attr:`stream`).
+
+    Thread-safe: one Device object serves every thread, and models of this device can be called
+    from any thread, several at once.
 
     Create devices with :meth:`cpu`, :meth:`gpu`, :meth:`parse` or :meth:`default`; the
     constructor is the same as :meth:`parse`'s parts and is interned.
@@ -43,7 +52,7 @@ class Device:
 
     _interned: ClassVar[dict[tuple[str, int], "Device"]] = {}
     _lock: ClassVar[threading.Lock] = threading.Lock()
-    __slots__ = ("kind", "index", "_stream")
+    __slots__ = ("kind", "index", "_streams")
 
     def __new__(cls, kind: str, index: int = 0) -> "Device":
         kind = _ALIASES.get(kind, kind)
@@ -69,7 +78,7 @@ class Device:
             self = object.__new__(cls)
             object.__setattr__(self, "kind", kind)
             object.__setattr__(self, "index", index)
-            object.__setattr__(self, "_stream", None)
+            object.__setattr__(self, "_streams", threading.local())
             cls._interned[(kind, index)] = self
             return self
 
@@ -118,10 +127,18 @@ class Device:
 
     @property
     def stream(self) -> mx.Stream:
-        """The MLX stream every op of this device's modules runs on (created once)."""
-        if self._stream is None:
-            object.__setattr__(self, "_stream", mx.default_stream(self.mx_device))
-        return self._stream
+        """The calling thread's MLX stream for this device: every op of this device's modules
+        runs on it. An MLX stream works only in the thread that made it, so there is one per
+        (thread, device), made on the thread's first use and the same object afterwards: the
+        main thread's is the device's default stream, every other thread gets a new one."""
+        stream = getattr(self._streams, "stream", None)
+        if stream is None:
+            if threading.current_thread() is threading.main_thread():
+                stream = mx.default_stream(self.mx_device)
+            else:
+                stream = mx.new_stream(self.mx_device)
+            self._streams.stream = stream
+        return stream
 
     # -- value semantics ----------------------------------------------------------------------
     def __eq__(self, other: object) -> bool:

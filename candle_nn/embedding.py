@@ -20,7 +20,12 @@ class Embedding(Module):
     @classmethod
     def load(cls, vb: VarBuilder, num_embeddings: int, dim: int) -> "Embedding":
         """Read ``weight`` ``(num_embeddings, dim)``; fresh tables are Normal(0, 1)."""
-        return cls(vb.get((num_embeddings, dim), "weight", Init.normal(0.0, 1.0)), device=vb.device)
+        weight = vb.get((num_embeddings, dim), "weight", Init.normal(0.0, 1.0))
+        return cls(weight, device=vb.device).loaded_from(vb)
+
+    def candle_tensors(self, prefix: str) -> dict[str, mx.array]:
+        """``weight`` ``(num_embeddings, dim)`` under ``prefix``."""
+        return {f"{prefix}.weight": self.weight}
 
     @property
     def embeddings(self) -> mx.array:

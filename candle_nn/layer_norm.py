@@ -47,7 +47,11 @@ class LayerNorm(Module):
             config = LayerNormConfig(eps=float(config))
         weight = vb.get((size,), "weight", ONES) if config.affine else None
         bias = vb.get((size,), "bias", ZEROS) if config.affine and config.remove_mean else None
-        return cls(weight, bias, config, device=vb.device)
+        return cls(weight, bias, config, device=vb.device).loaded_from(vb)
+
+    def candle_tensors(self, prefix: str) -> dict[str, mx.array]:
+        """``weight`` and ``bias`` ``(D,)`` (those it has) under ``prefix``."""
+        return {f"{prefix}.{k}": self[k] for k in ("weight", "bias") if k in self}
 
     def forward(self, x: mx.array) -> mx.array:
         w = self.get("weight")

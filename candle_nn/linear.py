@@ -36,7 +36,14 @@ class Linear(Module):
         bound = 1.0 / math.sqrt(in_features)
         weight = vb.get((out_features, in_features), "weight", Init.uniform(-bound, bound))
         b = vb.get((out_features,), "bias", Init.uniform(-bound, bound)) if bias else None
-        return cls(weight, b, device=vb.device)
+        return cls(weight, b, device=vb.device).loaded_from(vb)
+
+    def candle_tensors(self, prefix: str) -> dict[str, mx.array]:
+        """``weight`` ``(out, in)`` and ``bias`` under ``prefix`` (see ``candle_nn.checkpoint``)."""
+        out = {f"{prefix}.weight": self.weight}
+        if "bias" in self:
+            out[f"{prefix}.bias"] = self.bias
+        return out
 
     @property
     def in_features(self) -> int:

@@ -5,15 +5,23 @@ model built for the CPU runs on the CPU whatever MLX's default device is at call
 child module of another device raises :class:`DeviceMismatchError` at construction time, so a
 model can never silently straddle two devices. Stateless modules (pooling, activations) may have
 ``device=None``: they run on the stream of whatever module calls them.
+
+Threads: once a module is built (its outermost constructor has returned) its arrays are evaluated
+in the building thread, and each call runs on the calling thread's stream of the module's device
+(:attr:`Device.stream`), so a model can be called from any thread, several at a time. MLX's rule
+still applies to what you hand it: evaluate inputs (``mx.eval(x)``) and changed parameters before
+another thread uses them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Callable, Iterable
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from .device import Device
 from .errors import DeviceMismatchError
@@ -44,7 +52,27 @@ def _device_of(value: Any) -> Device | None:
     return None
 
 
-class Module(nn.Module):
+_building = threading.local()
+
+
+class _EvaluatedWhenBuilt(type(nn.Module)):  # type: ignore[misc]
+    """Evaluates a module's arrays when its outermost constructor returns: a pending MLX
+    computation can only run in the thread that created it, so weights left lazy by the building
+    thread (casts, layout transposes) would fail in any other thread."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        depth = getattr(_building, "depth", 0)
+        _building.depth = depth + 1
+        try:
+            module = super().__call__(*args, **kwargs)
+        finally:
+            _building.depth = depth
+        if depth == 0:
+            mx.eval([v for _, v in tree_flatten(module) if isinstance(v, mx.array)])
+        return module
+
+
+class Module(nn.Module, metaclass=_EvaluatedWhenBuilt):
     """Base class of candle_nn layers and models.
 
     Args:
@@ -54,11 +82,26 @@ class Module(nn.Module):
 
     def __init__(self, device: Device | None = None) -> None:
         object.__setattr__(self, "_device", device)
+        object.__setattr__(self, "_weights_prefix", None)
         super().__init__()
 
     @property
     def device(self) -> Device | None:
         return self._device
+
+    @property
+    def weights_prefix(self) -> str | None:
+        """The VarBuilder prefix this module's tensors were read under (set by the layers'
+        ``load``), which ``candle_nn.save_safetensors`` writes them back under; ``None``: unknown
+        (its parent's prefix and attribute path are used)."""
+        return self._weights_prefix
+
+    def loaded_from(self, vb: Any) -> "Module":
+        """Record that this module's tensors came from ``vb`` (its prefix; a VarMap-backed ``vb``
+        also remembers the module, see ``VarMap.save``). Returns ``self``."""
+        object.__setattr__(self, "_weights_prefix", vb.prefix)
+        vb.track(self)
+        return self
 
     def __setattr__(self, key: str, value: Any) -> None:
         if not key.startswith("_"):

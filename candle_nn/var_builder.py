@@ -6,9 +6,10 @@ prefix. ``vb.pp("layer1").pp(0).get((64, 64, 3, 3), "conv1.weight")`` asks for
 ``layer1.0.conv1.weight`` and checks its shape. Tensors come in candle/PyTorch layout (conv
 ``(O, I, kH, kW)``, linear ``(out, in)``); converting to MLX layouts is the layers' job.
 
-Every tensor returned lives on ``vb.device`` in ``vb.dtype`` (floating tensors are cast on that
-device's stream; integer tensors keep their dtype). Safetensors files are opened lazily and
-memory-mapped: only the tensors a model asks for are read.
+Every tensor returned lives on ``vb.device`` in ``vb.dtype`` (cast on that device's stream);
+a weight stored as an integer or boolean type is a DTypeError naming it and its file (index
+buffers are read with ``vb.get(..., integer=True)`` and keep their dtype). Safetensors files
+are opened lazily and memory-mapped: only the tensors a model asks for are read.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import difflib
 import functools
 import json
 import os
+import stat
 import struct
 from typing import Any, Iterable, Mapping, Sequence
 
 import mlx.core as mx
 import numpy as np
 
+from .checkpoint import LAYOUT_KEY
 from .device import Device, as_device
 from .errors import DTypeError, MissingTensorError, ShapeMismatchError, WeightsFileError
 from .init import DEFAULT_KAIMING_NORMAL, ZEROS, Init
@@ -31,6 +34,10 @@ from .var_map import VarMap
 _FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 _DTYPE_NAMES = {"float32": mx.float32, "f32": mx.float32, "float16": mx.float16,
                 "f16": mx.float16, "bfloat16": mx.bfloat16, "bf16": mx.bfloat16}
+
+
+def _dtype_name(dtype: mx.Dtype) -> str:
+    return str(dtype).removeprefix("mlx.core.")
 
 
 def as_dtype(dtype: "mx.Dtype | str") -> mx.Dtype:
@@ -44,19 +51,50 @@ def as_dtype(dtype: "mx.Dtype | str") -> mx.Dtype:
     return dtype
 
 
-def open_safetensors(path: str) -> Any:
+_FILE_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_NOT_FOUND_HINT = (". Pass the path of a .safetensors file (see `candle-nn-weights list` for "
+                   "known checkpoints).")
+
+
+def check_weights_path(path: "str | os.PathLike", what: str = "weights file") -> str:
+    """``path`` as a str when it names a regular file this process may read; else a
+    WeightsFileError that says what it is instead (missing, a directory, a FIFO — which would
+    block a reader forever —, a device such as /dev/null, a socket, unreadable)."""
+    path = os.fspath(path)
+    hint = _NOT_FOUND_HINT if what == "weights file" else ""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise WeightsFileError(f"{what} not found: {path}{hint}") from None
+    except PermissionError:
+        raise WeightsFileError(
+            f"permission denied: cannot reach {what} {path} (a folder on the way is not "
+            "searchable by this user)") from None
+    except OSError as exc:
+        raise WeightsFileError(f"cannot open {what} {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise WeightsFileError(f"{what} {path} is a directory, not a file")
+    for is_kind, kind in _FILE_KINDS:
+        if is_kind(info.st_mode):
+            raise WeightsFileError(f"{what} {path} is {kind}, not a regular file")
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError:
+        raise WeightsFileError(
+            f"permission denied reading {what} {path}: this user may not read it (chmod +r?)"
+        ) from None
+    except OSError as exc:
+        raise WeightsFileError(f"cannot open {what} {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def open_safetensors(path: "str | os.PathLike") -> Any:
     """Open a safetensors file lazily (memory-mapped); malformed files raise WeightsFileError."""
     from safetensors import safe_open
 
-    if not os.path.exists(path):
-        raise WeightsFileError(
-            f"weights file not found: {path}. Pass the path of a .safetensors file "
-            "(see `candle-nn-weights list` for known checkpoints)."
-        )
-    if os.path.isdir(path):
-        raise WeightsFileError(f"weights path is a directory, not a .safetensors file: {path}")
-    if not os.path.isfile(path):  # a FIFO would block safe_open forever, a device is no file
-        raise WeightsFileError(f"weights path is not a regular file: {path}")
+    path = check_weights_path(path)
     try:
         return safe_open(path, framework="mlx")
     except Exception as exc:  # the Rust parser's errors have no common Python base
@@ -73,6 +111,21 @@ def _header(path: str, inode: int, mtime_ns: int, size: int) -> tuple[int, dict[
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         return 8 + n, json.loads(f.read(n))
+
+
+@functools.lru_cache(maxsize=16)
+def _mlx_writer(path: str, inode: int, mtime_ns: int, size: int) -> bool:
+    """Whether MLX's writer made this safetensors file: it writes ``"__metadata__":null`` and each
+    entry's keys sorted (``data_offsets`` first); the safetensors library (candle, PyTorch's
+    converters) writes ``dtype`` first and no null metadata."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        raw = f.read(n)
+    if b'"__metadata__":null' in raw:
+        return True
+    entries = json.loads(raw, object_pairs_hook=lambda pairs: pairs)
+    keys = [pairs for name, pairs in entries if name != "__metadata__" and isinstance(pairs, list)]
+    return bool(keys) and keys[0][0][0] == "data_offsets"
 
 
 def _read_bfloat16(path: str, name: str) -> mx.array:
@@ -122,6 +175,10 @@ class TensorSource:
 
     metadata: dict[str, str] = {}
 
+    def written_by_mlx(self, path: str) -> bool:
+        """Whether tensor ``path`` comes from a file that MLX wrote (so may be in MLX's layout)."""
+        return False
+
     def missing(self, path: str) -> MissingTensorError:
         names = self.names()
         close = difflib.get_close_matches(path, names, n=3, cutoff=0.5)
@@ -167,6 +224,15 @@ class _SafetensorsSource(TensorSource):
 
     def describe(self) -> str:
         return ", ".join(self.paths)
+
+    def written_by_mlx(self, path: str) -> bool:
+        if path not in self._file_of:
+            return False
+        file = self._file_of[path]
+        if (self._where[path].metadata() or {}).get(LAYOUT_KEY) == "candle":
+            return False
+        stat = os.stat(file)
+        return _mlx_writer(file, stat.st_ino, stat.st_mtime_ns, stat.st_size)
 
 
 class _TensorsSource(TensorSource):
@@ -315,18 +381,30 @@ class VarBuilder:
         """The stored shape of ``prefix.name`` without reading the tensor."""
         return self._source.shape(self.path(name))
 
+    def written_by_mlx(self, name: str) -> bool:
+        """Whether ``prefix.name`` comes from a file written by MLX without candle_nn's layout
+        marker (conv weights there may be in MLX's layout; see ``checkpoint.check_conv_layout``)."""
+        return self._source.written_by_mlx(self.path(name))
+
+    def track(self, module: Any) -> None:
+        """Let a VarMap source remember ``module`` (built from its variables) for ``VarMap.save``."""
+        if isinstance(self._source, _VarMapSource):
+            self._source.varmap.track(module)
+
     def accessed(self) -> set[str]:
         """Full names of every tensor read so far through this builder or its ``pp`` children."""
         return set(self._accessed)
 
     # -- reading ------------------------------------------------------------------------------
     def get(self, shape: "Sequence[int] | int | None", name: str,
-            init: Init | None = None) -> mx.array:
+            init: Init | None = None, *, integer: bool = False) -> mx.array:
         """Tensor ``prefix.name``, checked against ``shape`` (``None``: any shape; an int ``n``
         means ``(n,)``, as candle's ``vb.get(n, "bias")``).
 
         ``init`` is used only by VarMap-backed builders to create a missing variable.
-        Raises MissingTensorError / ShapeMismatchError.
+        Weights are floating point: a tensor stored as an integer or boolean type is a
+        DTypeError, unless ``integer=True`` asks for such a tensor (an index buffer), which then
+        keeps its dtype. Raises MissingTensorError / ShapeMismatchError / DTypeError.
         """
         path = self.path(name)
         if isinstance(shape, (int, np.integer)):
@@ -339,8 +417,13 @@ class VarBuilder:
                 f"the model expects {want}. The weights are probably for another model variant "
                 "or class count."
             )
-        self._accessed.add(path)
         floating = value.dtype in _FLOAT_DTYPES or value.dtype == mx.float64
+        if not floating and not integer:
+            raise DTypeError(
+                f"tensor '{path}' in {self._source.describe()} is {_dtype_name(value.dtype)}, not "
+                "floating point: model weights must be float32, float16 or bfloat16 (an integer "
+                "or quantized checkpoint cannot be loaded; convert the weights to float)")
+        self._accessed.add(path)
         if floating and value.dtype != self._dtype:
             # MLX has float64 on the CPU only (Metal has none, CUDA lacks most kernels): narrow a
             # float64 source (an F64 file, a NumPy default array) there; the rest on the device.

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from candle_nn import (BatchNorm2d, Conv2d, Conv2dConfig, Linear, Module, VarBuilder,
-                       WeightsFileError, max_pool2d, relu)
+from candle_nn import (BatchNorm2d, Conv2d, Conv2dConfig, Linear, Module, ShapeMismatchError,
+                       VarBuilder, WeightsFileError, check_image_batch, max_pool2d, relu)
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,10 @@ class ResNet(Module):
         """Build ``variant`` from ``vb``; ``num_classes=None`` builds it headless (no ``fc``)."""
         if variant not in VARIANTS:
             raise ValueError(f"unknown ResNet variant {variant!r}; choose one of {list(VARIANTS)}")
+        if num_classes is not None and num_classes < 1:
+            raise ShapeMismatchError(
+                f"a ResNet head needs at least 1 class, not {num_classes}: pass num_classes=None "
+                "for a headless backbone")
         config = VARIANTS[variant]
         stem = conv_bn(vb, "conv1", "bn1", 3, 64, 7, stride=2)
         stages, channels = [], 64
@@ -142,6 +146,8 @@ class ResNet(Module):
     def forward_features(self, x: mx.array) -> dict[str, mx.array]:
         """Intermediate outputs: ``stem`` (after the max-pool), ``layer1``..``layer4`` (NHWC) and
         ``pooled`` ``(N, feature_dim)``."""
+        check_image_batch(x, model="ResNet", dtype=self.stem.weight.dtype,
+                          preprocessing="models.imagenet.preprocess_batch(images)")
         with self.on_device():
             out = {"stem": max_pool2d(relu(self.stem(x)), 3, 2, 1)}
             y = out["stem"]
@@ -178,6 +184,10 @@ def infer_variant(vb: VarBuilder, name: str = "the weights") -> tuple[str, int |
     for variant, config in VARIANTS.items():
         if config == found:
             num_classes = vb.shape("fc.weight")[0] if vb.contains("fc.weight") else None
+            if num_classes == 0:
+                raise WeightsFileError(
+                    f"{name} has an empty classifier head: fc.weight is "
+                    f"{tuple(vb.shape('fc.weight'))}, 0 classes")
             return variant, num_classes
     kind = "bottleneck" if found.bottleneck else "basic"
     raise WeightsFileError(f"{name} holds a ResNet with {kind} blocks {blocks} per "

@@ -161,10 +161,8 @@ class _YoloV8Base(cn.Module):
         self.spec = spec
 
     def _check_input(self, x: mx.array) -> None:
-        if x.ndim != 4 or x.shape[-1] != 3:
-            raise cn.ShapeMismatchError(
-                f"{type(self).__name__} expects an NHWC batch (N, H, W, 3), "
-                f"got shape {tuple(x.shape)}")
+        cn.check_image_batch(x, model=type(self).__name__, dtype=cn.model_dtype(self.net),
+                          preprocessing="mx.array(letterbox(rgb, 640).as_input())")
         if x.shape[1] % 32 or x.shape[2] % 32 or not x.shape[1] or not x.shape[2]:
             raise cn.ShapeMismatchError(
                 f"{type(self).__name__}: input height and width must be positive multiples of 32, "
@@ -233,6 +231,12 @@ class YoloV8Spec:
     num_classes: int
     num_keypoints: int = 0
 
+    def __post_init__(self) -> None:
+        if self.num_classes < 1 or (self.task == "pose" and self.num_keypoints < 1):
+            what = (f"{self.num_classes} classes" if self.num_classes < 1
+                    else f"{self.num_keypoints} keypoints")
+            raise cn.ShapeMismatchError(f"a YOLOv8 head with {what} is empty: it needs at least 1")
+
     def __str__(self) -> str:
         classes = f"{self.num_classes} class{'es' if self.num_classes != 1 else ''}"
         if self.task == "pose":
@@ -265,9 +269,16 @@ def infer_spec(vb: cn.VarBuilder, name: str = "the checkpoint") -> YoloV8Spec:
         raise cn.WeightsFileError(
             f"{name} holds a YOLOv8 segmentation model, which is not supported")
     num_classes = vb.shape("head.cv3.0.2.weight")[0]
+    if num_classes == 0:
+        raise cn.WeightsFileError(
+            f"{name} has an empty detection head: head.cv3.0.2.weight has 0 output channels "
+            "(0 classes)")
     if not vb.contains("head.cv4.0.2.weight"):
         return YoloV8Spec(variant, "detect", num_classes)
     nk = vb.shape("head.cv4.0.2.weight")[0]
+    if nk == 0:
+        raise cn.WeightsFileError(
+            f"{name} has an empty keypoint head: head.cv4.0.2.weight has 0 output channels")
     if nk % 3:
         raise cn.WeightsFileError(
             f"{name}: pose head with {nk} keypoint channels; only (x, y, visibility) keypoints "

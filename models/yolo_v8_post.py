@@ -1,10 +1,13 @@
 """From YOLOv8's raw prediction to detections, as ultralytics' ``non_max_suppression``.
 
-Per image: keep anchors whose best class score exceeds ``conf``, sort by that score, run greedy
-class-aware NMS (a box is dropped when its IoU with a kept box of the same class exceeds ``iou``),
-keep at most ``max_det``, and map boxes (and keypoints) back to the original image with the
+Per image: keep anchors whose best class score exceeds ``conf`` (and, with ``classes``, whose best
+class is one of them), sort by that score, run greedy class-aware NMS (a box is dropped when its
+IoU with a kept box of the same class exceeds ``iou``), keep at most ``max_det``, and map boxes (and keypoints) back to the original image with the
 :class:`~models.letterbox.Letterbox` that made the input. Everything here runs in NumPy on the
 host, after the model.
+
+Also here, ultralytics' output formats for detections: :func:`yolo_label_lines` (``--save-txt``'s
+YOLO label lines) and :func:`crop_box` (``--save-crop``'s crop rectangle).
 """
 
 from __future__ import annotations
@@ -109,7 +112,8 @@ def non_max_suppression(boxes: np.ndarray, scores: np.ndarray, iou_threshold: fl
 
 def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
                 conf: float = 0.25, iou: float = 0.45, max_det: int = 300,
-                max_nms: int = 30000, agnostic: bool = False) -> list[list[Detection]]:
+                max_nms: int = 30000, agnostic: bool = False,
+                classes: Sequence[int] | None = None) -> list[list[Detection]]:
     """Detections per image from a raw prediction.
 
     Args:
@@ -119,6 +123,8 @@ def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
         conf: minimum class score (strictly above). iou: NMS IoU threshold.
         max_det: detections kept per image. max_nms: best candidates entering NMS.
         agnostic: boxes of different classes suppress each other too.
+        classes: keep only anchors whose best class is one of these (ultralytics' ``classes``:
+            filtered after the ``conf`` test, before NMS).
     """
     pred = np.asarray(pred, dtype=np.float32)
     if pred.ndim != 3 or len(pred) != len(letterboxes):
@@ -127,16 +133,20 @@ def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
     if extra < 0 or extra % 3:
         raise ValueError(f"pred has {pred.shape[1]} channels: not 4 + {num_classes} classes "
                          "+ 3 per keypoint")
-    return [_one_image(p.T, lb, num_classes, extra // 3, conf, iou, max_det, max_nms, agnostic)
-            for p, lb in zip(pred, letterboxes)]
+    wanted = None if classes is None else np.asarray(sorted(set(classes)), dtype=np.intp)
+    return [_one_image(p.T, lb, num_classes, extra // 3, conf, iou, max_det, max_nms, agnostic,
+                       wanted) for p, lb in zip(pred, letterboxes)]
 
 
 def _one_image(x: np.ndarray, lb: Letterbox, nc: int, nk: int, conf: float, iou: float,
-               max_det: int, max_nms: int, agnostic: bool) -> list[Detection]:
+               max_det: int, max_nms: int, agnostic: bool,
+               classes: np.ndarray | None) -> list[Detection]:
     cls = x[:, 4:4 + nc]
     class_ids = cls.argmax(axis=1)
     scores = cls[np.arange(len(x)), class_ids]
     candidates = np.flatnonzero(scores > conf)
+    if classes is not None:
+        candidates = candidates[np.isin(class_ids[candidates], classes)]
     candidates = candidates[np.argsort(-scores[candidates], kind="stable")[:max_nms]]
     boxes = xywh_to_xyxy(x[candidates, :4])
     groups = None if agnostic else class_ids[candidates]
@@ -150,3 +160,42 @@ def _one_image(x: np.ndarray, lb: Letterbox, nc: int, nk: int, conf: float, iou:
         kpts[..., :2] = lb.to_original(kpts[..., :2])
     return [Detection(out_boxes[i], float(scores[k]), int(class_ids[k]),
                       None if kpts is None else kpts[i]) for i, k in enumerate(kept)]
+
+
+KEYPOINT_MIN_VISIBILITY = 0.5  # ultralytics' Keypoints zero x, y below this visibility
+
+
+def yolo_label_lines(detections: Sequence[Detection], orig_hw: tuple[int, int],
+                     save_conf: bool = False) -> list[str]:
+    """ultralytics' ``save_txt`` lines, one per detection (best first):
+    ``class cx cy w h`` normalised by the image's width/height, then for pose
+    ``x y visibility`` per keypoint (normalised; x, y are 0 where visibility < 0.5), then the
+    score when ``save_conf``; numbers in ``%g`` format."""
+    h, w = orig_hw
+    lines = []
+    for det in detections:
+        x1, y1, x2, y2 = (float(v) for v in det.box_xyxy)
+        line: list[float] = [det.class_id, (x1 + x2) / 2 / w, (y1 + y2) / 2 / h, (x2 - x1) / w,
+                             (y2 - y1) / h]
+        if det.keypoints is not None:
+            for x, y, v in np.asarray(det.keypoints, dtype=np.float64):
+                seen = v >= KEYPOINT_MIN_VISIBILITY
+                line += [x / w if seen else 0.0, y / h if seen else 0.0, v]
+        if save_conf:
+            line.append(float(det.score))
+        lines.append(" ".join("%g" % v for v in line))
+    return lines
+
+
+def crop_box(box_xyxy: np.ndarray, orig_hw: tuple[int, int], gain: float = 1.02,
+             pad: int = 10) -> tuple[int, int, int, int]:
+    """The ``x1, y1, x2, y2`` pixel rectangle ultralytics' ``save_one_box`` crops for a box:
+    width and height scaled by ``gain`` plus ``pad`` pixels, truncated to integers, clipped to
+    the image."""
+    x1, y1, x2, y2 = (float(v) for v in box_xyxy)
+    cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+    bw, bh = (x2 - x1) * gain + pad, (y2 - y1) * gain + pad
+    h, w = orig_hw
+    rect = [int(cx - bw / 2), int(cy - bh / 2), int(cx + bw / 2), int(cy + bh / 2)]
+    return (min(max(rect[0], 0), w), min(max(rect[1], 0), h), min(max(rect[2], 0), w),
+            min(max(rect[3], 0), h))

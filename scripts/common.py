@@ -85,6 +85,24 @@ def save_image_atomic(image, path: "str | os.PathLike") -> Path:
     return path
 
 
+def save_text_atomic(text: str, path: "str | os.PathLike") -> Path:
+    """Write ``text`` (UTF-8) so that ``path`` is either complete or absent, never half-written."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if isinstance(exc, OSError):
+            raise CandleNNError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        raise
+    return path
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -1,8 +1,12 @@
 """``candle-yolo-v8``: detect objects (or people's poses) with YOLOv8 and draw them.
 
-    candle-yolo-v8 --image bike.jpg [--image DIR ...] [--task detect|pose] [--variant n|s|m|l|x]
+    candle-yolo-v8 --image bike.jpg [--image DIR ...] | --video clip.mp4 [--video FRAMES_DIR ...]
+                   [--batch-size 8] [--task detect|pose] [--variant n|s|m|l|x]
                    [--weights FILE] [--conf 0.25] [--iou 0.45] [--size 640] [--square]
                    [--device cpu] [--out DIR] [--json]
+                   [--classes N ...] [--max-det 300] [--agnostic-nms] [--half]
+                   [--save-txt [--save-conf]] [--save-crop]
+                   [--line-width PX] [--hide-labels] [--hide-conf]
 
 For each image, writes ``<stem>_detect<ext>`` (or ``_pose``) into ``--out``: boxes with class
 names and scores, and skeletons for pose. Prints the detections (``--json``: one JSON document
@@ -10,6 +14,20 @@ on stdout). Without ``--weights`` the default is candle's published ``yolov8{var
 checkpoint (variant ``n``); with ``--weights`` the variant, task and class count are read from the
 file, and a ``--variant``/``--task`` that disagrees is an error. Class names come from the file's
 ``candle_nn.names`` metadata when present, else COCO's.
+
+ultralytics' ``yolo predict`` options keep their meanings: ``--classes`` keeps only those class ids,
+``--max-det`` caps detections per image, ``--agnostic-nms`` lets boxes of different classes
+suppress each other, ``--half`` runs in float16. ``--save-txt`` writes ``<out>/labels/<stem>.txt``
+in YOLO's label format, one line per detection, ``class cx cy w h`` normalised to [0, 1] by the
+image's size (pose: then ``x y visibility`` per keypoint), ``--save-conf`` appending the score; an
+image without detections gets no label file. ``--save-crop`` writes each detection's crop (box
+enlarged by 2 % + 10 px, as ultralytics) to ``<out>/crops/<class name>/<stem>.jpg``
+(``<stem>2.jpg``, ``<stem>3.jpg``, … for more of one class). ``--line-width``, ``--hide-labels``
+and ``--hide-conf`` change the drawing.
+
+``--video`` takes video files and folders of images (image sequences): each gives an annotated MP4
+and per-frame JSON lines (see ``scripts/yolo_v8_video.py``); labels and crops are named
+``<stem>_<frame>``, as ultralytics does for videos.
 """
 
 from __future__ import annotations
@@ -21,15 +39,17 @@ from pathlib import Path
 from typing import Sequence
 
 from candle_nn import CandleNNError, Device, VarBuilder, WeightsFileError  # before mlx: BLAS choice
+from candle_nn import model_dtype
 import mlx.core as mx  # noqa: I001
 
 from models.coco import COCO_SKELETON, coco_class_names
 from models.letterbox import letterbox
 from models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec, infer_spec, load_model
-from models.yolo_v8_post import Detection, postprocess
+from models.yolo_v8_post import Detection, crop_box, postprocess, yolo_label_lines
 from scripts.common import (add_device_argument, collect_images, load_rgb, parse_device,
-                            prepare_out_dir, run_main, save_image_atomic)
+                            prepare_out_dir, run_main, save_image_atomic, save_text_atomic)
 from scripts.yolo_v8_draw import draw_detections
+from scripts.yolo_v8_video import check_sources, detect_video, print_video_result
 from weights.metadata import WeightsMetadata
 from weights.registry import resolve_weights
 
@@ -65,12 +85,31 @@ def _size(text: str) -> int:
     return value
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def _class_id(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a class id (0, 1, 2, ...)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="candle-yolo-v8",
         description="Detect objects (or human poses) with YOLOv8 and write annotated images.")
-    parser.add_argument("--image", action="append", required=True, metavar="PATH",
+    parser.add_argument("--image", action="append", metavar="PATH",
                         help="an image file or a folder of images (repeatable)")
+    parser.add_argument("--video", action="append", metavar="PATH",
+                        help="a video file, or a folder of images read as a sequence (repeatable);"
+                             " writes an annotated MP4 and per-frame JSON lines")
+    parser.add_argument("--batch-size", type=_positive, default=8,
+                        help="--video: frames per forward pass (default 8)")
     parser.add_argument("--task", choices=("detect", "pose"), default=None,
                         help="detect (boxes) or pose (boxes + keypoints); default: what --weights "
                              "holds, else detect")
@@ -92,17 +131,45 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default="out", help="output folder (default: ./out)")
     parser.add_argument("--json", action="store_true",
                         help="print the detections as one JSON document on stdout")
+    yolo = parser.add_argument_group("ultralytics-style options (same meanings as yolo predict)")
+    yolo.add_argument("--classes", type=_class_id, nargs="+", metavar="N", default=None,
+                      help="keep only these class ids, e.g. --classes 0 2 3")
+    yolo.add_argument("--max-det", type=_positive, default=300,
+                      help="maximum detections per image (default 300)")
+    yolo.add_argument("--agnostic-nms", action="store_true",
+                      help="class-agnostic NMS: boxes of different classes suppress each other")
+    yolo.add_argument("--half", action="store_true", help="run the model in float16")
+    yolo.add_argument("--save-txt", action="store_true",
+                      help="write YOLO labels, class cx cy w h (normalised), to OUT/labels/")
+    yolo.add_argument("--save-conf", action="store_true",
+                      help="with --save-txt: append each detection's score")
+    yolo.add_argument("--save-crop", action="store_true",
+                      help="write each detection's crop to OUT/crops/<class name>/")
+    yolo.add_argument("--line-width", type=_positive, default=None, metavar="PX",
+                      help="box line width in pixels (default: scaled to the image)")
+    yolo.add_argument("--hide-labels", action="store_true", help="draw boxes without labels")
+    yolo.add_argument("--hide-conf", action="store_true", help="labels without scores")
     return parser
 
 
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors argparse cannot see on its own (exit status 2, like argparse's)."""
+    if bool(args.image) == bool(args.video):
+        parser.error("pass images with --image or videos with --video (one of them)")
+    if args.save_conf and not args.save_txt:
+        parser.error("--save-conf only applies to --save-txt's labels: add --save-txt")
+
+
 def load_detector(weights: "str | Path | None", task: str | None, variant: str | None,
-                  device: Device) -> tuple[YoloV8 | YoloV8Pose, YoloV8Spec, list[str], Path]:
+                  device: Device, dtype: str = "float32",
+                  ) -> tuple[YoloV8 | YoloV8Pose, YoloV8Spec, list[str], Path]:
     """The model in ``weights`` (default: the published checkpoint of ``task``/``variant``),
-    checked against the requested ``task``/``variant``; plus its class names and file."""
+    checked against the requested ``task``/``variant``, in ``dtype``; plus its class names and
+    file."""
     if weights is None:  # the published checkpoint must then be exactly what was asked for
         task, variant = task or "detect", variant or "n"
     path = resolve_weights("yolo_v8_pose" if task == "pose" else "yolo_v8", variant or "n", weights)
-    vb = VarBuilder.from_safetensors(path, device=device)
+    vb = VarBuilder.from_safetensors(path, device=device, dtype=dtype)
     try:
         spec = infer_spec(vb, name=str(path))
     except WeightsFileError as exc:
@@ -119,6 +186,18 @@ def load_detector(weights: "str | Path | None", task: str | None, variant: str |
     return load_model(vb, spec), spec, names, path
 
 
+def load_for(args: argparse.Namespace, device: Device,
+             ) -> tuple[YoloV8 | YoloV8Pose, YoloV8Spec, list[str]]:
+    """:func:`load_detector` with the command line's weights, task, variant and ``--half``;
+    ``--classes`` checked against the model's class count."""
+    model, spec, names, _ = load_detector(args.weights, args.task, args.variant, device,
+                                          "float16" if args.half else "float32")
+    if args.classes and max(args.classes) >= spec.num_classes:
+        raise CandleNNError(f"--classes {max(args.classes)}: the model has {spec.num_classes} "
+                            f"classes (0..{spec.num_classes - 1})")
+    return model, spec, names
+
+
 def output_path(out_dir: Path, image: Path, task: str, taken: set[Path]) -> Path:
     """``<out>/<stem>_<task><ext>``, numbered when two inputs share a stem."""
     suffix = image.suffix.lower() if image.suffix.lower() in SAVE_SUFFIXES else ".png"
@@ -133,7 +212,7 @@ def detect(args: argparse.Namespace) -> tuple[list[ImageResult], list[str]]:
     """Run the CLI's work for parsed ``args``: the per-image results and the class names."""
     images = collect_images(args.image)
     device = parse_device(args.device, args.verbose)
-    model, spec, names, _ = load_detector(args.weights, args.task, args.variant, device)
+    model, spec, names = load_for(args, device)
     out_dir = prepare_out_dir(args.out)  # after the weights: a failed load creates no folder
     skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()
     results: list[ImageResult] = []
@@ -141,11 +220,15 @@ def detect(args: argparse.Namespace) -> tuple[list[ImageResult], list[str]]:
     for image in images:
         rgb = load_rgb(image)
         lb = letterbox(rgb, args.size, auto=not args.square)
-        pred = model(mx.array(lb.as_input()))
+        pred = model(mx.array(lb.as_input()).astype(model_dtype(model)))
         detections = postprocess(pred, [lb], num_classes=spec.num_classes, conf=args.conf,
-                                 iou=args.iou)[0]
-        drawing = draw_detections(rgb, detections, names, skeleton)
+                                 iou=args.iou, max_det=args.max_det, agnostic=args.agnostic_nms,
+                                 classes=args.classes)[0]
+        drawing = draw_detections(rgb, detections, names, skeleton, line_width=args.line_width,
+                                  labels=not args.hide_labels, scores=not args.hide_conf)
         out = save_image_atomic(drawing, output_path(out_dir, image, spec.task, taken))
+        save_labels_and_crops(args, out_dir, _output_stem(out, image, spec.task), rgb,
+                              detections, names)
         results.append(ImageResult(image, out, rgb.shape[:2], detections))
         if not args.json:
             _print_result(results[-1], names)
@@ -153,6 +236,39 @@ def detect(args: argparse.Namespace) -> tuple[list[ImageResult], list[str]]:
         print(json.dumps({"model": str(spec), "task": spec.task,
                           "images": [r.to_dict(names) for r in results]}, indent=2))
     return results, names
+
+
+def _output_stem(output: Path, image: Path, task: str) -> str:
+    """The image's stem plus the numbering ``output_path`` gave it (``bike``, ``bike-1``)."""
+    return image.stem + output.stem[len(image.stem) + len(task) + 1:]
+
+
+def save_labels_and_crops(args: argparse.Namespace, out_dir: Path, stem: str, rgb,
+                          detections: Sequence[Detection], names: Sequence[str]) -> None:
+    """``--save-txt``: ``<out>/labels/<stem>.txt`` (none without detections); ``--save-crop``:
+    ``<out>/crops/<class name>/<stem>[N].jpg`` (see the module docstring)."""
+    from PIL import Image
+
+    hw = rgb.shape[:2]
+    if args.save_txt and detections:
+        lines = yolo_label_lines(detections, hw, save_conf=args.save_conf)
+        save_text_atomic("".join(f"{line}\n" for line in lines),
+                         prepare_out_dir(out_dir / "labels") / f"{stem}.txt")
+    if args.save_crop:
+        counts: dict[int, int] = {}
+        for det in detections:
+            x1, y1, x2, y2 = crop_box(det.box_xyxy, hw)
+            if x2 <= x1 or y2 <= y1:
+                continue  # nothing left after clipping
+            n = counts[det.class_id] = counts.get(det.class_id, 0) + 1
+            folder = prepare_out_dir(out_dir / "crops" / _safe_name(names[det.class_id]))
+            save_image_atomic(Image.fromarray(rgb[y1:y2, x1:x2]),
+                              folder / f"{stem}{n if n > 1 else ''}.jpg")
+
+
+def _safe_name(name: str) -> str:
+    """A class name usable as one folder name."""
+    return name.replace("/", "_").replace("\\", "_").strip(". ") or "unnamed"
 
 
 def _print_result(result: ImageResult, names: Sequence[str]) -> None:
@@ -165,8 +281,46 @@ def _print_result(result: ImageResult, names: Sequence[str]) -> None:
         print(f"  {names[det.class_id]:<15} {det.score:.3f}  [{box}]")
 
 
+def detect_videos(args: argparse.Namespace) -> list:
+    """``--video``: each source through the model frame by frame (``scripts/yolo_v8_video.py``)."""
+    sources = check_sources(args.video)
+    device = parse_device(args.device, args.verbose)
+    model, spec, names = load_for(args, device)
+    out_dir = prepare_out_dir(args.out)
+    skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()
+
+    def annotate(rgb, detections):
+        return draw_detections(rgb, detections, names, skeleton, line_width=args.line_width,
+                               labels=not args.hide_labels, scores=not args.hide_conf)
+
+    def save_extras(stem, rgb, detections):
+        save_labels_and_crops(args, out_dir, stem, rgb, detections, names)
+
+    results, taken = [], set()
+    for source in sources:
+        output, n = out_dir / f"{source.stem}_{spec.task}.mp4", 1
+        while output in taken:
+            output, n = out_dir / f"{source.stem}_{spec.task}-{n}.mp4", n + 1
+        taken.add(output)
+        result = detect_video(args, source, out_dir, model, spec, names, output,
+                              annotate, save_extras)
+        results.append(result)
+        if not args.json:
+            print_video_result(result)
+    if args.json:
+        print(json.dumps({"model": str(spec), "task": spec.task,
+                          "videos": [r.to_dict() for r in results]}, indent=2))
+    return results
+
+
 def _main(argv: Sequence[str] | None) -> int:
-    detect(build_parser().parse_args(argv))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_options(parser, args)
+    if args.video:
+        detect_videos(args)
+    else:
+        detect(args)
     return 0
 
 

@@ -31,17 +31,20 @@ def _text_color(fill: tuple[int, int, int]) -> tuple[int, int, int]:
 
 
 def draw_detections(image: np.ndarray, detections: Sequence[Detection], names: Sequence[str],
-                    skeleton: Sequence[tuple[int, int]] = ()) -> Image.Image:
+                    skeleton: Sequence[tuple[int, int]] = (), *, line_width: int | None = None,
+                    labels: bool = True, scores: bool = True) -> Image.Image:
     """A copy of ``image`` (``(H, W, 3)`` uint8 RGB) with every detection drawn.
 
     Boxes in the class colour with a ``name score`` label above (inside when at the top edge);
     for detections with keypoints, the ``skeleton`` limbs and the keypoints whose visibility is at
-    least ``KEYPOINT_MIN_VISIBILITY``.
+    least ``KEYPOINT_MIN_VISIBILITY``. As ultralytics' ``line_width`` / ``hide_labels`` /
+    ``hide_conf``: ``line_width`` sets the box (and limb) width in pixels (default: scaled to the
+    image), ``labels=False`` draws no label, ``scores=False`` labels with the name only.
     """
     img = Image.fromarray(image).convert("RGB")
     draw = ImageDraw.Draw(img)
     side = (img.width + img.height) / 2
-    width = max(round(side * 0.003), 2)
+    width = line_width if line_width is not None else max(round(side * 0.003), 2)
     font = ImageFont.load_default(size=max(round(side * 0.025), 12))
     radius = max(round(width * 1.5), 2)
     # Lowest score first, so that the best detections end on top.
@@ -49,17 +52,25 @@ def draw_detections(image: np.ndarray, detections: Sequence[Detection], names: S
         color = class_color(det.class_id)
         x1, y1, x2, y2 = (float(v) for v in det.box_xyxy)
         draw.rectangle((x1, y1, x2, y2), outline=color, width=width)
-        name = names[det.class_id] if det.class_id < len(names) else str(det.class_id)
-        label = f"{name} {det.score:.2f}"
-        left, top, right, bottom = draw.textbbox((0, 0), label, font=font)
-        tw, th = right - left + 2 * width, bottom - top + 2 * width
-        ty = y1 - th if y1 - th >= 0 else y1
-        tx = min(x1, max(img.width - tw, 0))
-        draw.rectangle((tx, ty, tx + tw, ty + th), fill=color)
-        draw.text((tx + width - left, ty + width - top), label, fill=_text_color(color), font=font)
+        if labels:
+            name = names[det.class_id] if det.class_id < len(names) else str(det.class_id)
+            _draw_label(draw, f"{name} {det.score:.2f}" if scores else name, (x1, y1), color,
+                        font, width, img.width)
         if det.keypoints is not None:
             _draw_pose(draw, det.keypoints, skeleton, width, radius)
     return img
+
+
+def _draw_label(draw: ImageDraw.ImageDraw, label: str, corner: tuple[float, float],
+                color: tuple[int, int, int], font, width: int, image_width: int) -> None:
+    """``label`` on a ``color`` box above ``corner`` (inside the box when at the top edge)."""
+    x1, y1 = corner
+    left, top, right, bottom = draw.textbbox((0, 0), label, font=font)
+    tw, th = right - left + 2 * width, bottom - top + 2 * width
+    ty = y1 - th if y1 - th >= 0 else y1
+    tx = min(x1, max(image_width - tw, 0))
+    draw.rectangle((tx, ty, tx + tw, ty + th), fill=color)
+    draw.text((tx + width - left, ty + width - top), label, fill=_text_color(color), font=font)
 
 
 def _draw_pose(draw: ImageDraw.ImageDraw, keypoints: np.ndarray,

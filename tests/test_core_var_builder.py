@@ -91,10 +91,12 @@ def test_lazy_loading_reads_only_requested_tensors(tmp_path, monkeypatch):
     assert vb.pp("blocks").accessed() == vb.accessed()  # shared with children
 
 
-def test_integer_tensors_keep_their_dtype(model_file):
+def test_integer_tensors_are_refused_as_weights_and_keep_their_dtype_when_asked_for(model_file):
     path, _ = model_file
     vb = cn.VarBuilder.from_safetensors(path, dtype="float16")
-    ids = vb.get((5,), "head.ids")
+    with pytest.raises(cn.DTypeError, match=f"tensor 'head.ids' in {path} is int64, not floating"):
+        vb.get((5,), "head.ids")
+    ids = vb.get((5,), "head.ids", integer=True)
     assert ids.dtype == mx.int64
     assert vb.get((2, 4), "head.weight").dtype == mx.float16
 
@@ -153,7 +155,7 @@ def test_from_tensors_with_numpy_and_mlx_arrays():
     assert w.dtype == mx.float32
     np.testing.assert_array_equal(np.array(w), w64.astype(np.float32))
     assert vb.pp("lin").get((3,), "bias").dtype == mx.float32
-    assert vb.get((4,), "idx").dtype == mx.int32
+    assert vb.get((4,), "idx", integer=True).dtype == mx.int32
     assert vb.shape("lin.weight") == (3, 4) and vb.contains("idx")
     assert vb.from_tensors(tensors, dtype="f16").get(None, "lin.weight").dtype == mx.float16
     layer = cn.linear(4, 3, vb.pp("lin"))
@@ -270,7 +272,7 @@ def test_varmap_save_then_from_safetensors_is_bit_exact(tmp_path, dtype):
     assert [p.name for p in tmp_path.iterdir()] == ["tiny.safetensors"]  # no temp file left
     vb = cn.VarBuilder.from_safetensors(path, dtype=dtype, device="cpu")
     assert sorted(vb.names()) == sorted(varmap)
-    assert vb.metadata == {"note": "seed 7"}
+    assert vb.metadata == {"note": "seed 7", "format": "pt", "candle_nn.layout": "candle"}
     for name, value in varmap.all_vars().items():
         got = vb.get(value.shape, name)
         assert got.dtype == value.dtype == dtype

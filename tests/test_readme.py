@@ -36,3 +36,19 @@ def test_readme_snippet_runs(tmp_path, monkeypatch, capsys) -> None:
     runpy.run_path(str(script), run_name="__main__")
     assert (tmp_path / "tiny.safetensors").is_file()
     assert "(2, 10)" in capsys.readouterr().out
+
+
+def test_readme_says_the_fixture_weights_are_random_and_shows_candles_published_ones() -> None:
+    intro = README.split("Set up and run the tests:")[0]
+    assert "weights are random" in intro and "bearskin" in intro
+    first = _code_blocks("bash")[0]
+    published = re.search(r"`(\.venv/bin/candle-resnet [^`]*)`", intro.split(first)[1])
+    assert published, "the one-line equivalent with candle's published weights"
+    assert "--weights" not in published.group(1)  # no --weights: candle's checkpoint from the hub
+
+
+def test_huggingface_hub_is_a_regular_dependency() -> None:
+    """The default weights are the normal path: a plain `pip install` must bring the downloader."""
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    dependencies = re.search(r"^dependencies = \[(.*?)^\]", pyproject, flags=re.S | re.M).group(1)
+    assert re.search(r'^\s*"huggingface_hub>=', dependencies, flags=re.M)

@@ -61,10 +61,10 @@ def test_explicit_weights_path_wins_even_offline(offline_hub, tmp_path):
         resolve_weights("yolo_v8", "n", tmp_path / "missing.safetensors")
 
 
-def test_missing_huggingface_hub_names_the_extra_and_the_file(monkeypatch):
+def test_missing_huggingface_hub_names_the_package_and_the_file(monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import raises ImportError
     with pytest.raises(WeightsUnavailableError, match=r"huggingface_hub is not installed.*"
-                       r"candle-nn-mlx\[hub\].*mobile_sam-tiny-vitt\.safetensors"):
+                       r"pip install huggingface_hub.*mobile_sam-tiny-vitt\.safetensors"):
         resolve_weights("mobile_sam", "tiny")
 
 

@@ -168,7 +168,7 @@ def test_failed_write_leaves_no_partial_image(capsys, paths, tmp_path, monkeypat
             fh.write(b"\xff\xd8 half a JPEG")
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(cli, "draw_detections", lambda *args: DiskFull())
+    monkeypatch.setattr(cli, "draw_detections", lambda *args, **kwargs: DiskFull())
     code, out, err = run(capsys, "--image", paths["bike"], "--weights", paths["detect"],
                          "--out", tmp_path, "--size", 320)
     assert_one_error(code, err, "cannot write", "bike_detect.jpg", "No space left")

@@ -17,7 +17,7 @@ from typing import Sequence
 from candle_nn import CandleNNError
 from scripts.common import run_main
 
-from .convert import SOURCES, convert, read_names, save
+from .convert import SOURCES, check_output, convert, read_names, save
 from .inspection import format_report, inspect_file
 from .registry import CHECKPOINTS, download
 from .spec import SPECS
@@ -27,11 +27,11 @@ Convert a PyTorch checkpoint to safetensors under candle's tensor names, with me
 (model, variant, task, class names) that the model CLIs use by default.
 
 READING A PICKLE: .pt/.pth checkpoints are Python pickles, and unpickling can run code named by
-the file. This command reads them only because you ask it to: state_dict files through
-torch.load(weights_only=True); ultralytics files through a restricted unpickler that turns
-ultralytics/torch.nn classes into inert stand-ins and refuses anything else. Convert only files
-you trust. (.safetensors sources need no unpickling.)
-Needs torch: pip install 'candle-nn-mlx[convert]'.
+the file. This command reads them only because you ask it to, and never through torch: the file
+must be a plain torch.save checkpoint (TorchScript archives and other formats are refused before
+anything is read), and its pickle may hold only tensors and containers (ultralytics files also
+ultralytics/torch.nn classes, kept as inert stand-ins); anything else is refused.
+Convert only files you trust. (.safetensors sources need no unpickling.)
 """
 
 
@@ -89,6 +89,7 @@ def _list() -> int:
 def _convert(args: argparse.Namespace) -> int:
     if Path(args.src).resolve() == Path(args.out).resolve():
         raise CandleNNError(f"OUT is the source checkpoint {args.src}; pass another output path")
+    check_output(args.out)  # before the (possibly long) conversion
     names = read_names(args.names) if args.names else None
     converted = convert(args.kind, args.src, variant=args.variant, num_classes=args.num_classes,
                         names=names)

@@ -17,6 +17,7 @@ carries the ``candle_nn.*`` metadata of :mod:`weights.metadata`. Tensors keep th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -323,13 +324,29 @@ def check_against_model(converted: Converted) -> None:
         + "; ".join(problems))
 
 
-def save(converted: Converted, out: "str | os.PathLike") -> Path:
-    """Write the safetensors file atomically (complete or absent)."""
-    from safetensors.numpy import save_file
-
+def check_output(out: "str | os.PathLike") -> Path:
+    """``out`` as a Path when a file can be written there (checked before converting);
+    WeightsFileError saying why not (a folder, a missing or read-only parent folder)."""
     out = Path(out)
+    parent = out.parent
     if out.is_dir():
         raise WeightsFileError(f"output {out} is a directory; pass a .safetensors file path")
+    if not parent.is_dir():
+        what = "does not exist" if not parent.exists() else "is not a folder"
+        raise WeightsFileError(f"cannot write {out}: the folder {parent} {what}")
+    effective = os.access in os.supports_effective_ids
+    if not os.access(parent, os.W_OK | os.X_OK, effective_ids=effective):
+        raise WeightsFileError(f"cannot write {out}: the folder {parent} is not writable "
+                               "(permission denied)")
+    return out
+
+
+def save(converted: Converted, out: "str | os.PathLike") -> Path:
+    """Write the safetensors file atomically (complete or absent). bfloat16 arrives widened to
+    float32 (NumPy, which writes the file, has no bfloat16)."""
+    from safetensors.numpy import save_file
+
+    out = check_output(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         save_file({k: np.ascontiguousarray(v) for k, v in converted.tensors.items()}, str(tmp),
@@ -337,7 +354,14 @@ def save(converted: Converted, out: "str | os.PathLike") -> Path:
         os.replace(tmp, out)
     except OSError as exc:
         raise WeightsFileError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    except Exception as exc:  # safetensors' Rust errors (disk full, I/O) are no OSError
+        raise WeightsFileError(f"cannot write {out}: {_first_line(exc)}") from exc
     finally:
-        if tmp.exists():
+        with contextlib.suppress(OSError):
             tmp.unlink()
     return out
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from candle_nn import WeightsFileError
+from candle_nn.var_builder import check_weights_path
 
 from .metadata import TASKS
 
@@ -108,7 +109,8 @@ def download(model: str, variant: str, *, force: bool = False) -> Path:
     except ImportError:
         raise WeightsUnavailableError(
             f"huggingface_hub is not installed, so {entry.filename} cannot be downloaded "
-            f"(pip install 'candle-nn-mlx[hub]'). {entry.how_to_get()}") from None
+            f"(pip install huggingface_hub: candle-nn-mlx depends on it). {entry.how_to_get()}"
+        ) from None
     try:
         if not force:  # a cached copy needs no network at all
             try:
@@ -202,8 +204,5 @@ def resolve_weights(model: str, variant: str, path: "str | Path | None" = None) 
         path: an explicit file (``--weights``); always wins.
     """
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise WeightsFileError(f"weights file not found: {p}")
-        return p
+        return Path(check_weights_path(path))
     return download(model, variant)

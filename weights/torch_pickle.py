@@ -1,15 +1,19 @@
 """Reading PyTorch checkpoints (pickles) for the converters — never called by the library itself.
 
 Unpickling runs code named by the file, so it is an explicit, opt-in act of
-``candle-nn-weights convert``. Two readers:
+``candle-nn-weights convert``, and torch never reads the file: :mod:`weights.torch_archive`
+checks the container (refusing TorchScript archives and anything but a plain ``torch.save``
+file) and reads the storages; :class:`RestrictedUnpickler` reads the pickle. Two readers:
 
-* :func:`load_state_dict` — plain ``state_dict`` files (torchvision, timm, MobileSAM), through
-  ``torch.load(weights_only=True)`` (PyTorch's own restricted unpickler: tensors and containers).
+* :func:`load_state_dict` — plain ``state_dict`` files (torchvision, timm, MobileSAM): tensors
+  and containers only (any other global is refused).
 * :func:`load_ultralytics` — ultralytics ``.pt`` files, which pickle whole ``DetectionModel``
-  objects. A restricted unpickler maps every ``ultralytics.*`` and ``torch.nn.modules.*`` class to
-  an inert stand-in (a plain object that only stores its pickled state: no ultralytics install, no
-  code from the file runs), rebuilds tensors with PyTorch's own functions, and refuses any other
-  global with a CandleNNError.
+  objects: every ``ultralytics.*`` and ``torch.nn.modules.*`` class becomes an inert stand-in (a
+  plain object that only stores its pickled state: no ultralytics install, no code from the file
+  runs).
+
+Tensors come back as NumPy arrays (bfloat16 widened to float32) rebuilt by our own functions;
+torch is not needed.
 """
 
 from __future__ import annotations
@@ -17,39 +21,20 @@ from __future__ import annotations
 import _compat_pickle
 import os
 import pickle
-import re
-import types
-import warnings
 from collections import OrderedDict
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
 import numpy as np
 
 from candle_nn import CandleNNError
+from candle_nn.var_builder import check_weights_path
+
+from . import torch_archive
+from .torch_archive import PersistentLoad, StorageType, storage_type
 
 
 class ConversionError(CandleNNError):
-    """A checkpoint cannot be read or converted (missing torch, bad file, unexpected contents)."""
-
-
-def require_torch() -> Any:
-    """``import torch`` or a ConversionError that says how to install it."""
-    try:
-        import torch
-    except ImportError:
-        raise ConversionError(
-            "reading PyTorch checkpoints needs torch: pip install 'candle-nn-mlx[convert]' "
-            "(or convert from a .safetensors file, which needs no torch)") from None
-    return torch
-
-
-def _check_file(path: "str | os.PathLike") -> str:
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise ConversionError(f"checkpoint not found: {path}")
-    if os.path.isdir(path):
-        raise ConversionError(f"checkpoint path is a directory, not a file: {path}")
-    return path
+    """A checkpoint cannot be read or converted (bad file, unexpected contents)."""
 
 
 # -- inert stand-ins ------------------------------------------------------------------------------
@@ -100,14 +85,56 @@ def _stand_in(module: str, name: str) -> type:
     return _STAND_INS[qualname]
 
 
+def _device(*args: Any) -> str:
+    return ":".join(str(a) for a in args)
+
+
+def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_: Any) -> np.ndarray:
+    """torch's ``_rebuild_tensor[_v2]`` on a storage from :mod:`weights.torch_archive`: the
+    strided view it describes (bfloat16 widened to float32), bounds-checked against the storage."""
+    if not (isinstance(storage, tuple) and len(storage) == 2
+            and isinstance(storage[0], StorageType) and isinstance(storage[1], np.ndarray)):
+        raise ConversionError(f"a tensor's storage is a {type(storage).__name__}, not a storage")
+    stype, flat = storage
+    dims = [offset, *size, *stride] if isinstance(size, tuple) and isinstance(stride, tuple) \
+        else None
+    if dims is None or len(size) != len(stride) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+        raise ConversionError(f"a tensor has a malformed shape {size!r} / stride {stride!r}")
+    if 0 in size:
+        view = np.zeros(size, flat.dtype)
+    else:
+        last = offset + sum((n - 1) * s for n, s in zip(size, stride))
+        if last >= flat.size:
+            raise ConversionError(
+                f"a tensor of shape {tuple(size)} reaches element {last} of a storage of "
+                f"{flat.size} (truncated or malformed file)")
+        view = np.lib.stride_tricks.as_strided(
+            flat[offset:], shape=size, strides=[s * flat.itemsize for s in stride],
+            writeable=False)
+    if stype.bfloat16:
+        return (view.astype(np.uint32) << 16).view(np.float32)
+    return view
+
+
+def _rebuild_parameter(data: Any, *_: Any) -> Any:
+    return data
+
+
+def _rebuild_from_type(func: Any, new_type: Any, args: Any, state: Any) -> Any:
+    return func(*args)
+
+
+_TORCH_DTYPES = ("float16", "float32", "float64", "bfloat16", "int64", "int32", "int16", "int8",
+                 "uint8", "bool", "half", "float", "double", "long", "int")
+
+
 def _real_globals() -> dict[tuple[str, str], Any]:
-    """The only real callables an ultralytics checkpoint may name (tensor rebuilding, containers,
-    numpy scalars of the training metrics)."""
+    """The only callables a checkpoint may name: tensors are rebuilt as NumPy arrays by our own
+    functions (never torch's), torch types become inert values, plus containers and the NumPy
+    scalars of ultralytics' training metrics. None of them imports or runs anything else."""
     import codecs
     import copyreg
-
-    import torch
-    import torch._utils
 
     found: dict[tuple[str, str], Any] = {
         ("collections", "OrderedDict"): OrderedDict,
@@ -116,21 +143,20 @@ def _real_globals() -> dict[tuple[str, str], Any]:
         ("builtins", "object"): object,
         ("copyreg", "_reconstructor"): copyreg._reconstructor,
         ("_codecs", "encode"): codecs.encode,  # how protocol 2 spells bytes
-        ("torch", "Size"): torch.Size,
-        ("torch", "device"): torch.device,
-        ("torch", "Tensor"): torch.Tensor,
-        ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
+        ("torch", "Size"): tuple,
+        ("torch", "device"): _device,
+        ("torch", "Tensor"): _stand_in("torch", "Tensor"),
+        ("torch.nn.parameter", "Parameter"): _stand_in("torch.nn.parameter", "Parameter"),
+        ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
+        ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+        ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+        ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+        ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type,
         ("numpy", "dtype"): np.dtype,
+        ("numpy", "ndarray"): np.ndarray,
     }
-    for name in ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_parameter",
-                 "_rebuild_parameter_with_state"):
-        if hasattr(torch._utils, name):
-            found[("torch._utils", name)] = getattr(torch._utils, name)
-    if hasattr(torch._tensor, "_rebuild_from_type_v2"):
-        found[("torch._tensor", "_rebuild_from_type_v2")] = torch._tensor._rebuild_from_type_v2
-    for dtype_name in ("float16", "float32", "float64", "bfloat16", "int64", "int32", "uint8",
-                       "bool"):
-        found[("torch", dtype_name)] = getattr(torch, dtype_name)
+    for dtype_name in _TORCH_DTYPES:
+        found[("torch", dtype_name)] = f"torch.{dtype_name}"
     try:
         from numpy._core.multiarray import _reconstruct, scalar
     except ImportError:  # numpy < 2
@@ -138,85 +164,87 @@ def _real_globals() -> dict[tuple[str, str], Any]:
     for mod in ("numpy.core.multiarray", "numpy._core.multiarray"):
         found[(mod, "scalar")] = scalar
         found[(mod, "_reconstruct")] = _reconstruct
-    found[("numpy", "ndarray")] = np.ndarray
     return found
 
 
-class RestrictedUnpickler(pickle.Unpickler):
-    """Unpickler for ultralytics checkpoints: stand-ins for model classes, refusal otherwise."""
+_GLOBALS = _real_globals()
 
-    _globals: dict[tuple[str, str], Any] | None = None
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """The unpickler of every checkpoint: the globals of :func:`_real_globals`, torch's storage
+    types, and — only when ``stand_ins`` (ultralytics files) — inert stand-ins for ultralytics
+    and torch.nn classes. Any other global is refused with a ConversionError."""
+
+    def __init__(self, file: IO[bytes], persistent_load: PersistentLoad, *,
+                 stand_ins: bool) -> None:
+        super().__init__(file)
+        self._storage = persistent_load
+        self._stand_ins = stand_ins
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self._storage(pid)
 
     def find_class(self, module: str, name: str) -> Any:
         # Protocol-2 pickles (torch.save's default) name Python 2 modules: map them back.
         if (module, name) in _compat_pickle.NAME_MAPPING:
             module, name = _compat_pickle.NAME_MAPPING[(module, name)]
         module = _compat_pickle.IMPORT_MAPPING.get(module, module)
-        if RestrictedUnpickler._globals is None:
-            RestrictedUnpickler._globals = _real_globals()
-        real = RestrictedUnpickler._globals.get((module, name))
+        module = "torch._tensor" if module == "torch.tensor" else module  # torch < 1.8's name
+        real = _GLOBALS.get((module, name))
         if real is not None:
             return real
-        if module.startswith(_STAND_IN_MODULES) and name.isidentifier():
+        if module in ("torch", "torch.cuda") and (stype := storage_type(name)) is not None:
+            return stype
+        if self._stand_ins and module.startswith(_STAND_IN_MODULES) and name.isidentifier():
             return _stand_in(module, name)
+        if self._stand_ins:
+            raise ConversionError(
+                f"refusing to unpickle {module}.{name}: the checkpoint holds an object that is "
+                "not part of an ultralytics model (only ultralytics/torch.nn classes, tensors "
+                "and containers are read)")
         raise ConversionError(
-            f"refusing to unpickle {module}.{name}: the checkpoint holds an object that is not "
-            "part of an ultralytics model (only ultralytics/torch.nn classes, tensors and "
-            "containers are read)")
+            f"refusing to unpickle {module}.{name}: a state_dict holds only tensors and "
+            "containers" + ("; an ultralytics model is converted with --from ultralytics"
+                            if module.startswith(_STAND_IN_MODULES) else ""))
 
 
-def _pickle_module() -> types.ModuleType:
-    """A module-like object for ``torch.load(pickle_module=...)``."""
-    mod = types.ModuleType("candle_nn_restricted_pickle")
-    mod.Unpickler = RestrictedUnpickler  # type: ignore[attr-defined]
-    mod.load = lambda f, **kw: RestrictedUnpickler(f, **kw).load()  # type: ignore[attr-defined]
-    mod.__name__ = "candle_nn_restricted_pickle"
-    return mod
-
-
-def _torch_load(path: str, **kwargs: Any) -> Any:
-    torch = require_torch()
+def _unpickle(path: "str | os.PathLike", *, stand_ins: bool) -> Any:
+    """The object in the torch.save file ``path``, read by :class:`RestrictedUnpickler`."""
+    path = check_weights_path(path, what="checkpoint")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's protocol / FutureWarnings: not the user's
-            return torch.load(path, map_location="cpu", **kwargs)
-    except ConversionError:
+        return torch_archive.load(path, lambda f, storage: RestrictedUnpickler(
+            f, storage, stand_ins=stand_ins))
+    except CandleNNError:
         raise
-    except Exception as exc:  # corrupt zip, truncated pickle, refused globals, …
+    except Exception as exc:  # truncated pickle, bad opcode, deep nesting, …
         raise ConversionError(
             f"cannot read {path} as a PyTorch checkpoint: {_reason(exc)}") from exc
 
 
-def _reason(exc: Exception) -> str:
-    """A one-line cause from torch.load's (often paragraph-long) exception message."""
-    text = str(exc)
-    refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
-    if refused:
-        return (f"it holds a {refused.group(1)} object, not only tensors (torch's weights-only "
-                "reader refused it); an ultralytics model is converted with --from ultralytics")
-    if isinstance(exc, EOFError) or "Ran out of input" in text:
+def _reason(exc: BaseException) -> str:
+    """A one-line cause from an unpickling failure."""
+    if isinstance(exc, EOFError):
         return "the file is empty or truncated"
-    first = re.split(r"(?<=[.;])\s", text.strip().splitlines()[0] if text.strip() else "")[0]
-    return f"{type(exc).__name__}: {first[:200] or 'no details'}"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else "no details"
+    return f"{type(exc).__name__}: {text[:200]}"
 
 
 def load_ultralytics(path: "str | os.PathLike") -> Any:
     """Unpickle an ultralytics ``.pt`` file with :class:`RestrictedUnpickler` (opt-in)."""
-    path = _check_file(path)
-    return _torch_load(path, weights_only=False, pickle_module=_pickle_module())
+    return _unpickle(path, stand_ins=True)
 
 
 def load_state_dict(path: "str | os.PathLike") -> dict[str, Any]:
     """A ``name -> tensor`` dict from a ``.safetensors`` file or a PyTorch ``state_dict`` pickle
-    (``torch.load(weights_only=True)``). Containers such as ``{"state_dict": …}`` or
-    ``{"model": …}`` are unwrapped."""
-    path = _check_file(path)
+    (tensors and containers only). Containers such as ``{"state_dict": …}`` or ``{"model": …}``
+    are unwrapped."""
+    path = check_weights_path(path, what="checkpoint")
     if path.endswith(".safetensors"):
-        from candle_nn.var_builder import open_safetensors
+        from candle_nn.var_builder import open_safetensors, read_tensor
 
         handle = open_safetensors(path)
-        return {k: handle.get_tensor(k) for k in handle.keys()}
-    return unwrap_state_dict(_torch_load(path, weights_only=True), path)
+        return {k: read_tensor(handle, path, k) for k in handle.keys()}
+    return unwrap_state_dict(_unpickle(path, stand_ins=False), path)
 
 
 # The model's own weights first (as timm's load_checkpoint does), EMA copies only when alone.
@@ -265,16 +293,9 @@ def module_state_dict(module: Any, prefix: str = "") -> Iterator[tuple[str, Any]
 
 
 def to_numpy(value: Any) -> np.ndarray:
-    """A torch tensor / MLX array / numpy array as numpy (bfloat16 becomes float32)."""
+    """An MLX / NumPy array as NumPy (MLX bfloat16 becomes float32: NumPy has no bfloat16)."""
     if isinstance(value, np.ndarray):
         return value
-    if hasattr(value, "detach"):  # torch
-        import torch
-
-        t = value.detach().cpu()
-        if t.dtype == torch.bfloat16:
-            t = t.float()
-        return t.contiguous().numpy()
     try:
         return np.asarray(value)
     except (TypeError, ValueError, RuntimeError):  # MLX bfloat16

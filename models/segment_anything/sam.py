@@ -67,7 +67,7 @@ class Sam(Module):
         """Normalise ``(B, h, w, 3)`` RGB values in 0..255 and zero-pad bottom/right to 1024².
 
         ``h, w <= 1024`` (resize first, e.g. with ``ResizeLongestSide``). → ``(B, 1024, 1024, 3)``
-        float32.
+        in the model's dtype (normalised in float32).
         """
         _, h, w, _ = pixels.shape
         if h > IMAGE_SIZE or w > IMAGE_SIZE:
@@ -75,10 +75,13 @@ class Sam(Module):
                                 "resize it first (ResizeLongestSide)")
         with self.on_device():
             x = (pixels.astype(mx.float32) - self._pixel_mean) / self._pixel_std
-            return mx.pad(x, [(0, 0), (0, IMAGE_SIZE - h), (0, IMAGE_SIZE - w), (0, 0)])
+            x = mx.pad(x, [(0, 0), (0, IMAGE_SIZE - h), (0, IMAGE_SIZE - w), (0, 0)])
+            return x.astype(cn.model_dtype(self.image_encoder) or mx.float32)
 
     def embed(self, image: mx.array) -> mx.array:
         """Image embeddings ``(B, 64, 64, 256)`` of a preprocessed ``(B, 1024, 1024, 3)`` batch."""
+        cn.check_image_batch(image, model="Sam.embed", dtype=cn.model_dtype(self.image_encoder),
+                             preprocessing="Sam.preprocess(pixels) (or SamPredictor.set_image)")
         return self.image_encoder(image)
 
     def get_dense_pe(self) -> mx.array:

@@ -1,0 +1,83 @@
+"""Input checks at a model's boundary: one clear error instead of a raw MLX one (or silent float32).
+
+Image models take NHWC ``mx.array`` batches ``(N, H, W, C)`` in the model's floating dtype.
+:func:`check_image_batch` refuses, with a :class:`~candle_nn.errors.CandleNNError` that names the
+fix, what people commonly pass instead: NumPy arrays (wrap with ``mx.array``), NCHW batches
+(``x.transpose(0, 2, 3, 1)``), a single image (``x[None]``), uint8 pixels (the model's
+preprocessing), or another float dtype than the model's (``x.astype(...)``: a float16 model fed
+float32 would otherwise quietly compute in float32). Nothing is converted implicitly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from .errors import DTypeError, ShapeMismatchError
+
+
+def model_dtype(module: Any) -> mx.Dtype | None:
+    """The dtype of ``module``'s first floating parameter (depth first), ``None`` without one."""
+    for value in module.values():
+        found = _first_float_dtype(value)
+        if found is not None:
+            return found
+    return None
+
+
+def _first_float_dtype(value: Any) -> mx.Dtype | None:
+    if isinstance(value, mx.array):
+        return value.dtype if mx.issubdtype(value.dtype, mx.floating) else None
+    if isinstance(value, dict):
+        values = list(value.values())
+    elif isinstance(value, (list, tuple)):
+        values = list(value)
+    else:
+        return None
+    for v in values:
+        found = _first_float_dtype(v)
+        if found is not None:
+            return found
+    return None
+
+
+def check_image_batch(x: Any, *, model: str, dtype: mx.Dtype | None, channels: int = 3,
+                      preprocessing: str) -> None:
+    """Raise unless ``x`` is an ``(N, H, W, channels)`` ``mx.array`` of floating ``dtype``.
+
+    Args:
+        x: what the caller passed to the model.
+        model: the model's name, for the message (``"ResNet"``).
+        dtype: the model's dtype (``None``: any floating dtype).
+        channels: the expected number of channels (last axis).
+        preprocessing: how to make a proper input from an image, for the message
+            (``"models.imagenet.preprocess(rgb)"``).
+    """
+    want = f"an NHWC mx.array (N, H, W, {channels})"
+    if not isinstance(x, mx.array):
+        kind = type(x).__module__.split(".")[0] + "." + type(x).__name__
+        raise DTypeError(f"{model} expects {want}, got a {kind}; wrap it with mx.array(x)"
+                         + (" (after np.stack for a list of images)" if kind == "builtins.list"
+                            else ""))
+    shape = tuple(x.shape)
+    if x.ndim == 3 and shape[-1] == channels:
+        raise ShapeMismatchError(f"{model} expects {want}, got one image {shape}: add the batch "
+                                 "axis with x[None]")
+    if x.ndim == 4 and shape[1] == channels and shape[-1] != channels:
+        raise ShapeMismatchError(f"{model} expects {want}, got {shape}, which looks like NCHW: "
+                                 "transpose it with x.transpose(0, 2, 3, 1)")
+    if x.ndim != 4 or shape[-1] != channels:
+        raise ShapeMismatchError(f"{model} expects {want}, got shape {shape}")
+    if not mx.issubdtype(x.dtype, mx.floating):
+        raise DTypeError(f"{model} expects preprocessed floats, got {_name(x.dtype)} pixels: "
+                         f"prepare images with {preprocessing}")
+    if dtype is not None and x.dtype != dtype:
+        name = _name(dtype)
+        raise DTypeError(f"{model} was built in {name} but the input is "
+                         f"{_name(x.dtype)}: cast it with x.astype(mx.{name}) (or "
+                         "build the model in the input's dtype with VarBuilder(..., dtype=))")
+
+
+def _name(dtype: mx.Dtype) -> str:
+    return str(dtype).rsplit(".", 1)[-1]  # "mlx.core.float16" -> "float16"

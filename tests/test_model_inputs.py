@@ -1,0 +1,87 @@
+"""Input checks at the model boundary: ResNet, YOLOv8 and SAM refuse what people commonly pass by
+mistake with one CandleNNError that names the fix (candle_nn.check_image_batch)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import candle_nn as cn
+from models.resnet import resnet18
+from models.segment_anything import Sam
+from models.yolo_v8 import YoloV8
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, tuple]:
+    """name -> (model, a valid input's shape, the preprocessing the message must name)."""
+    def vb(dtype="float32"):
+        return cn.VarBuilder.from_varmap(cn.VarMap(), seed=0, device="cpu", dtype=dtype)
+
+    return {
+        "ResNet": (resnet18(vb(), num_classes=10), (1, 32, 32, 3), "models.imagenet.preprocess"),
+        "YoloV8": (YoloV8.load(vb(), "n", 80), (1, 64, 64, 3), "letterbox"),
+        "Sam.embed": (lambda x, m=Sam.load_tiny(vb()): m.embed(x), (1, 1024, 1024, 3),
+                      "Sam.preprocess"),
+        "ResNet-f16": (resnet18(vb("float16"), num_classes=10), (1, 32, 32, 3), None),
+        "YoloV8-f16": (YoloV8.load(vb("float16"), "n", 80), (1, 64, 64, 3), None),
+    }
+
+
+NAMES = ["ResNet", "YoloV8", "Sam.embed"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_numpy_input_names_mx_array(models, name):
+    model, shape, _ = models[name]
+    with pytest.raises(cn.DTypeError, match=r"got a numpy\.ndarray; wrap it with mx\.array\(x\)"):
+        model(np.zeros(shape, np.float32))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_nchw_input_names_the_transpose(models, name):
+    model, (n, h, w, c), _ = models[name]
+    with pytest.raises(cn.ShapeMismatchError, match=rf"got \({n}, {c}, {h}, {w}\), which looks "
+                                                    r"like NCHW: .*x\.transpose\(0, 2, 3, 1\)"):
+        model(mx.zeros((n, c, h, w)))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_single_image_names_the_batch_axis(models, name):
+    model, shape, _ = models[name]
+    with pytest.raises(cn.ShapeMismatchError, match=r"one image .*x\[None\]"):
+        model(mx.zeros(shape[1:]))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_uint8_pixels_name_the_preprocessing(models, name):
+    model, shape, hint = models[name]
+    with pytest.raises(cn.DTypeError, match=rf"got uint8 pixels: prepare images with "
+                                            rf".*{hint}"):
+        model(mx.zeros(shape, dtype=mx.uint8))
+
+
+@pytest.mark.parametrize("name", ["ResNet-f16", "YoloV8-f16"])
+def test_float32_input_to_a_float16_model_is_refused_not_upcast(models, name):
+    model, shape, _ = models[name]
+    with pytest.raises(cn.DTypeError, match=r"built in float16 but the input is float32: cast it "
+                                            r"with x\.astype\(mx\.float16\)"):
+        model(mx.zeros(shape))
+    out = model(mx.zeros(shape, dtype=mx.float16))  # the fix works and computes in float16
+    assert out.dtype == mx.float16
+
+
+def test_errors_are_candle_nn_errors_and_valid_input_runs(models):
+    model, shape, _ = models["ResNet"]
+    for bad in (np.zeros(shape), mx.zeros((1, 3, 32, 32)), mx.zeros(shape, dtype=mx.uint8)):
+        with pytest.raises(cn.CandleNNError):
+            model(bad)
+    assert model(mx.zeros(shape)).shape == (1, 10)
+
+
+def test_sam_preprocess_gives_the_models_dtype():
+    sam = Sam.load_tiny(cn.VarBuilder.from_varmap(cn.VarMap(), seed=0, device="cpu",
+                                                  dtype="float16"))
+    x = sam.preprocess(mx.zeros((1, 16, 16, 3), dtype=mx.uint8))
+    assert x.dtype == mx.float16 and x.shape == (1, 1024, 1024, 3)
