@@ -65,8 +65,12 @@ def _number(kind: type, low: float):
 
 
 def make_generator(sam: Sam, args: argparse.Namespace) -> SamAutomaticMaskGenerator:
-    return SamAutomaticMaskGenerator(sam, output_mode="coco_rle",
-                                     **{name: getattr(args, name) for name, *_ in KNOBS.values()})
+    """The generator for the command line's knobs (CandleNNError for a combination it refuses)."""
+    knobs = {name: getattr(args, name) for name, *_ in KNOBS.values()}
+    try:
+        return SamAutomaticMaskGenerator(sam, output_mode="coco_rle", **knobs)
+    except ValueError as exc:
+        raise CandleNNError(f"--everything: {exc}") from exc
 
 
 def segment_everything(path: Path, rgb: np.ndarray, generator: SamAutomaticMaskGenerator,

@@ -258,7 +258,8 @@ def _segment_prompts(path: Path, rgb: np.ndarray, prompts: Prompts, sam: Sam,
     files = {"mask": save_image_atomic(_mask_png(masks[best]), out_dir / f"{stem}_mask.png")}
     if len(masks) > 1:
         for i, mask in enumerate(masks):
-            files[f"mask_{i}"] = save_image_atomic(_mask_png(mask), out_dir / f"{stem}_mask_{i}.png")
+            files[f"mask_{i}"] = save_image_atomic(_mask_png(mask),
+                                                   out_dir / f"{stem}_mask_{i}.png")
     shown = [masks[i] for i in range(len(masks))] if len(masks) > 1 else [masks[best]]
     files["overlay"] = save_image_atomic(overlay_image(rgb, shown, prompts),
                                          out_dir / f"{stem}_overlay.png")

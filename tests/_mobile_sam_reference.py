@@ -5,18 +5,19 @@ MobileSAM imports two packages only for things inference does not use or that ar
 function: ``timm`` (``DropPath`` — identity at the drop rate 0 MobileSAM builds with —,
 ``to_2tuple``, ``trunc_normal_`` for random init, and a model registry decorator) and
 torchvision (``ops.boxes.batched_nms``, ``ops.boxes.box_area``, and ``transforms.functional``'s
-``to_pil_image`` + ``resize``, which on a PIL image are PIL's bilinear resize). PyPI's Linux torchvision is built
-against CUDA torch and cannot load next to the CPU torch wheel of the ``test`` extra (its ``_C``
-library needs ``libtorch_cuda.so``), and timm imports torchvision. So when they cannot be
-imported, the stand-ins below take their place: the timm names behave as timm's do at inference,
-and ``batched_nms`` is a line-by-line transcription of torchvision's CPU NMS kernel
-(``torchvision/csrc/ops/cpu/nms_kernel.cpp``: sort by score, descending; drop boxes whose IoU
-with a kept box is ``> iou_threshold``; IoU in the boxes' dtype) plus ``batched_nms``'s
-coordinate trick for categories. That NMS replaces the generator's ``batched_nms`` even where
-torchvision imports, for one reason: equal scores (every mask of a crop has the same score in
-the NMS across crops) must be visited in a defined order — input order, as ours does — where
-torchvision leaves it to torch's unstable sort. Everything else — grids, crops, thresholds, stability score,
-RLEs, OpenCV's connected components, pycocotools — is MobileSAM's own code.
+``to_pil_image`` + ``resize``, which on a PIL image are PIL's bilinear resize). PyPI's Linux
+torchvision is built against CUDA torch and cannot load next to the CPU torch wheel of the
+``test`` extra (its ``_C`` library needs ``libtorch_cuda.so``), and timm imports torchvision. So
+when they cannot be imported, the stand-ins below take their place: the timm names behave as
+timm's do at inference, and ``batched_nms`` is a line-by-line transcription of torchvision's CPU
+NMS kernel (``torchvision/csrc/ops/cpu/nms_kernel.cpp``: sort by score, descending; drop boxes
+whose IoU with a kept box is ``> iou_threshold``; IoU in the boxes' dtype) plus
+``batched_nms``'s coordinate trick for categories. That NMS replaces the generator's
+``batched_nms`` even where torchvision imports, for one reason: equal scores (every mask of a
+crop has the same score in the NMS across crops) must be visited in a defined order — input
+order, as ours does — where torchvision leaves it to torch's unstable sort. Everything else —
+grids, crops, thresholds, stability score, RLEs, OpenCV's connected components, pycocotools — is
+MobileSAM's own code.
 """
 
 from __future__ import annotations

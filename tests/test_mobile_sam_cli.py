@@ -122,7 +122,8 @@ def test_good_run_writes_best_mask_and_overlay(multimask_run):
     assert [m["best"] for m in doc["masks"]] == [i == best for i in range(3)]
     for i, record in enumerate(doc["masks"]):
         decoded = coco_decode(record["segmentation"])
-        np.testing.assert_array_equal(decoded, np.asarray(Image.open(tmp_path / f"bike_mask_{i}.png")) > 0)
+        png = np.asarray(Image.open(tmp_path / f"bike_mask_{i}.png")) > 0
+        np.testing.assert_array_equal(decoded, png)
         assert record["area"] == decoded.sum()
         ys, xs = np.nonzero(decoded)
         assert record["bbox"] == [xs.min(), ys.min(), xs.max() - xs.min(), ys.max() - ys.min()]

@@ -24,7 +24,7 @@ import candle_nn as cn
 from _mobile_sam_reference import build_reference_sam, import_mobile_sam
 from _sam_decoder_stand_in import install_on_ours, install_on_reference
 from conftest import DEVICES, FIXTURES, fixture_dir
-from models.segment_anything import Sam, SamAutomaticMaskGenerator
+from models.segment_anything import ImageEncoderViT, Sam, SamAutomaticMaskGenerator, ViTConfig
 from models.segment_anything import amg
 
 BOX_TOL = 2  # px: a logit within float32 noise of 0 moves an edge by one pixel
@@ -35,7 +35,8 @@ MASK_IOU = 0.99
 
 @pytest.fixture(scope="module")
 def mobile_sam():
-    torch = pytest.importorskip("torch")  # in the test extra: an import error here is a failure
+    import torch  # the test extra's: a missing reference is a failure, never a skip
+
     torch.set_num_threads(2)
     module, stand_ins = import_mobile_sam()
     print(f"MobileSAM reference; stand-ins for: {stand_ins or 'nothing'}")
@@ -123,6 +124,53 @@ def test_fixture_weights_match_mobile_sam(device, weights, bike, real_reference)
     ours = SamAutomaticMaskGenerator(sam, **REAL).generate(bike)
     worst = compare_records(ours, real_reference, f"fixture weights {device}")
     assert 5 <= worst["count"] < 27  # 3x3 points x 3 masks, some dropped by each threshold
+
+
+# -- a ViT encoder (SAM ViT-B/L/H's architecture, small) ----------------------------------------
+SMALL_VIT = ViTConfig(embed_dim=32, depth=2, num_heads=2, global_attn_indexes=(1,))
+
+
+def test_vit_encoder_matches_mobile_sam(mobile_sam, small_bike, tmp_path):
+    """The generator with a ViT encoder (SAM's ImageEncoderViT at 1024², two blocks: one windowed,
+    one global) and seeded random weights for the whole model, ours vs MobileSAM's ``Sam`` built
+    with the same ViT, on the same safetensors file."""
+    import torch
+    from functools import partial
+
+    from mobile_sam.modeling import (ImageEncoderViT as RefViT, MaskDecoder as RefDecoder,
+                                     PromptEncoder as RefPrompt, Sam as RefSam,
+                                     TwoWayTransformer)
+    from safetensors.numpy import load_file
+
+    varmap = cn.VarMap()
+    Sam(cn.VarBuilder.from_varmap(varmap, seed=3, device="cpu"),
+        ImageEncoderViT(cn.VarBuilder.from_varmap(varmap, seed=3, device="cpu").pp(
+            "image_encoder"), SMALL_VIT))
+    varmap.save(tmp_path / "vit.safetensors")
+    vb = cn.VarBuilder.from_safetensors(tmp_path / "vit.safetensors", device="cpu")
+    ours_sam = Sam(vb, ImageEncoderViT(vb.pp("image_encoder"), SMALL_VIT))
+
+    ref = RefSam(
+        image_encoder=RefViT(depth=2, embed_dim=32, img_size=1024, mlp_ratio=4,
+                             norm_layer=partial(torch.nn.LayerNorm, eps=1e-6), num_heads=2,
+                             patch_size=16, qkv_bias=True, use_rel_pos=True,
+                             global_attn_indexes=[1], window_size=14, out_chans=256),
+        prompt_encoder=RefPrompt(embed_dim=256, image_embedding_size=(64, 64),
+                                 input_image_size=(1024, 1024), mask_in_chans=16),
+        mask_decoder=RefDecoder(num_multimask_outputs=3,
+                                transformer=TwoWayTransformer(depth=2, embedding_dim=256,
+                                                              mlp_dim=2048, num_heads=8),
+                                transformer_dim=256, iou_head_depth=3, iou_head_hidden_dim=256),
+        pixel_mean=[123.675, 116.28, 103.53], pixel_std=[58.395, 57.12, 57.375])
+    state = {k: torch.from_numpy(v) for k, v in load_file(tmp_path / "vit.safetensors").items()}
+    assert not ref.load_state_dict(state, strict=False).missing_keys
+    ref.eval()
+
+    settings = dict(points_per_side=3, pred_iou_thresh=0.0, stability_score_thresh=0.0,
+                    box_nms_thresh=1.0)
+    theirs = mobile_sam.SamAutomaticMaskGenerator(ref, **settings).generate(small_bike)
+    ours = SamAutomaticMaskGenerator(ours_sam, **settings).generate(small_bike)
+    compare_records(ours, theirs, "ViT encoder")
 
 
 # -- the stand-in decoder: every stage of the pipeline ------------------------------------------
@@ -311,6 +359,9 @@ def test_bad_arguments(weights):
         SamAutomaticMaskGenerator(sam, points_per_side=None)
     with pytest.raises(ValueError, match="exactly one"):
         SamAutomaticMaskGenerator(sam, point_grids=[np.zeros((1, 2))])
+    with pytest.raises(ValueError, match="leaves crop layer 2 0 points"):
+        SamAutomaticMaskGenerator(sam, points_per_side=3, crop_n_layers=2,
+                                  crop_n_points_downscale_factor=2)
     with pytest.raises(ValueError, match="output_mode"):
         SamAutomaticMaskGenerator(sam, output_mode="polygon")
     with pytest.raises(ValueError, match="crop_n_layers=1 needs 2"):

@@ -57,11 +57,19 @@ class SamAutomaticMaskGenerator:
                  crop_overlap_ratio: float = 512 / 1500, crop_n_points_downscale_factor: int = 1,
                  point_grids: list[np.ndarray] | None = None, min_mask_region_area: int = 0,
                  output_mode: str = "binary_mask") -> None:
+        if crop_n_layers < 0:
+            raise ValueError(f"crop_n_layers must be >= 0, not {crop_n_layers}")
+        if crop_n_points_downscale_factor < 1:
+            raise ValueError("crop_n_points_downscale_factor must be >= 1, not "
+                             f"{crop_n_points_downscale_factor}")
         if (points_per_side is None) == (point_grids is None):
             raise ValueError("give exactly one of points_per_side and point_grids")
         if points_per_side is not None:
-            if points_per_side < 1:
-                raise ValueError(f"points_per_side must be >= 1, not {points_per_side}")
+            last = int(points_per_side / crop_n_points_downscale_factor ** crop_n_layers)
+            if points_per_side < 1 or last < 1:
+                raise ValueError(f"points_per_side={points_per_side} leaves crop layer "
+                                 f"{crop_n_layers} {last} points a side: use more points, fewer "
+                                 "crop layers or a smaller crop_n_points_downscale_factor")
             self.point_grids = build_all_layer_point_grids(points_per_side, crop_n_layers,
                                                            crop_n_points_downscale_factor)
         else:
@@ -75,8 +83,6 @@ class SamAutomaticMaskGenerator:
                              f"not {output_mode!r}")
         if points_per_batch < 1:
             raise ValueError(f"points_per_batch must be >= 1, not {points_per_batch}")
-        if crop_n_layers < 0:
-            raise ValueError(f"crop_n_layers must be >= 0, not {crop_n_layers}")
         self.predictor = SamPredictor(model)
         self.points_per_batch = points_per_batch
         self.pred_iou_thresh = pred_iou_thresh
