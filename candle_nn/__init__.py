@@ -10,6 +10,10 @@ from __future__ import annotations
 from . import precision as _precision
 
 _precision.configure_from_env()
+# ... and kernels launched the way that is fastest for inference on CUDA (see cuda_launch.py).
+from . import cuda_launch as _cuda_launch  # noqa: E402
+
+_cuda_launch.configure_from_env()
 
 # Before anything imports MLX: an optimized CPU BLAS instead of MLX's bundled reference one on
 # Linux (see blas.py; CANDLE_NN_BLAS=off opts out). candle_nn.info() reports what is in use.

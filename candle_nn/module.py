@@ -121,8 +121,43 @@ class Module(nn.Module, metaclass=_EvaluatedWhenBuilt):
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.__dict__.get("_compile") and not kwargs:
+            return self._compiled_forward()(*args)
         with self.on_device():
             return self.forward(*args, **kwargs)
+
+    def set_compiled(self, enabled: bool | None = None) -> "Module":
+        """Run calls of this module under ``mx.compile`` (or not); returns self.
+
+        The compiled path is the fast one for inference on GPUs: elementwise chains (bias, SiLU,
+        residual adds) fuse into single kernels and each forward launches fewer of them (ResNet-50
+        float16 on an H100: 109 kernels instead of 178). ``enabled=None`` compiles on GPUs only:
+        on the CPU, MLX builds C++ on the first call of each input shape and runs slower. Weights
+        are traced as constants, so compile after loading and switch it off (``False``) to train
+        or change them; :meth:`to` switches it off. Each thread traces its own compiled forward
+        (on its own stream); calls with keyword arguments run uncompiled.
+        """
+        if enabled is None:
+            enabled = self._device is not None and self._device.kind == "gpu"
+        object.__setattr__(self, "_compile", bool(enabled))
+        object.__setattr__(self, "_compiled", threading.local())
+        return self
+
+    @property
+    def compiled(self) -> bool:
+        """Whether calls run under ``mx.compile`` (see :meth:`set_compiled`)."""
+        return bool(self.__dict__.get("_compile"))
+
+    def _compiled_forward(self) -> Callable[..., Any]:
+        local = self.__dict__["_compiled"]
+        fn = getattr(local, "forward", None)
+        if fn is None:
+            def eager(*args: Any) -> Any:
+                with self.on_device():
+                    return self.forward(*args)
+
+            fn = local.forward = mx.compile(eager)
+        return fn
 
     def on_device(self) -> contextlib.AbstractContextManager:
         """Context manager running MLX ops on this module's stream (a no-op when stateless)."""
@@ -132,6 +167,7 @@ class Module(nn.Module, metaclass=_EvaluatedWhenBuilt):
         """Move this module and every candle_nn child to ``device`` (in place; returns self)."""
         device = Device.parse(device)
         mx.eval(self.parameters())  # finish pending work on the old stream
+        object.__setattr__(self, "_compile", False)  # traced on the old device's streams
         for _, module in self.named_modules():
             if isinstance(module, Module) and module._device is not None:
                 object.__setattr__(module, "_device", device)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from . import cuda_kernels
 from .device import Device
 from .module import Module
 
@@ -36,6 +37,10 @@ def max_pool2d(x: mx.array, kernel_size: "int | tuple[int, int]",
                stride: "int | tuple[int, int] | None" = None,
                padding: "int | tuple[int, int]" = 0) -> mx.array:
     """Max pooling (padding counts as -inf, as PyTorch). ``(N, H, W, C)`` → ``(N, H', W', C)``."""
+    if cuda_kernels.on_cuda("max_pool", x.dtype):
+        kernel = _pair(kernel_size)
+        return cuda_kernels.max_pool2d(x, kernel, _pair(stride if stride is not None else kernel),
+                                       _pair(padding))
     return _pool(x, kernel_size, stride, padding, float("-inf"), mx.max)
 
 

@@ -31,7 +31,9 @@ def _torch_device(device: str) -> str:
 def _place(module: Any, device: str, dtype: str, opts: Options) -> Any:
     """Move an eval-mode module to the benchmark's device and dtype (channels_last on GPUs)."""
     torch = _torch()
-    module = module.eval().to(device=_torch_device(device), dtype=getattr(torch, dtype))
+    # eval() after the cast: ultralytics' TinyViT caches its attention biases in eval(), and a
+    # cache made before .to(float16) stays float32 ("expected scalar type Float but found Half").
+    module = module.to(device=_torch_device(device), dtype=getattr(torch, dtype)).eval()
     if opts.channels_last and device != "cpu":
         module = module.to(memory_format=torch.channels_last)
     return module

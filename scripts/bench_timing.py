@@ -8,6 +8,7 @@ ends with a synchronisation (``mx.eval``, ``torch.cuda.synchronize``, ONNX Runti
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -62,6 +63,11 @@ def time_calls(single: Callable[[], Any], batched: Callable[[], Any], batch: int
     batched()  # its own first call (new shapes) is not timed
     batch_times = _timed(batched, opts)
     batch_s = statistics.median(batch_times)
+    trace = {}
+    if os.environ.get("CANDLE_NN_BENCH_TRACE"):  # GPU kernel/idle split (scripts/bench_gpu_trace.py)
+        from scripts.bench_gpu_trace import profile_calls
+
+        trace = {"trace": profile_calls(single, batched)}
     return {
         "first_s": first_s,
         "median_ms": 1e3 * statistics.median(times),
@@ -70,6 +76,7 @@ def time_calls(single: Callable[[], Any], batched: Callable[[], Any], batch: int
         "batch": batch,
         "batch_median_ms": 1e3 * batch_s,
         "throughput_ips": batch / batch_s,
+        **trace,
     }
 
 

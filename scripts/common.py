@@ -121,6 +121,14 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true",
                         help="print the MLX version, devices, CPU BLAS and float32 precision "
                              "in use (to stderr)")
+    parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                        help="run the model under mx.compile (auto, the default: on GPUs, where "
+                             "it is faster; off on the CPU, where it is slower)")
+
+
+def compile_choice(choice: str) -> bool | None:
+    """``--compile`` as :meth:`candle_nn.Module.set_compiled`'s argument (``auto`` → ``None``)."""
+    return {"auto": None, "on": True, "off": False}[choice]
 
 
 def parse_device(spec: str | None, verbose: bool = False) -> Device:

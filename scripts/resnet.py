@@ -26,6 +26,7 @@ from models.imagenet import class_names, preprocess
 from models.resnet import VARIANTS, ResNet, infer_variant
 from scripts.common import (add_device_argument, collect_images, load_rgb, parse_device,
                             run_main)
+from scripts.common import compile_choice
 from weights.metadata import WeightsMetadata
 from weights.registry import resolve_weights
 
@@ -89,6 +90,7 @@ def _main(argv: Sequence[str] | None) -> int:
         raise CandleNNError("--top-k and --batch-size must be at least 1")
     images = collect_images(args.image)
     model, names = load_classifier(args.weights, args.variant, parse_device(args.device, args.verbose))
+    model.set_compiled(compile_choice(args.compile))
     results = classify(model, images, min(args.top_k, len(names)), args.batch_size)
     if args.json:
         print(json.dumps({"model": model.variant, "images": [

@@ -38,6 +38,7 @@ from models.segment_anything.embedding_file import (ImageEmbedding, read_image_e
                                                     save_image_embedding)
 from scripts.common import (add_device_argument, load_rgb, parse_device, prepare_out_dir,
                             run_main, save_image_atomic)
+from scripts.common import compile_choice
 from scripts.sam_everything import add_everything_arguments, make_generator, segment_everything
 from scripts.sam_outputs import mask_json, overlay_masks, save_json_atomic
 from weights.registry import resolve_weights
@@ -223,6 +224,7 @@ def _main(argv: Sequence[str] | None) -> int:
     weights = resolve_weights(registry_model, args.model, args.weights)
     vb = VarBuilder.from_safetensors(weights, device=device)
     sam = Sam.load_tiny(vb) if args.model == "tiny" else Sam.load_vit(vb, args.model)
+    sam.image_encoder.set_compiled(compile_choice(args.compile))
     sam.mask_threshold = args.threshold
     out_dir = prepare_out_dir(args.out)
 

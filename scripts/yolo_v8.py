@@ -48,6 +48,7 @@ from models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec, infer_spec
 from models.yolo_v8_post import Detection, crop_box, postprocess, yolo_label_lines
 from scripts.common import (add_device_argument, collect_images, load_rgb, parse_device,
                             prepare_out_dir, run_main, save_image_atomic, save_text_atomic)
+from scripts.common import compile_choice
 from scripts.yolo_v8_draw import draw_detections
 from scripts.yolo_v8_video import check_sources, detect_video, print_video_result
 from weights.metadata import WeightsMetadata
@@ -189,12 +190,13 @@ def load_detector(weights: "str | Path | None", task: str | None, variant: str |
 def load_for(args: argparse.Namespace, device: Device,
              ) -> tuple[YoloV8 | YoloV8Pose, YoloV8Spec, list[str]]:
     """:func:`load_detector` with the command line's weights, task, variant and ``--half``;
-    ``--classes`` checked against the model's class count."""
+    ``--classes`` checked against the model's class count; ``--compile`` applied."""
     model, spec, names, _ = load_detector(args.weights, args.task, args.variant, device,
                                           "float16" if args.half else "float32")
     if args.classes and max(args.classes) >= spec.num_classes:
         raise CandleNNError(f"--classes {max(args.classes)}: the model has {spec.num_classes} "
                             f"classes (0..{spec.num_classes - 1})")
+    model.set_compiled(compile_choice(args.compile))
     return model, spec, names
 
 

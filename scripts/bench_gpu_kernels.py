@@ -1,0 +1,82 @@
+"""candle_nn's CUDA kernels (candle_nn/cuda_kernels.py) against the MLX ops they replace, on
+the GPU machine: same inputs, relative error and median time of each.
+
+    python -m scripts.bench_gpu_kernels
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+import candle_nn as cn  # noqa: F401
+import mlx.core as mx
+import numpy as np
+
+from candle_nn import cuda_kernels as ck
+from candle_nn.pooling import _pool
+from models.yolo_v8_head import Dfl
+
+
+def mlx_max_pool(x, k, s, p):
+    return _pool(x, k, s, p, float("-inf"), mx.max)
+
+
+def bench(fn, iters=30):
+    for _ in range(3):
+        mx.eval(fn())
+    ts = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        mx.eval(fn())
+        ts.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(ts)
+
+
+def rel(a, b):
+    a = np.array(a.astype(mx.float32), dtype=np.float64)
+    b = np.array(b.astype(mx.float32), dtype=np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def rnd(shape, dtype, seed=0):
+    return mx.array(np.random.default_rng(seed).standard_normal(shape).astype(np.float32)).astype(dtype)
+
+
+def main() -> None:
+    print("CUDA kernels in use:", {k: ck.on_cuda(k) for k in ("depthwise", "dfl", "max_pool")})
+    for dt in (mx.float32, mx.float16):
+        print(f"== {dt}")
+        # depthwise (MobileSAM shapes)
+        for (b, h, c, s) in [(1, 256, 256, 1), (1, 64, 160, 1), (8, 256, 256, 1), (8, 64, 320, 1)]:
+            x = rnd((b, h, h, c), dt, 1)
+            w = rnd((c, 3, 3, 1), dt, 2) * 0.3
+            bias = rnd((c,), dt, 3)
+            ref = lambda: mx.conv2d(x, w, stride=s, padding=1, groups=c) + bias
+            new = lambda: ck.depthwise_conv2d(x, w, bias, (s, s), (1, 1))
+            err = rel(new(), ref())
+            print(f"depthwise b{b} {h}x{h}x{c} s{s}: mlx {bench(ref):.3f} ms  kernel {bench(new):.3f} ms  err {err:.2e}")
+        # max pool
+        for (b, h, c, k, s, p) in [(32, 112, 64, 3, 2, 1)]:
+            x = rnd((b, h, h, c), dt, 4)
+            ref = lambda: mlx_max_pool(x, k, s, p)
+            new = lambda: ck.max_pool2d(x, (k, k), (s, s), (p, p))
+            err = rel(new(), ref())
+            print(f"maxpool b{b} {h}x{h}x{c} k{k}s{s}: mlx {bench(ref):.3f} ms  kernel {bench(new):.3f} ms  err {err:.2e}")
+        # DFL decode (YOLOv8n head: 8400 anchors)
+        for b in (1, 32):
+            x = rnd((b, 8400, 64), dt, 11)
+            dfl = Dfl(cn.Conv2d(mx.arange(16, dtype=dt).reshape(1, 1, 1, 16), None, device=cn.Device.parse("gpu")))
+            os.environ["CANDLE_NN_CUDA_KERNELS"] = "0"
+            ref = lambda: dfl(x)
+            r = ref()
+            tr = bench(ref)
+            os.environ["CANDLE_NN_CUDA_KERNELS"] = "all"
+            new = lambda: dfl(x)
+            print(f"dfl b{b}: mlx {tr:.3f} ms  kernel {bench(new):.3f} ms  err {rel(new(), r):.2e}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

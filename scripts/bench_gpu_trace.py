@@ -1,0 +1,264 @@
+"""Where a GPU forward's time goes: kernel time vs idle gaps vs host time, and the top kernels.
+
+For candle_nn (eager and ``mx.compile``) and PyTorch (eager channels_last and
+``torch.compile(mode="reduce-overhead")``), per model, dtype and batch::
+
+    python -m scripts.bench_gpu_trace --side ours --models resnet50 yolov8n mobilesam-encoder \
+        --dtypes float32,float16 --batches 1,32 --json trace_ours.json
+    python -m scripts.bench_gpu_trace --side torch ...   # or --side torch.compile
+
+Kernel activity is recorded by CUPTI through ``torch.profiler`` (Kineto): CUPTI sees every kernel
+launched in the process, MLX's too, so both sides are measured by one tool. Per forward it reports
+
+* ``wall``: host clock around one synchronised call (median);
+* ``busy``: the union of kernel/memcpy/memset intervals on the GPU; ``idle`` = wall - busy;
+* ``host``: for candle_nn the time to build the lazy graph plus ``mx.async_eval`` (encoding and
+  launching every kernel), for PyTorch the time until the call returns (launches are async);
+* ``kernels``: launches per forward, and the costliest kernels by GPU time.
+
+Run it on the GPU machine (needs torch with CUDA); one side per process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+from scripts.bench_models import MODELS, BenchModel
+
+_GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _category(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("conv", "xmma_fprop", "implicit", "fprop", "cudnn", "dgrad",
+                            "winograd", "depthwise", "sm90_xmma", "cutlass", "nchw", "nhwc")):
+        return "conv/cudnn"
+    if any(k in n for k in ("gemm", "gemv", "matmul", "cublas", "sm90_", "ampere_", "wgmma")):
+        return "gemm"
+    if any(k in n for k in ("reduce", "softmax", "layer_norm", "layernorm", "rms", "mean")):
+        return "reduce/norm"
+    if any(k in n for k in ("copy", "transpose", "memcpy", "memset", "concat", "pad", "gather",
+                            "scatter", "slice")):
+        return "copy/layout"
+    if "triton" in n:
+        return "triton (fused)"
+    return "elementwise/other"
+
+
+def analyse(trace_path: str, iters: int, top: int = 8) -> dict:
+    """Per-forward GPU statistics from a Kineto chrome trace covering ``iters`` forwards."""
+    with open(trace_path) as f:
+        events = json.load(f).get("traceEvents", [])
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in _GPU_CATS]
+    runtime = [e for e in events if e.get("ph") == "X"
+               and e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in gpu)
+    busy, end = 0.0, None
+    start = None
+    for s, t in spans:
+        if end is None or s > end:
+            if end is not None:
+                busy += end - start
+            start, end = s, t
+        else:
+            end = max(end, t)
+    if end is not None:
+        busy += end - start
+    per_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    per_cat: dict[str, float] = defaultdict(float)
+    for e in gpu:
+        name = e.get("name", "?")
+        per_name[name][0] += float(e.get("dur", 0))
+        per_name[name][1] += 1
+        per_cat[_category(name) if e["cat"] == "kernel" else "copy/layout"] += float(e.get("dur", 0))
+    total = sum(v[0] for v in per_name.values()) or 1.0
+    api: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in runtime:
+        api[e.get("name", "?")][0] += float(e.get("dur", 0))
+        api[e.get("name", "?")][1] += 1
+    return {
+        "kernels": sum(1 for e in gpu if e["cat"] == "kernel") / iters,
+        "kernel_sum_ms": total / iters / 1e3,
+        "busy_ms": busy / iters / 1e3,
+        "categories": {k: round(v / total, 3) for k, v in sorted(per_cat.items(), key=lambda kv: -kv[1])},
+        "top": [{"name": _short(k), "ms": round(v[0] / iters / 1e3, 4), "share": round(v[0] / total, 3),
+                 "calls": v[1] / iters}
+                for k, v in sorted(per_name.items(), key=lambda kv: -kv[1][0])[:top]],
+        "api": [{"name": k, "ms": round(v[0] / iters / 1e3, 4), "calls": v[1] / iters}
+                for k, v in sorted(api.items(), key=lambda kv: -kv[1][0])[:5]],
+    }
+
+
+def _short(name: str) -> str:
+    name = re.sub(r"\s+", " ", name)
+    return name if len(name) <= 110 else name[:107] + "..."
+
+
+def _profiled(run: Callable[[], Any], iters: int) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                run()
+        torch.cuda.synchronize() if torch.cuda.is_available() else None
+        prof.export_chrome_trace(path)
+        return analyse(path, iters)
+
+
+def profile_calls(single: Callable[[], Any], batched: Callable[[], Any],
+                  iters: int = 10) -> dict:
+    """``{"bs1": stats, "batch": stats}`` (see :func:`analyse`) for two synchronous callables;
+    ``candle-nn-bench`` records these in its JSON when ``CANDLE_NN_BENCH_TRACE=1``."""
+    out = {}
+    for key, call, n in (("bs1", single, iters), ("batch", batched, max(3, iters // 2))):
+        try:
+            out[key] = _profiled(call, n)
+        except Exception as exc:  # the timings stand without a trace
+            out[key] = {"trace_error": f"{type(exc).__name__}: {exc}"[:300]}
+    return out
+
+
+def _median_ms(samples: list[float]) -> float:
+    return round(1e3 * statistics.median(samples), 4)
+
+
+def trace_ours(model: BenchModel, dtype: str, batch: int, compiled: bool, iters: int,
+               cache_dir: str) -> dict:
+    import candle_nn as cn  # noqa: F401  (before mlx: precision policy, BLAS)
+    import mlx.core as mx
+
+    from scripts.bench import load_ours, ours_inputs
+
+    forward, _, _ = load_ours(model, "gpu:0", dtype, cache_dir)
+    fn = mx.compile(forward) if compiled else forward
+    x = ours_inputs(model, batch, dtype)
+    for _ in range(5):
+        mx.eval(fn(*x))
+    walls, builds, submits = [], [], []
+    for _ in range(max(iters, 10)):
+        t0 = time.perf_counter()
+        out = fn(*x)
+        t1 = time.perf_counter()
+        mx.async_eval(out)
+        t2 = time.perf_counter()
+        mx.eval(out)
+        t3 = time.perf_counter()
+        walls.append(t3 - t0)
+        builds.append(t1 - t0)
+        submits.append(t2 - t1)
+    try:
+        stats = _profiled(lambda: mx.eval(fn(*x)), iters)
+    except Exception as exc:  # the timings above still stand
+        stats = {"trace_error": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"wall_ms": _median_ms(walls), "host_ms": _median_ms([a + b for a, b in zip(builds, submits)]),
+            "host_build_ms": _median_ms(builds), "host_submit_ms": _median_ms(submits), **stats}
+
+
+def trace_torch(model: BenchModel, dtype: str, batch: int, compiled: bool, iters: int) -> dict:
+    import torch
+
+    from scripts import bench_peers
+    from scripts.bench_timing import Options
+
+    opts = Options()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    module = bench_peers._place(model.build_torch(), "gpu:0", dtype, opts)
+    fn = torch.compile(module, mode="reduce-overhead") if compiled else module
+    x = bench_peers._torch_inputs(model, batch, "gpu:0", dtype, opts)
+
+    def call() -> Any:
+        with torch.inference_mode():
+            return fn(*x)
+
+    for _ in range(5):
+        call()
+        torch.cuda.synchronize()
+    walls, hosts = [], []
+    for _ in range(max(iters, 10)):
+        t0 = time.perf_counter()
+        call()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        walls.append(t2 - t0)
+        hosts.append(t1 - t0)
+
+    def run() -> None:
+        call()
+        torch.cuda.synchronize()
+
+    stats = _profiled(run, iters)
+    return {"wall_ms": _median_ms(walls), "host_ms": _median_ms(hosts), **stats}
+
+
+def _line(row: dict) -> str:
+    if "error" in row:
+        return f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} ERROR {row['error']}"
+    if "busy_ms" not in row:
+        return (f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} "
+                f"wall {row['wall_ms']:8.3f}  host {row['host_ms']:7.3f}  ({row.get('trace_error')})")
+    idle = row["wall_ms"] - row["busy_ms"]
+    cats = ", ".join(f"{k} {v:.0%}" for k, v in list(row["categories"].items())[:4])
+    return (f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} "
+            f"wall {row['wall_ms']:8.3f}  busy {row['busy_ms']:8.3f}  idle {idle:7.3f}  "
+            f"host {row['host_ms']:7.3f}  kernels {row['kernels']:6.0f} | {cats}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m scripts.bench_gpu_trace",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--side", required=True,
+                   choices=("ours", "ours+mx.compile", "torch", "torch.compile"))
+    p.add_argument("--models", nargs="+", default=["resnet50", "yolov8n", "mobilesam-encoder"],
+                   choices=sorted(MODELS))
+    p.add_argument("--dtypes", default="float32,float16")
+    p.add_argument("--batches", default="1,32")
+    p.add_argument("--iters", type=int, default=10, help="forwards per trace (default 10)")
+    p.add_argument("--json", help="append the rows to this JSON-lines file")
+    args = p.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="candle-nn-trace-") as cache_dir:
+        for name in args.models:
+            for dtype in args.dtypes.split(","):
+                for batch in (int(b) for b in args.batches.split(",")):
+                    row: dict[str, Any] = {"model": name, "dtype": dtype, "batch": batch,
+                                           "side": args.side}
+                    iters = args.iters if batch == 1 else max(3, args.iters // 2)
+                    try:
+                        if args.side.startswith("ours"):
+                            row.update(trace_ours(MODELS[name], dtype, batch,
+                                                  args.side.endswith("compile"), iters, cache_dir))
+                        else:
+                            row.update(trace_torch(MODELS[name], dtype, batch,
+                                                   args.side == "torch.compile", iters))
+                    except Exception as exc:  # one failing configuration must not sink the run
+                        lines = [l for l in str(exc).strip().splitlines() if l.strip()]
+                        row["error"] = f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300]
+                    rows.append(row)
+                    print(_line(row), flush=True)
+                    if "top" in row:
+                        for k in row["top"][:5]:
+                            print(f"      {k['ms']:8.4f} ms {k['share']:5.1%} x{k['calls']:<5.0f} {k['name']}")
+                        print("      api: " + "; ".join(f"{a['name']} {a['ms']:.3f} ms x{a['calls']:.0f}"
+                                                    for a in row["api"][:3]), flush=True)
+                    if args.json:
+                        with open(args.json, "a") as f:
+                            f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

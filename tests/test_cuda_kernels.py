@@ -1,0 +1,97 @@
+"""The CUDA fast paths (candle_nn/cuda_kernels.py) against float64 NumPy references, on every
+device: on a CUDA GPU the layers run the hand-written kernels, elsewhere MLX's own ops, and both
+must meet the same reference. ``CANDLE_NN_CUDA_KERNELS`` switches the kernels off (or keeps some)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import candle_nn as cn
+from candle_nn import cuda_kernels
+from models.yolo_v8_head import Dfl
+
+DTYPES = [(mx.float32, 1e-5), (mx.float16, 5e-3)]
+
+
+def _rel(got: mx.array, ref: np.ndarray) -> float:
+    got = np.array(got.astype(mx.float32), dtype=np.float64)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+def _depthwise_ref(x, w, b, stride, pad):
+    n, h, wd, c = x.shape
+    _, kh, kw, _ = w.shape
+    xp = np.pad(x, [(0, 0), (pad, pad), (pad, pad), (0, 0)])
+    oh, ow = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
+    out = np.zeros((n, oh, ow, c)) + b
+    for i in range(kh):
+        for j in range(kw):
+            out += xp[:, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride] \
+                * w[:, i, j, 0]
+    return out
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES, ids=["float32", "float16"])
+@pytest.mark.parametrize("channels,stride", [(64, 1), (160, 2), (6, 1), (7, 2)])
+def test_depthwise_conv_matches_reference(device, dtype, tol, channels, stride):
+    rng = np.random.default_rng(channels + stride)
+    x = rng.standard_normal((2, 13, 11, channels))
+    w = rng.standard_normal((channels, 3, 3, 1)) * 0.3
+    b = rng.standard_normal(channels)
+    layer = cn.Conv2d(mx.array(w, dtype=dtype), mx.array(b, dtype=dtype),
+                      cn.Conv2dConfig(padding=1, stride=stride, groups=channels), device=device)
+    ref = _depthwise_ref(np.array(mx.array(x, dtype=dtype).astype(mx.float32), dtype=np.float64),
+                         np.array(mx.array(w, dtype=dtype).astype(mx.float32), dtype=np.float64),
+                         np.array(mx.array(b, dtype=dtype).astype(mx.float32), dtype=np.float64),
+                         stride, 1)
+    assert _rel(layer(mx.array(x, dtype=dtype)), ref) < tol
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES, ids=["float32", "float16"])
+@pytest.mark.parametrize("kernel,stride,pad", [(3, 2, 1), (5, 1, 2)])
+def test_max_pool_matches_reference(device, dtype, tol, kernel, stride, pad):
+    x = np.random.default_rng(kernel).standard_normal((2, 9, 10, 64)) - 2.0  # mostly negative
+    xq = np.array(mx.array(x, dtype=dtype).astype(mx.float32), dtype=np.float64)
+    xp = np.pad(xq, [(0, 0), (pad, pad), (pad, pad), (0, 0)], constant_values=-np.inf)
+    oh, ow = (9 + 2 * pad - kernel) // stride + 1, (10 + 2 * pad - kernel) // stride + 1
+    ref = np.full((2, oh, ow, 64), -np.inf)
+    for i in range(kernel):
+        for j in range(kernel):
+            ref = np.maximum(ref, xp[:, i:i + stride * (oh - 1) + 1:stride,
+                                     j:j + stride * (ow - 1) + 1:stride])
+    with mx.stream(device.stream):
+        got = cn.max_pool2d(mx.array(x, dtype=dtype), kernel, stride, pad)
+    assert _rel(got, ref) == 0.0  # a max is exact
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES, ids=["float32", "float16"])
+def test_dfl_decoding_matches_reference(device, dtype, tol):
+    x = np.random.default_rng(3).standard_normal((2, 37, 64)) * 3
+    weight = np.arange(16, dtype=np.float64)
+    dfl = Dfl(cn.Conv2d(mx.array(weight.reshape(1, 1, 1, 16), dtype=dtype), None, device=device))
+    xq = np.array(mx.array(x, dtype=dtype).astype(mx.float32), dtype=np.float64).reshape(2, 37, 4, 16)
+    e = np.exp(xq - xq.max(-1, keepdims=True))
+    ref = (e / e.sum(-1, keepdims=True)) @ weight
+    assert _rel(dfl(mx.array(x, dtype=dtype)), ref) < tol
+
+
+def test_kernels_follow_the_switch_and_the_device(monkeypatch):
+    with mx.stream(mx.cpu):
+        assert not any(cuda_kernels.on_cuda(k) for k in ("depthwise", "dfl", "max_pool"))
+    gpu = [d for d in cn.Device.available() if d.stream.device.type == mx.DeviceType.gpu]
+    for device in gpu:  # by default: the dtypes each kernel was measured faster in
+        with mx.stream(device.stream):
+            assert not cuda_kernels.on_cuda("depthwise", mx.float16)
+            assert cuda_kernels.on_cuda("max_pool", mx.float16) == cuda_kernels._cuda_backend()
+    monkeypatch.setenv("CANDLE_NN_CUDA_KERNELS", "0")
+    for device in cn.Device.available():
+        with mx.stream(device.stream):
+            assert not cuda_kernels.on_cuda("dfl")
+    monkeypatch.setenv("CANDLE_NN_CUDA_KERNELS", "dfl,max_pool")
+    for device in gpu:
+        with mx.stream(device.stream):
+            assert cuda_kernels.on_cuda("dfl", mx.float16) == cuda_kernels._cuda_backend()
+            assert not cuda_kernels.on_cuda("depthwise", mx.float32)
