@@ -47,7 +47,9 @@ from .module import Module, Sequential, check_same_device, seq  # noqa: E402
 from .pooling import AvgPool2d, MaxPool2d, avg_pool2d, max_pool2d  # noqa: E402
 from .precision import float32_precision, set_float32_precision  # noqa: E402
 from .upsample import upsample_bilinear2d, upsample_nearest2d  # noqa: E402
-from .var_builder import TensorSource, VarBuilder  # noqa: E402
+from .var_builder import (  # noqa: E402
+    TensorSource, VarBuilder, check_weights_path, open_safetensors, read_tensor,
+)
 from .var_map import VarMap  # noqa: E402
 
 __version__ = "0.1.0"
@@ -59,9 +61,10 @@ __all__ = [
     "LayerNorm", "LayerNorm2d", "LayerNormConfig", "Linear", "MaxPool2d", "MissingTensorError",
     "Module", "Sequential", "ShapeMismatchError", "TensorSource", "VarBuilder", "VarMap",
     "WeightsFileError",
-    "avg_pool2d", "batch_norm", "check_image_batch", "check_same_device", "conv2d", "conv2d_no_bias",
-    "conv_transpose2d", "embedding", "float32_precision", "gelu", "gelu_tanh", "info", "layer_norm",
-    "linear", "linear_b", "linear_no_bias", "max_pool2d", "model_dtype", "relu", "rms_norm", "save_safetensors",
+    "avg_pool2d", "batch_norm", "check_image_batch", "check_same_device", "check_weights_path",
+    "conv2d", "conv2d_no_bias", "conv_transpose2d", "embedding", "float32_precision", "gelu",
+    "gelu_tanh", "info", "layer_norm", "linear", "linear_b", "linear_no_bias", "max_pool2d",
+    "model_dtype", "open_safetensors", "read_tensor", "relu", "rms_norm", "save_safetensors",
     "scaled_dot_product_attention", "seq", "set_float32_precision", "sigmoid", "silu",
     "softmax", "state_dict", "upsample_bilinear2d", "upsample_nearest2d",
 ]

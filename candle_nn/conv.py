@@ -22,13 +22,8 @@ from .device import Device
 from .errors import ShapeMismatchError
 from .init import DEFAULT_KAIMING_NORMAL, Init
 from .module import Module, check_same_device
+from .pairs import pair as _pair
 from .var_builder import VarBuilder
-
-IntOrPair = "int | tuple[int, int]"
-
-
-def _pair(v: "int | tuple[int, int]") -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,7 @@ _ALIASES = {"cuda": "gpu", "metal": "gpu", "mps": "gpu"}
 
 
 def _gpu_count() -> int:
-    if not mx.is_available(mx.gpu):
-        return 0
-    try:
-        return int(mx.device_count(mx.gpu))
-    except Exception:  # older MLX without device_count: one GPU
-        return 1
+    return int(mx.device_count(mx.gpu)) if mx.is_available(mx.gpu) else 0
 
 
 class Device:
@@ -157,9 +152,6 @@ class Device:
 
     def __reduce__(self):  # pickling/copying yields the interned object
         return (Device, (self.kind, self.index))
-
-
-DeviceLike = "Device | str | None"
 
 
 def as_device(device: "Device | str | None") -> Device:

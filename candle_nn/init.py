@@ -1,7 +1,8 @@
 """Seeded parameter initialisers.
 
-An :class:`Init` describes a distribution; :meth:`Init.sample` draws a tensor from it with an MLX
-PRNG key. :func:`variable_key` derives the key of one variable from ``(seed, full variable path)``,
+An :class:`Init` describes a distribution (:class:`Const`, :class:`Normal`, :class:`Uniform`,
+:class:`Kaiming`, built with ``Init``'s named constructors); :meth:`Init.sample` draws a tensor
+from it with an MLX PRNG key. :func:`variable_key` derives the key of one variable from ``(seed, full variable path)``,
 so every variable has its own random stream: the same seed gives the same values on every run and
 on every device (sampling always runs on the CPU stream, then the result is cast and handed to the
 target device), and two variables never share values.
@@ -56,68 +57,96 @@ def variable_key(seed: int, path: str) -> mx.array:
     return mx.random.key(int.from_bytes(digest[:8], "little"))
 
 
-@dataclass(frozen=True)
 class Init:
-    """A parameter distribution. Build with the static constructors, draw with :meth:`sample`."""
-
-    kind: str
-    a: float = 0.0
-    b: float = 0.0
-    fan: Fan = "in"
-    nonlinearity: str = "relu"
+    """A parameter distribution, as candle's ``Init`` enum: build one with the named constructors
+    (:meth:`const`, :meth:`normal`, :meth:`uniform`, :meth:`kaiming_normal`,
+    :meth:`kaiming_uniform`), which return the dataclasses below with their named fields; draw
+    with :meth:`sample`."""
 
     @staticmethod
-    def const(value: float) -> "Init":
+    def const(value: float) -> "Const":
         """Every element equals ``value``."""
-        return Init("const", a=float(value))
+        return Const(float(value))
 
     @staticmethod
-    def normal(mean: float = 0.0, std: float = 1.0) -> "Init":
+    def normal(mean: float = 0.0, std: float = 1.0) -> "Normal":
         """Normal(mean, std)."""
-        return Init("normal", a=float(mean), b=float(std))
+        return Normal(float(mean), float(std))
 
     @staticmethod
-    def uniform(lo: float = -1.0, hi: float = 1.0) -> "Init":
+    def uniform(lo: float = -1.0, hi: float = 1.0) -> "Uniform":
         """Uniform on [lo, hi)."""
-        return Init("uniform", a=float(lo), b=float(hi))
+        return Uniform(float(lo), float(hi))
 
     @staticmethod
-    def kaiming_normal(fan: Fan = "in", nonlinearity: str = "relu") -> "Init":
+    def kaiming_normal(fan: Fan = "in", nonlinearity: str = "relu") -> "Kaiming":
         """Normal(0, gain / sqrt(fan)) (He et al. 2015)."""
-        return Init("kaiming_normal", fan=fan, nonlinearity=nonlinearity)
+        return Kaiming("normal", fan, nonlinearity)
 
     @staticmethod
-    def kaiming_uniform(fan: Fan = "in", nonlinearity: str = "relu") -> "Init":
+    def kaiming_uniform(fan: Fan = "in", nonlinearity: str = "relu") -> "Kaiming":
         """Uniform(-b, b) with b = gain * sqrt(3 / fan)."""
-        return Init("kaiming_uniform", fan=fan, nonlinearity=nonlinearity)
-
-    def std_or_bound(self, shape: Sequence[int]) -> float:
-        """Kaiming std (normal) or bound (uniform) for ``shape``."""
-        fan_in, fan_out = fans(shape)
-        fan = fan_in if self.fan == "in" else fan_out
-        std = calculate_gain(self.nonlinearity) / math.sqrt(max(fan, 1))
-        return std if self.kind == "kaiming_normal" else std * math.sqrt(3.0)
+        return Kaiming("uniform", fan, nonlinearity)
 
     def sample(self, shape: Sequence[int], key: mx.array, dtype: mx.Dtype = mx.float32) -> mx.array:
         """Draw a tensor of ``shape``; computed in float32 on the CPU stream, then cast."""
         shape = tuple(int(s) for s in shape)
         with mx.stream(mx.cpu):
-            if self.kind == "const":
-                out = mx.full(shape, self.a, dtype=mx.float32)
-            elif self.kind == "normal":
-                out = mx.random.normal(shape, key=key) * self.b + self.a
-            elif self.kind == "uniform":
-                out = mx.random.uniform(self.a, self.b, shape, key=key)
-            elif self.kind == "kaiming_normal":
-                out = mx.random.normal(shape, key=key) * self.std_or_bound(shape)
-            elif self.kind == "kaiming_uniform":
-                bound = self.std_or_bound(shape)
-                out = mx.random.uniform(-bound, bound, shape, key=key)
-            else:
-                raise ValueError(f"unknown init kind {self.kind!r}")
-            out = out.astype(dtype)
+            out = self._draw(shape, key).astype(dtype)
             mx.eval(out)
         return out
+
+    def _draw(self, shape: tuple[int, ...], key: mx.array) -> mx.array:
+        """A float32 tensor of ``shape`` (runs on the CPU stream)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Const(Init):
+    value: float
+
+    def _draw(self, shape: tuple[int, ...], key: mx.array) -> mx.array:
+        return mx.full(shape, self.value, dtype=mx.float32)
+
+
+@dataclass(frozen=True)
+class Normal(Init):
+    mean: float
+    std: float
+
+    def _draw(self, shape: tuple[int, ...], key: mx.array) -> mx.array:
+        return mx.random.normal(shape, key=key) * self.std + self.mean
+
+
+@dataclass(frozen=True)
+class Uniform(Init):
+    lo: float
+    hi: float
+
+    def _draw(self, shape: tuple[int, ...], key: mx.array) -> mx.array:
+        return mx.random.uniform(self.lo, self.hi, shape, key=key)
+
+
+@dataclass(frozen=True)
+class Kaiming(Init):
+    """He et al. 2015: std ``gain(nonlinearity) / sqrt(fan)``; the uniform bound is
+    ``std * sqrt(3)``."""
+
+    distribution: Literal["normal", "uniform"]
+    fan: Fan = "in"
+    nonlinearity: str = "relu"
+
+    def std(self, shape: Sequence[int]) -> float:
+        """The standard deviation for a weight of ``shape`` (candle/PyTorch layout)."""
+        fan_in, fan_out = fans(shape)
+        fan = fan_in if self.fan == "in" else fan_out
+        return calculate_gain(self.nonlinearity) / math.sqrt(max(fan, 1))
+
+    def _draw(self, shape: tuple[int, ...], key: mx.array) -> mx.array:
+        if self.distribution == "normal":
+            return mx.random.normal(shape, key=key) * self.std(shape)
+        bound = self.std(shape) * math.sqrt(3.0)
+        return mx.random.uniform(-bound, bound, shape, key=key)
 
 
 ZEROS = Init.const(0.0)

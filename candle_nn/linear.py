@@ -7,7 +7,7 @@ import math
 import mlx.core as mx
 
 from .device import Device
-from .init import Init
+from .init import DEFAULT_KAIMING_NORMAL, Init
 from .module import Module
 from .var_builder import VarBuilder
 
@@ -31,10 +31,11 @@ class Linear(Module):
 
     @classmethod
     def load(cls, vb: VarBuilder, in_features: int, out_features: int, bias: bool = True) -> "Linear":
-        """Read ``weight`` (and ``bias``) from ``vb``. Fresh variables follow candle's defaults:
-        weight and bias uniform in ±1/sqrt(in_features)."""
+        """Read ``weight`` (and ``bias``) from ``vb``. Fresh variables follow candle's ``linear``
+        (as our Conv2d follows candle's ``conv2d``): weight Kaiming-normal (fan in, ReLU gain:
+        std sqrt(2 / in_features)), bias uniform in ±1/sqrt(in_features)."""
         bound = 1.0 / math.sqrt(in_features)
-        weight = vb.get((out_features, in_features), "weight", Init.uniform(-bound, bound))
+        weight = vb.get((out_features, in_features), "weight", DEFAULT_KAIMING_NORMAL)
         b = vb.get((out_features,), "bias", Init.uniform(-bound, bound)) if bias else None
         return cls(weight, b, device=vb.device).loaded_from(vb)
 

@@ -7,10 +7,7 @@ import mlx.core as mx
 from . import cuda_kernels
 from .device import Device
 from .module import Module
-
-
-def _pair(v: "int | tuple[int, int]") -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+from .pairs import pair
 
 
 def _windows(x: mx.array, kernel: tuple[int, int], stride: tuple[int, int]) -> mx.array:
@@ -25,9 +22,9 @@ def _windows(x: mx.array, kernel: tuple[int, int], stride: tuple[int, int]) -> m
 
 
 def _pool(x: mx.array, kernel, stride, padding, pad_value: float, reduce) -> mx.array:
-    kernel = _pair(kernel)
-    stride = _pair(stride if stride is not None else kernel)
-    ph, pw = _pair(padding)
+    kernel = pair(kernel)
+    stride = pair(stride if stride is not None else kernel)
+    ph, pw = pair(padding)
     if ph or pw:
         x = mx.pad(x, [(0, 0), (ph, ph), (pw, pw), (0, 0)], constant_values=pad_value)
     return reduce(_windows(x, kernel, stride), axis=(3, 4))
@@ -38,9 +35,9 @@ def max_pool2d(x: mx.array, kernel_size: "int | tuple[int, int]",
                padding: "int | tuple[int, int]" = 0) -> mx.array:
     """Max pooling (padding counts as -inf, as PyTorch). ``(N, H, W, C)`` → ``(N, H', W', C)``."""
     if cuda_kernels.on_cuda("max_pool", x.dtype):
-        kernel = _pair(kernel_size)
-        return cuda_kernels.max_pool2d(x, kernel, _pair(stride if stride is not None else kernel),
-                                       _pair(padding))
+        kernel = pair(kernel_size)
+        return cuda_kernels.max_pool2d(x, kernel, pair(stride if stride is not None else kernel),
+                                       pair(padding))
     return _pool(x, kernel_size, stride, padding, float("-inf"), mx.max)
 
 

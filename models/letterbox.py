@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from candle_nn.pairs import pair
+
 _COEF_BITS = 11  # OpenCV's INTER_RESIZE_COEF_BITS
 _COEF_ONE = 1 << _COEF_BITS
 
@@ -90,10 +92,6 @@ class Letterbox:
         return xy.reshape(shape)
 
 
-def _pair(size: "int | tuple[int, int]") -> tuple[int, int]:
-    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
-
-
 def letterbox(image: np.ndarray, size: "int | tuple[int, int]" = 640, *, auto: bool = False,
               stride: int = 32, pad_value: int = 114, scaleup: bool = True) -> Letterbox:
     """Resize ``image`` ``(H, W, 3)`` uint8 to fit ``size`` (``(height, width)`` or a square side)
@@ -108,7 +106,7 @@ def letterbox(image: np.ndarray, size: "int | tuple[int, int]" = 640, *, auto: b
         raise ValueError(
             f"letterbox expects an (H, W, 3) uint8 image, got {image.shape} {image.dtype}")
     h, w = image.shape[:2]
-    new_h, new_w = _pair(size)
+    new_h, new_w = pair(size)
     r = min(new_h / h, new_w / w)
     if not scaleup:
         r = min(r, 1.0)

@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from candle_nn import CandleNNError, Device, ImageError
+from candle_nn.cli import run_main  # noqa: F401  (re-exported: every CLI's entry wrapper)
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -139,16 +140,3 @@ def parse_device(spec: str | None, verbose: bool = False) -> Device:
 
         print(info(), file=sys.stderr)
     return Device.default() if spec is None else Device.parse(spec)
-
-
-def run_main(main: Callable[[Sequence[str] | None], int],
-             argv: Sequence[str] | None = None) -> int:
-    """Run a CLI body: library errors become one ``error: …`` line on stderr and exit status 1."""
-    try:
-        return int(main(argv) or 0)
-    except CandleNNError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130

@@ -1,4 +1,5 @@
-"""Shared test helpers: where the reference fixtures live, devices to test on, the parity check.
+"""Shared test helpers: where the reference fixtures live, devices to test on (and two of them
+for the mixing tests), the parity check, and the CLIs' one-error-line contract.
 
 The fixtures are required: when ``../shared/fixtures`` (or ``$CANDLE_NN_FIXTURES``) is missing,
 every test that needs them fails loudly rather than skipping.
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 import candle_nn as cn
+from candle_nn import device as cn_device
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(os.environ.get("CANDLE_NN_FIXTURES", ROOT.parent / "shared" / "fixtures"))
@@ -85,3 +87,32 @@ DEVICES = cn.Device.available()
 def device(request) -> cn.Device:
     """Every device this machine has (the CPU, and each GPU when MLX has one)."""
     return request.param
+
+
+HAS_GPU = len(DEVICES) > 1
+
+
+@pytest.fixture
+def two_devices(monkeypatch):
+    """``(cpu, gpu)``: the real GPU when there is one, else a Device('gpu') object built with the
+    GPU count patched (no op may run on it); the fake is un-interned afterwards."""
+    if HAS_GPU:
+        yield cn.Device.cpu(), cn.Device.gpu(0)
+        return
+    monkeypatch.setattr(cn_device, "_gpu_count", lambda: 1)
+    gpu = cn.Device("gpu")
+    try:
+        yield cn.Device.cpu(), gpu
+    finally:
+        cn.Device._interned.pop(("gpu", 0), None)
+
+
+def one_error_line(capsys, *, quiet_stdout: bool = False) -> str:
+    """The CLI contract for a bad input: stderr is exactly one ``error: …`` line, no traceback
+    (and, with ``quiet_stdout``, nothing on stdout). Returns that line."""
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert "Traceback" not in captured.err
+    assert not (quiet_stdout and captured.out), captured.out
+    return lines[0]

@@ -16,8 +16,7 @@ import pytest
 
 import candle_nn as cn
 import candle_nn.device as cn_device
-
-HAS_GPU = cn_device._gpu_count() > 0
+from conftest import HAS_GPU
 
 
 # -- value semantics -----------------------------------------------------------------------------
@@ -184,21 +183,6 @@ def test_stateless_modules_run_on_the_caller_stream():
 
 
 # -- mixing devices ------------------------------------------------------------------------------
-@pytest.fixture
-def two_devices(monkeypatch):
-    """``(cpu, gpu)``: the real GPU when there is one, else a Device('gpu') object built with the
-    GPU count patched (no op may run on it); the fake is un-interned afterwards."""
-    if HAS_GPU:
-        yield cn.Device.cpu(), cn.Device.gpu(0)
-        return
-    monkeypatch.setattr(cn_device, "_gpu_count", lambda: 1)
-    gpu = cn.Device("gpu")
-    try:
-        yield cn.Device.cpu(), gpu
-    finally:
-        cn.Device._interned.pop(("gpu", 0), None)
-
-
 def linear_on(device: cn.Device, seed: int = 0) -> cn.Linear:
     r = np.random.default_rng(seed)
     t = {"weight": r.standard_normal((4, 4)).astype(np.float32),
@@ -285,6 +269,34 @@ def test_check_same_device_directly(two_devices):
         cn.check_same_device("my_op", cpu, gpu, "lhs", "rhs")
     assert "my_op: lhs is on cpu but rhs is on gpu:0" in str(info.value)
     assert "Device.parse('cpu')" in str(info.value)
+
+
+def test_stateless_container_may_not_straddle_two_devices(two_devices):
+    """A Module built with device=None used to accept children of two devices silently."""
+    cpu, gpu = two_devices
+    eye = {"weight": np.eye(2, dtype=np.float32)}
+    on_cpu = cn.linear_no_bias(2, 2, cn.VarBuilder.from_tensors(eye, device=cpu))
+    on_gpu = cn.linear_no_bias(2, 2, cn.VarBuilder.from_tensors(eye, device=gpu))
+
+    class Container(cn.Module):
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    box = Container()
+    box.body = on_cpu
+    box.pool = cn.MaxPool2d(2)  # stateless children are fine
+    box.body = on_cpu  # re-assigning the same slot is fine
+    with pytest.raises(cn.DeviceMismatchError) as info:
+        box.head = on_gpu
+    msg = str(info.value)
+    assert "Container.head" in msg and "child 'body' is on cpu" in msg and "gpu:0" in msg
+    assert "head" not in box
+    box.body = on_gpu  # replacing the only device-bound child moves the container: fine
+    box.head = on_gpu
+    with pytest.raises(cn.DeviceMismatchError, match="child 'blocks' is on gpu:0"):
+        other = Container()
+        other.blocks = [on_gpu]
+        other.head = on_cpu
 
 
 # -- module.to -----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 
 import candle_nn as cn
-from candle_nn.init import calculate_gain, fans, variable_key
+from candle_nn.init import Const, Kaiming, Normal, Uniform, calculate_gain, fans, variable_key
 
 
 class TwoLayers(cn.Module):
@@ -201,10 +201,9 @@ def fresh(build, seed: int = 0) -> dict[str, np.ndarray]:
 def test_linear_defaults_as_candle():
     v = fresh(lambda vb: cn.linear(400, 300, vb))
     bound = 1 / math.sqrt(400)
-    for name in ("weight", "bias"):
-        x = v[name]
-        assert np.abs(x).max() <= bound and np.abs(x).max() > 0.98 * bound, name
-    assert v["weight"].std() == pytest.approx(bound / math.sqrt(3), rel=0.01)
+    assert np.abs(v["bias"]).max() <= bound and np.abs(v["bias"]).max() > 0.98 * bound
+    assert v["weight"].std() == pytest.approx(math.sqrt(2 / 400), rel=0.01)  # Kaiming normal
+    assert np.abs(v["weight"]).max() > 3 * math.sqrt(2 / 400)  # a normal's tails, not uniform
     assert v["weight"].shape == (300, 400) and v["bias"].shape == (300,)
 
 
@@ -235,3 +234,12 @@ def test_get_with_explicit_init_and_varbuilder_defaults():
     assert (v["c"] == 0.5).all()
     assert v["w"].std() == pytest.approx(math.sqrt(2 / 400), rel=0.01)  # Kaiming normal
     assert (v["b"] == 0).all()  # 1-D without init: zeros
+
+
+def test_init_constructors_give_named_fields():
+    assert cn.Init.const(3) == Const(value=3.0)
+    assert cn.Init.normal(2, 0.5) == Normal(mean=2.0, std=0.5)
+    assert cn.Init.uniform(-0.25, 0.75) == Uniform(lo=-0.25, hi=0.75)
+    assert cn.Init.kaiming_uniform("out", "tanh") == Kaiming("uniform", fan="out",
+                                                             nonlinearity="tanh")
+    assert cn.Init.kaiming_normal().std((300, 400)) == pytest.approx(math.sqrt(2 / 400))

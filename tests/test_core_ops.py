@@ -272,6 +272,15 @@ def test_max_pool_with_negative_inputs_ignores_padding(device):
     close(on(device, cn.max_pool2d, mx.array(x), 3, 2, 1), ref_pool(x, 3, 2, 1, "max"))
 
 
+def test_avg_pool_is_not_a_max_pool(device):
+    avg, mxp = cn.AvgPool2d(2), cn.MaxPool2d(2)
+    assert not isinstance(avg, cn.MaxPool2d) and not isinstance(mxp, cn.AvgPool2d)
+    x = mx.array(np.arange(16, dtype=np.float32).reshape(1, 4, 4, 1))
+    with mx.stream(device.stream):
+        assert np.array(avg(x)).ravel().tolist() == [2.5, 4.5, 10.5, 12.5]
+        assert np.array(mxp(x)).ravel().tolist() == [5.0, 7.0, 13.0, 15.0]
+
+
 # -- normalisation -------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["affine", "not_affine", "rms", "rms_not_affine", "eps_float"])
 def test_layer_norm(device, kind):
@@ -344,6 +353,37 @@ def test_batch_norm_folds_into_conv(device, conv_bias):
     ref = ref_bn(conv_ref, {k[3:]: v for k, v in t.items() if k.startswith("bn.")}, 1e-5)
     close(folded(mx.array(x)), ref)
     close(bn(conv(mx.array(x))), ref)
+
+
+def conv_on(device: cn.Device) -> cn.Conv2d:
+    w = np.random.default_rng(2).standard_normal((4, 2, 3, 3)).astype(np.float32)
+    return cn.Conv2d.load(cn.VarBuilder.from_tensors({"weight": w}, device=device), 2, 4, 3,
+                          bias=False)
+
+
+def bn_on(device: cn.Device, channels: int = 4) -> cn.BatchNorm2d:
+    t = {"weight": np.ones(channels, np.float32), "bias": np.zeros(channels, np.float32),
+         "running_mean": np.zeros(channels, np.float32),
+         "running_var": np.ones(channels, np.float32)}
+    return cn.BatchNorm2d.load(cn.VarBuilder.from_tensors(t, device=device), channels)
+
+
+def test_fold_batch_norm_of_another_device_raises(two_devices):
+    cpu, gpu = two_devices
+    conv, bn = conv_on(cpu), bn_on(gpu)  # (no op runs on the fake GPU)
+    with pytest.raises(cn.DeviceMismatchError) as info:
+        conv.fold_batch_norm(bn)
+    msg = str(info.value)
+    assert "Conv2d.fold_batch_norm" in msg and "cpu" in msg and "gpu:0" in msg and ".to(" in msg
+
+
+def test_fold_batch_norm_checks_channels_and_type():
+    cpu = cn.Device.cpu()
+    conv, bn1 = conv_on(cpu), bn_on(cpu, channels=1)  # would broadcast silently over 4 channels
+    with pytest.raises(cn.ShapeMismatchError, match="1 channels.*4 output channels"):
+        conv.fold_batch_norm(bn1)
+    with pytest.raises(TypeError, match="BatchNorm2d"):
+        conv.fold_batch_norm(cn.LayerNorm(None, None, device=cpu))
 
 
 # -- embedding, sequential -----------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 
 import candle_nn as cn
 from models.resnet import ResNet
-from test_core_device import assert_mismatch_message, linear_on, two_devices  # noqa: F401
+from test_core_device import assert_mismatch_message, linear_on
 
 THREADS, CALLS = 4, 20
 

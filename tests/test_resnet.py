@@ -30,9 +30,12 @@ def outputs(request, fixture):
     io, _, folder = fixture
     vb = cn.VarBuilder.from_safetensors(folder / "weights.safetensors", device=request.param)
     model = ResNet.load(vb, "resnet18", 1000)
+    assert model.device == request.param
+    assert vb.accessed() == set(vb.names())  # every tensor of the file is used
     x = mx.array(nchw_to_nhwc(io["input.image"]))
     feats = model.forward_features(x)
     feats["logits"] = model(x)
+    assert all(v.dtype == mx.float32 for v in feats.values())
     return {k: np.array(v) for k, v in feats.items()}
 
 

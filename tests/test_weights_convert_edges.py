@@ -10,16 +10,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from conftest import fixture_dir
+from conftest import fixture_dir, one_error_line
 from weights.cli import main
-
-
-def _one_error_line(capsys) -> str:
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
-    assert "Traceback" not in captured.err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +41,12 @@ def test_output_in_a_missing_folder_or_a_file_is_one_line_and_nothing_written(
     src, _ = bf16_resnet
     out = tmp_path / "missing" / "r18.safetensors"
     assert main(["convert", "--from", "timm", str(src), str(out)]) == 1
-    assert _one_error_line(capsys) == (
+    assert one_error_line(capsys) == (
         f"error: cannot write {out}: the folder {out.parent} does not exist")
     blocker = tmp_path / "file"
     blocker.write_text("x")
     assert main(["convert", "--from", "timm", str(src), str(blocker / "r.safetensors")]) == 1
-    assert "is not a folder" in _one_error_line(capsys)
+    assert "is not a folder" in one_error_line(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
@@ -73,7 +65,7 @@ def test_output_in_a_read_only_folder_is_one_line(capsys, bf16_resnet):
             if root:
                 os.seteuid(0)
         assert rc == 1
-        assert _one_error_line(capsys) == (
+        assert one_error_line(capsys) == (
             f"error: cannot write {out}: the folder {folder} is not writable (permission denied)")
         assert os.listdir(folder) == []
     finally:
@@ -94,6 +86,6 @@ def test_a_failure_while_writing_leaves_no_partial_file(tmp_path, capsys, monkey
     src, _ = bf16_resnet
     out = tmp_path / "r18.safetensors"
     assert main(["convert", "--from", "timm", str(src), str(out)]) == 1
-    assert _one_error_line(capsys) == (
+    assert one_error_line(capsys) == (
         f"error: cannot write {out}: Error while serializing: I/O error: No space left")
     assert list(tmp_path.iterdir()) == []

@@ -15,23 +15,15 @@ import pytest
 import torch  # the `test` extra: builds the files; convert itself never calls torch
 from safetensors.numpy import load_file, save_file
 
-from conftest import load_fixture
+from conftest import load_fixture, one_error_line
 from weights.cli import main
 from weights.convert import SOURCES
-
-
-def _one_error_line(capsys) -> str:
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
-    assert "Traceback" not in captured.err and not captured.out
-    return lines[0]
 
 
 def _refused(tmp_path, capsys, src, kind: str) -> str:
     out = tmp_path / f"out-{kind}.safetensors"
     assert main(["convert", "--from", kind, str(src), str(out)]) == 1
-    line = _one_error_line(capsys)
+    line = one_error_line(capsys, quiet_stdout=True)
     assert not out.exists() and not list(tmp_path.glob(f".out-{kind}*"))
     return line
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from conftest import load_fixture
+from conftest import load_fixture, one_error_line
 from weights.cli import main
 from weights.inspection import inspect_file
 from weights.metadata import WeightsMetadata
@@ -79,22 +79,16 @@ def test_incomplete_file_names_the_closest_model_and_missing_tensors(tmp_path, c
     assert "missing (2): layer4.1.conv2.weight, fc.bias" in out
 
 
-def _one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
-
-
 def test_corrupt_missing_and_pickle_files_give_one_error(tmp_path, capsys):
     truncated = tmp_path / "cut.safetensors"
     truncated.write_bytes(_weights("yolov8n").read_bytes()[:5000])
     assert main(["inspect", str(truncated)]) == 1
-    assert "not a valid safetensors file" in _one_error_line(capsys)
+    assert "not a valid safetensors file" in one_error_line(capsys)
     assert main(["inspect", str(tmp_path / "none.safetensors")]) == 1
-    assert "not found" in _one_error_line(capsys)
+    assert "not found" in one_error_line(capsys)
     pt = tmp_path / "model.pt"
     pt.write_bytes(b"PK")
     assert main(["inspect", str(pt)]) == 1
-    assert "candle-nn-weights convert" in _one_error_line(capsys)
+    assert "candle-nn-weights convert" in one_error_line(capsys)
     assert main(["inspect", "--model", "yolo_v8", "--variant", "q", str(truncated)]) == 1
-    assert "unknown variant 'q'" in _one_error_line(capsys)
+    assert "unknown variant 'q'" in one_error_line(capsys)

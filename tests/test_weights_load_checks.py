@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, fixture_dir
+from conftest import FIXTURES, fixture_dir, one_error_line
 from safetensors.numpy import load_file, save_file
 
 import candle_nn as cn
@@ -20,13 +20,6 @@ BIKE = str(FIXTURES / "images" / "bike.jpg")
 
 def _tensors(fixture: str) -> dict[str, np.ndarray]:
     return load_file(fixture_dir(fixture) / "weights.safetensors")
-
-
-def _one_error_line(capsys) -> str:
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
-    return lines[0]
 
 
 # (fixture, tensor made integer, library loader, CLI main, extra CLI arguments)
@@ -63,7 +56,7 @@ def test_every_cli_refuses_integer_weights_with_one_line(tmp_path, capsys, fixtu
     out = tmp_path / "out"
     extra = [*extra, "--out", str(out)] if main is not resnet_cli.main else extra
     assert main(["--image", BIKE, "--weights", str(path), *extra]) == 1
-    line = _one_error_line(capsys)
+    line = one_error_line(capsys)
     assert f"tensor '{name}' in {path} is int16, not floating point" in line, line
     assert not out.exists()
 
@@ -74,7 +67,7 @@ def test_zero_class_heads_are_refused_at_load(tmp_path, capsys):
     path = tmp_path / "resnet-0.safetensors"
     save_file(resnet, str(path))
     assert resnet_cli.main(["--image", BIKE, "--weights", str(path)]) == 1
-    assert _one_error_line(capsys) == (
+    assert one_error_line(capsys) == (
         f"error: {path} has an empty classifier head: fc.weight is (0, 512), 0 classes")
     with pytest.raises(cn.ShapeMismatchError, match="at least 1 class, not 0"):
         ResNet.load(cn.VarBuilder.from_safetensors(path, device="cpu"), "resnet18", 0)
@@ -88,7 +81,7 @@ def test_zero_class_heads_are_refused_at_load(tmp_path, capsys):
     save_file(yolo, str(path))
     assert yolo_cli.main(["--image", BIKE, "--weights", str(path), "--size", "320",
                           "--out", str(tmp_path / "out")]) == 1
-    assert _one_error_line(capsys).startswith(
+    assert one_error_line(capsys).startswith(
         f"error: {path} has an empty detection head: head.cv3.0.2.weight has 0 output channels "
         "(0 classes)")
     assert not (tmp_path / "out").exists()

@@ -13,7 +13,7 @@ import torch  # the `test` extra
 from safetensors.numpy import load_file, save_file
 
 import candle_nn as cn
-from conftest import load_fixture
+from conftest import load_fixture, one_error_line
 from _weights_fakes import (
     candle_to_ultralytics, random_candle_tensors, save_ultralytics, ultralytics_checkpoint,
 )
@@ -100,13 +100,6 @@ def test_checks_variant_and_class_count_options(tmp_path, three_class_model, cap
     assert rc == 0
 
 
-def _one_error_line(capsys) -> str:
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
-    return lines[0]
-
-
 def test_refuses_a_pickle_with_unexpected_objects(tmp_path, capsys):
     class Sneaky:
         def __reduce__(self):
@@ -116,7 +109,7 @@ def test_refuses_a_pickle_with_unexpected_objects(tmp_path, capsys):
     torch.save({"model": None, "ema": Sneaky()}, src)
     assert main(["convert", "--from", "ultralytics", str(src),
                  str(tmp_path / "o.safetensors")]) == 1
-    assert "refusing to unpickle posix.getcwd" in _one_error_line(capsys)
+    assert "refusing to unpickle posix.getcwd" in one_error_line(capsys)
     assert not (tmp_path / "o.safetensors").exists()
 
 
@@ -124,12 +117,12 @@ def test_refuses_other_ultralytics_tasks_and_architectures(tmp_path, three_class
     _, ultra = three_class_model
     rc, _ = _convert(tmp_path, lambda f: ultralytics_checkpoint(
         ultra, pose=False, names=COCO3, factory=f, model_class="SegmentationModel"))
-    assert rc == 1 and "SegmentationModel" in _one_error_line(capsys)
+    assert rc == 1 and "SegmentationModel" in one_error_line(capsys)
 
     extra = dict(ultra, **{"model.23.cv1.conv.weight": np.zeros((4, 4, 1, 1), np.float32)})
     rc, _ = _convert(tmp_path, lambda f: ultralytics_checkpoint(extra, pose=False, names=COCO3,
                                                                 factory=f))
-    assert rc == 1 and "layer 23" in _one_error_line(capsys)
+    assert rc == 1 and "layer 23" in one_error_line(capsys)
 
 
 def test_plain_state_dict_of_an_ultralytics_model_converts(tmp_path, three_class_model):
@@ -148,10 +141,10 @@ def test_corrupt_or_wrong_files_give_one_error(tmp_path, capsys, content):
     src.write_bytes(content)
     assert main(["convert", "--from", "ultralytics", str(src),
                  str(tmp_path / "o.safetensors")]) == 1
-    _one_error_line(capsys)
+    one_error_line(capsys)
 
 
 def test_missing_source_file(tmp_path, capsys):
     assert main(["convert", "--from", "ultralytics", str(tmp_path / "nope.pt"),
                  str(tmp_path / "o.safetensors")]) == 1
-    assert "checkpoint not found" in _one_error_line(capsys)
+    assert "checkpoint not found" in one_error_line(capsys)

@@ -5,7 +5,7 @@
     candle-nn-weights convert --from ultralytics best.pt best.safetensors
     candle-nn-weights inspect best.safetensors
 
-Errors are one ``error: …`` line on stderr and exit status 1 (scripts.common.run_main).
+Errors are one ``error: …`` line on stderr and exit status 1 (candle_nn.cli.run_main).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from candle_nn import CandleNNError
-from scripts.common import run_main
+from candle_nn.cli import run_main
 
 from .convert import SOURCES, check_output, convert, read_names, save
 from .inspection import format_report, inspect_file

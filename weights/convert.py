@@ -20,14 +20,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from candle_nn import CandleNNError, WeightsFileError
+from candle_nn import CandleNNError, VarBuilder, WeightsFileError
+from models.resnet import infer_variant
+from models.yolo_v8 import YoloV8Spec, infer_spec
 
 from .metadata import TASKS, WeightsMetadata
 from .spec import ModelUnavailableError
@@ -46,13 +47,6 @@ YOLO_LAYER_NAMES: dict[int, str] = {
     16: "fpn.n3", 18: "fpn.n4", 19: "fpn.n5", 21: "fpn.n6", 22: "head",
 }
 YOLO_HEAD_INDEX = 22
-
-# (bottleneck?, blocks per stage) -> variant: torchvision's resnet.py table.
-RESNET_DEPTHS: dict[tuple[bool, tuple[int, ...]], str] = {
-    (False, (2, 2, 2, 2)): "resnet18", (False, (3, 4, 6, 3)): "resnet34",
-    (True, (3, 4, 6, 3)): "resnet50", (True, (3, 4, 23, 3)): "resnet101",
-    (True, (3, 8, 36, 3)): "resnet152",
-}
 
 _DROPPED_SUFFIXES = ("num_batches_tracked", "attention_bias_idxs")
 
@@ -137,30 +131,27 @@ def _numpy(sd: Mapping[str, Any]) -> dict[str, np.ndarray]:
     return {k: to_numpy(v) for k, v in sd.items()}
 
 
+def _shapes_only(tensors: Mapping[str, Any]) -> VarBuilder:
+    """A VarBuilder over ``tensors``' names and shapes, for the models' checkpoint inspection
+    (``infer_variant``, ``infer_spec``); nothing is copied."""
+    zero = np.zeros((), np.uint8)
+    return VarBuilder.from_tensors({k: np.broadcast_to(zero, tuple(v.shape))
+                                    for k, v in tensors.items()})
+
+
 # -- ResNet (torchvision / timm) -------------------------------------------------------------------
-def resnet_variant(names: Sequence[str]) -> str | None:
-    """The ResNet variant a set of (prefix-free) torchvision names implies, or ``None``."""
-    depths = tuple(len({m.group(1) for n in names
-                        if (m := re.match(rf"layer{i}\.(\d+)\.conv1\.weight$", n))})
-                   for i in range(1, 5))
-    return RESNET_DEPTHS.get(("layer1.0.conv3.weight" in names, depths))
-
-
 def convert_resnet(sd: Mapping[str, Any], *, source: str, variant: str | None = None,
                    num_classes: int | None = None, names: list[str] | None = None) -> Converted:
     """A torchvision/timm ResNet state_dict (any prefix, any head size) → candle names."""
     prefix, inner, outside = _strip_prefix(sd, ("conv1.weight", "layer1.0.conv1.weight"),
                                            "ResNet", source)
     inner, dropped = _drop_buffers(inner)
-    found = resnet_variant(list(inner))
-    if found is None:
-        raise ConversionError(
-            f"{source}: the blocks per stage match no ResNet-18/34/50/101/152 "
-            "(ResNet variants with other stems or depths are not supported)")
+    try:
+        found, classes = infer_variant(_shapes_only(inner), source)
+    except CandleNNError as exc:
+        raise ConversionError(str(exc)) from exc
     if variant is not None and variant != found:
         raise ConversionError(f"--variant {variant} given, but {source} holds a {found}")
-    head = inner.get("fc.weight")
-    classes = int(head.shape[0]) if head is not None else None
     _check_count(classes, num_classes, "classes")
     converted = Converted(_numpy(inner), WeightsMetadata(
         model="resnet", variant=found, task=TASKS["resnet"], num_classes=classes,
@@ -242,18 +233,10 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
     return Converted(_numpy(tensors), meta, dropped=dropped)
 
 
-def _yolo_spec(tensors: Mapping[str, Any], where: str) -> Any:
-    """models.yolo_v8.infer_spec on the converted names (shapes only, nothing is copied)."""
-    from candle_nn import VarBuilder
-
+def _yolo_spec(tensors: Mapping[str, Any], where: str) -> YoloV8Spec:
+    """models.yolo_v8.infer_spec on the converted names."""
     try:
-        from models.yolo_v8 import infer_spec
-    except ImportError as exc:
-        raise ModelUnavailableError(f"the YOLOv8 model code is not available ({exc})") from exc
-    zero = np.zeros((), np.uint8)
-    shapes = {k: np.broadcast_to(zero, tuple(v.shape)) for k, v in tensors.items()}
-    try:
-        return infer_spec(VarBuilder.from_tensors(shapes))
+        return infer_spec(_shapes_only(tensors))
     except CandleNNError as exc:
         raise ConversionError(f"{where}: {exc}") from exc
 

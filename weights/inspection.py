@@ -13,11 +13,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from candle_nn import CandleNNError, WeightsFileError
-from candle_nn.var_builder import open_safetensors
+from candle_nn import CandleNNError, WeightsFileError, open_safetensors
 
 from .metadata import WeightsMetadata
-from .spec import SPECS, ModelUnavailableError, Shape, expected_tensors
+from .spec import SPECS, ModelUnavailableError, Shape, expected_tensors, spec
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
                "U8": 1, "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -139,11 +138,10 @@ def compare(shapes: dict[str, Shape], model: str, variant: str) -> Match:
 def inspect_file(path: "str | os.PathLike", model: str | None = None,
                  variant: str | None = None) -> InspectReport:
     """Read the header of ``path`` and compare it with every model/variant (or only ``model``)."""
-    if model is not None and model not in SPECS:
-        raise CandleNNError(f"unknown model {model!r}; known: {', '.join(SPECS)}")
-    if variant is not None and (model is None or variant not in SPECS[model].variants):
-        known = ", ".join(SPECS[model].variants) if model else "give --model too"
-        raise CandleNNError(f"unknown variant {variant!r} for {model}; known: {known}")
+    if variant is not None and model is None:
+        raise CandleNNError(f"variant {variant!r} without a model: give the model too")
+    if model is not None:
+        spec(model, variant)  # CandleNNError for an unknown model or variant
     if Path(path).suffix.lower() in (".pt", ".pth", ".bin", ".ckpt"):
         raise WeightsFileError(
             f"{path} looks like a PyTorch checkpoint; inspect reads .safetensors files. Convert "
@@ -153,12 +151,12 @@ def inspect_file(path: "str | os.PathLike", model: str | None = None,
     shapes = {n: t.shape for n, t in tensors.items()}
     matches: list[Match] = []
     unavailable: dict[str, str] = {}
-    for spec in SPECS.values():
-        for v in spec.variants:
+    for family in SPECS.values():
+        for v in family.variants:
             try:
-                matches.append(compare(shapes, spec.model, v))
+                matches.append(compare(shapes, family.model, v))
             except ModelUnavailableError as exc:
-                unavailable[spec.model] = str(exc)
+                unavailable[family.model] = str(exc)
                 break
     meta = WeightsMetadata.from_dict(raw)
     # Best first: the most matching tensors, then the model the file's metadata names, then the

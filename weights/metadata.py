@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from candle_nn import WeightsFileError
+from candle_nn import WeightsFileError, open_safetensors
 
 PREFIX = "candle_nn."
 MODEL = PREFIX + "model"
@@ -101,8 +101,6 @@ def read_metadata(path: "str | os.PathLike") -> WeightsMetadata:
 
     Reads only the header. Raises WeightsFileError for a missing or malformed file.
     """
-    from candle_nn.var_builder import open_safetensors
-
     handle = open_safetensors(os.fspath(path))
     try:
         return WeightsMetadata.from_dict(handle.metadata())

@@ -14,11 +14,12 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from candle_nn import WeightsFileError
-from candle_nn.var_builder import check_weights_path
+from candle_nn import WeightsFileError, check_weights_path, open_safetensors
 
 from .metadata import TASKS
+from .spec import SPECS, tensor_count
 
 
 class WeightsUnavailableError(WeightsFileError):
@@ -27,17 +28,18 @@ class WeightsUnavailableError(WeightsFileError):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """One published checkpoint: which model/variant it holds and where it lives on the hub.
-
-    ``tensors`` is the number of tensors our model reads from it (a file with fewer is truncated
-    or the wrong file); ``None`` when we have no model to check it against.
-    """
+    """One published checkpoint: which model/variant it holds and where it lives on the hub."""
 
     model: str
     variant: str
     repo_id: str
     filename: str
-    tensors: int | None = None
+
+    @property
+    def tensors(self) -> int:
+        """How many tensors our model reads from it (a file with fewer is truncated or the wrong
+        file), counted by building the model (:func:`weights.spec.tensor_count`)."""
+        return tensor_count(self.model, self.variant)
 
     @property
     def url(self) -> str:
@@ -54,24 +56,21 @@ class Checkpoint:
                 "or convert your own checkpoint with `candle-nn-weights convert`).")
 
 
-# Tensor counts: what models/* read from candle's files (tests/test_weights_registry.py checks
-# them against the models). ResNet: torchvision names incl. BatchNorm running stats.
-_RESNET_TENSORS = {18: 102, 34: 182, 50: 267, 101: 522, 152: 777}
-_YOLO_TENSORS = {"n": 298, "s": 298, "m": 398, "l": 498, "x": 498}
-_POSE_EXTRA = 36  # head.cv4: three branches of two conv-BN (5 tensors each) + a conv (2)
+# Where candle publishes each model's files: hub repository and variant -> file name (None: no
+# published file for that variant). The variants themselves come from weights.spec.SPECS.
+_HUB_FILES: dict[str, tuple[str, Callable[[str], str | None]]] = {
+    "resnet": ("lmz/candle-resnet", lambda v: f"{v}.safetensors"),
+    "yolo_v8": ("lmz/candle-yolo-v8", lambda v: f"yolov8{v}.safetensors"),
+    "yolo_v8_pose": ("lmz/candle-yolo-v8", lambda v: f"yolov8{v}-pose.safetensors"),
+    "mobile_sam": ("lmz/candle-sam", lambda v: f"mobile_sam-{v}-vitt.safetensors"),
+    "sam": ("lmz/candle-sam", {"vit_b": "sam_vit_b_01ec64.safetensors"}.get),
+}
 
 
 def _table() -> dict[tuple[str, str], Checkpoint]:
-    rows = [Checkpoint("resnet", f"resnet{d}", "lmz/candle-resnet", f"resnet{d}.safetensors",
-                       _RESNET_TENSORS[d]) for d in (18, 34, 50, 101, 152)]
-    for size in "nsmlx":
-        rows.append(Checkpoint("yolo_v8", size, "lmz/candle-yolo-v8", f"yolov8{size}.safetensors",
-                               _YOLO_TENSORS[size]))
-        rows.append(Checkpoint("yolo_v8_pose", size, "lmz/candle-yolo-v8",
-                               f"yolov8{size}-pose.safetensors", _YOLO_TENSORS[size] + _POSE_EXTRA))
-    rows.append(Checkpoint("mobile_sam", "tiny", "lmz/candle-sam",
-                           "mobile_sam-tiny-vitt.safetensors", 408))
-    rows.append(Checkpoint("sam", "vit_b", "lmz/candle-sam", "sam_vit_b_01ec64.safetensors", 314))
+    rows = [Checkpoint(model, variant, repo_id, filename)
+            for model, (repo_id, file_of) in _HUB_FILES.items()
+            for variant in SPECS[model].variants if (filename := file_of(variant)) is not None]
     return {(r.model, r.variant): r for r in rows}
 
 
@@ -88,11 +87,16 @@ def checkpoint(model: str, variant: str) -> Checkpoint:
             raise WeightsUnavailableError(
                 f"unknown model {model!r}; known models: {', '.join(models)}. "
                 "See `candle-nn-weights list`.") from None
-        known = sorted(v for m, v in CHECKPOINTS if m == model)
+        published = sorted(v for m, v in CHECKPOINTS if m == model)
+        if variant in SPECS[model].variants:
+            raise WeightsUnavailableError(
+                f"candle publishes no {model} {variant} checkpoint (published: "
+                f"{', '.join(published)}); pass its weights with --weights PATH.safetensors"
+            ) from None
         raise WeightsUnavailableError(
             f"no published checkpoint for {model} variant {variant!r}; known variants: "
-            f"{', '.join(known)}. Pass --weights PATH.safetensors for other weights."
-        ) from None
+            f"{', '.join(sorted(SPECS[model].variants))}. Pass --weights PATH.safetensors for "
+            "other weights.") from None
 
 
 def download(model: str, variant: str, *, force: bool = False) -> Path:
@@ -184,11 +188,9 @@ def _why(exc: Exception) -> str:
 
 
 def _check_download(entry: Checkpoint, path: Path) -> None:
-    from candle_nn.var_builder import open_safetensors
-
     handle = open_safetensors(os.fspath(path))
     count = len(list(handle.keys()))
-    if entry.tensors is not None and count < entry.tensors:
+    if count < entry.tensors:
         raise WeightsFileError(
             f"{path} holds {count} tensors, {entry.model} {entry.variant} needs {entry.tensors}: "
             f"the download is incomplete or not the right file. Run `candle-nn-weights download "

@@ -1,12 +1,15 @@
-"""What each model/variant reads from a weights file: the expected ``name -> shape`` table.
+"""The registered models: what each model/variant is built from and reads from a weights file.
 
-The table is not written down anywhere: it is recorded by loading our own model classes through a
-:class:`RecordingSource`, a VarBuilder source that hands out free, lazy zero tensors of the
-requested shape and writes down every name and shape asked for. So the table always agrees with
-the models' ``load`` code (candle's names), and nothing is computed (MLX is lazy and the zeros are
-never evaluated).
+:data:`SPECS` lists every model family with its variants, taken from the models' own config
+tables (``models.resnet.VARIANTS``, ``models.yolo_v8.MULTIPLES``,
+``models.segment_anything.TINY_VIT_CONFIGS`` / ``VIT_CONFIGS``), and :func:`build_model` builds
+one from a VarBuilder. The registry of published files (``weights.registry``), ``inspect``,
+``convert`` and the CLIs take their model/variant names from here.
 
-Model classes are imported lazily: ``weights`` works (list, download, convert) without them.
+The expected ``name -> shape`` table (:func:`expected_tensors`) is not written down anywhere
+either: it is recorded by building the model through a :class:`RecordingSource`, a VarBuilder
+source that hands out free, lazy zero tensors of the requested shape and writes down every name
+and shape asked for. So it always agrees with the models' ``load`` code (candle's names).
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from candle_nn import CandleNNError, Device, VarBuilder  # before mlx: candle_nn picks the BLAS
-from candle_nn.var_builder import TensorSource
-import mlx.core as mx  # noqa: I001
+from candle_nn import CandleNNError, Device, Module, TensorSource, VarBuilder
+from models.resnet import VARIANTS as RESNET_VARIANTS
+from models.resnet import ResNet
+from models.segment_anything import TINY_VIT_CONFIGS, VIT_CONFIGS, Sam, TinyViT
+from models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Pose
+import mlx.core as mx  # noqa: I001  (after candle_nn, which picks the BLAS)
 
 Shape = tuple[int, ...]
 
@@ -71,7 +77,7 @@ class ModelSpec:
 
     model: str
     variants: tuple[str, ...]
-    load: Callable[..., object]
+    load: Callable[..., Module]
     counts: tuple[Count, ...] = ()
 
     def counts_from(self, shapes: Mapping[str, Shape]) -> dict[str, int | None]:
@@ -83,69 +89,83 @@ class ModelSpec:
         return out
 
 
-def _load_resnet(vb: VarBuilder, variant: str, num_classes: int | None) -> object:
-    from models.resnet import ResNet
-
+def _load_resnet(vb: VarBuilder, variant: str, num_classes: int | None) -> Module:
     return ResNet.load(vb, variant, num_classes)
 
 
-def _load_yolo(vb: VarBuilder, variant: str, num_classes: int) -> object:
-    from models.yolo_v8 import YoloV8
-
+def _load_yolo(vb: VarBuilder, variant: str, num_classes: int) -> Module:
     return YoloV8.load(vb, variant, num_classes)
 
 
-def _load_yolo_pose(vb: VarBuilder, variant: str, num_keypoints: int, num_classes: int) -> object:
-    from models.yolo_v8 import YoloV8Pose
-
+def _load_yolo_pose(vb: VarBuilder, variant: str, num_keypoints: int, num_classes: int) -> Module:
     return YoloV8Pose.load(vb, variant, num_keypoints, num_classes)
 
 
-def _load_mobile_sam(vb: VarBuilder, variant: str) -> object:
-    from models.segment_anything import Sam
-
-    return Sam.load_tiny(vb)
+# MobileSAM's published name for its encoder ("vit_t" in MobileSAM) -> the TinyViT config.
+MOBILE_SAM_ENCODERS = {"tiny": "5m"}
 
 
-def _load_sam(vb: VarBuilder, variant: str) -> object:
-    from models.segment_anything import Sam
+def _load_mobile_sam(vb: VarBuilder, variant: str) -> Module:
+    return Sam(vb, TinyViT.load(vb.pp("image_encoder"), MOBILE_SAM_ENCODERS[variant]))
 
+
+def _load_sam(vb: VarBuilder, variant: str) -> Module:
     return Sam.load_vit(vb, variant)
 
 
 _YOLO_CLASSES = "head.cv3.0.2.weight"
+# The variants are the models' own config tables: a variant added there is known here.
 SPECS: dict[str, ModelSpec] = {s.model: s for s in (
-    ModelSpec("resnet", tuple(f"resnet{d}" for d in (18, 34, 50, 101, 152)), _load_resnet,
+    ModelSpec("resnet", tuple(RESNET_VARIANTS), _load_resnet,
               (Count("num_classes", "fc.weight", 1, 1000, optional=True),)),
-    ModelSpec("yolo_v8", tuple("nsmlx"), _load_yolo,
+    ModelSpec("yolo_v8", tuple(MULTIPLES), _load_yolo,
               (Count("num_classes", _YOLO_CLASSES, 1, 80),)),
-    ModelSpec("yolo_v8_pose", tuple("nsmlx"), _load_yolo_pose,
+    ModelSpec("yolo_v8_pose", tuple(MULTIPLES), _load_yolo_pose,
               (Count("num_keypoints", "head.cv4.0.2.weight", 3, 17),
                Count("num_classes", _YOLO_CLASSES, 1, 1))),
-    ModelSpec("mobile_sam", ("tiny",), _load_mobile_sam),
-    ModelSpec("sam", ("vit_b",), _load_sam),
+    ModelSpec("mobile_sam", tuple(MOBILE_SAM_ENCODERS), _load_mobile_sam),
+    ModelSpec("sam", tuple(VIT_CONFIGS), _load_sam),
 )}
 
 
+def spec(model: str, variant: str | None = None) -> ModelSpec:
+    """The spec of ``model`` (checking ``variant`` too when given); CandleNNError when unknown."""
+    found = SPECS.get(model)
+    if found is None:
+        raise CandleNNError(f"unknown model {model!r}; known: {', '.join(SPECS)}")
+    if variant is not None and variant not in found.variants:
+        raise CandleNNError(
+            f"unknown variant {variant!r} for {model}; known: {', '.join(found.variants)}")
+    return found
+
+
+def build_model(model: str, variant: str, vb: VarBuilder, **counts: int | None) -> Module:
+    """Build ``model``/``variant`` from ``vb``: the one way every tool builds a registered model.
+
+    ``counts``: the size arguments (``num_classes=``, ``num_keypoints=``; ``None``: headless
+    where the model allows it); the defaults of :data:`SPECS` otherwise.
+    Raises CandleNNError for an unknown model/variant or a size argument it does not take.
+    """
+    found = spec(model, variant)
+    unknown = set(counts) - {c.arg for c in found.counts}
+    if unknown:
+        raise CandleNNError(f"{model} takes no {', '.join(sorted(unknown))}")
+    args = {c.arg: counts.get(c.arg, c.default) for c in found.counts}
+    return found.load(vb, variant, **args)
+
+
 class ModelUnavailableError(CandleNNError):
-    """The model class needed to build an expected-tensor table cannot be imported or built."""
+    """A model cannot be built to record its expected-tensor table."""
 
 
 def expected_tensors(model: str, variant: str, **counts: int | None) -> dict[str, Shape]:
     """``name -> shape`` (PyTorch layout) of every tensor ``model``/``variant`` reads.
 
-    ``counts``: the size arguments (``num_classes=``, ``num_keypoints=``; ``None``: headless
-    where the model allows it); defaults otherwise.
-    Raises CandleNNError for an unknown model/variant, ModelUnavailableError when the model
-    class cannot be imported or built.
+    ``counts``: as for :func:`build_model`. Raises CandleNNError for an unknown model/variant,
+    ModelUnavailableError when the model cannot be built with these arguments.
     """
-    spec = SPECS.get(model)
-    if spec is None:
-        raise CandleNNError(f"unknown model {model!r}; known: {', '.join(SPECS)}")
-    if variant not in spec.variants:
-        raise CandleNNError(
-            f"unknown {model} variant {variant!r}; known: {', '.join(spec.variants)}")
-    args = {c.arg: counts.get(c.arg, c.default) for c in spec.counts}
+    found = spec(model, variant)
+    args = {c.arg: counts.get(c.arg, c.default) for c in found.counts}
     return dict(_record(model, variant, tuple(sorted(args.items()))))
 
 
@@ -155,9 +175,13 @@ def _record(model: str, variant: str,
     source = RecordingSource()
     vb = VarBuilder(source, dtype=mx.float32, device=Device.cpu())
     try:
-        SPECS[model].load(vb, variant, **dict(args))
-    except ImportError as exc:
-        raise ModelUnavailableError(f"the {model} model code is not available ({exc})") from exc
+        build_model(model, variant, vb, **dict(args))
     except CandleNNError as exc:
         raise ModelUnavailableError(f"cannot build {model} {variant}: {exc}") from exc
     return tuple(source.requested.items())
+
+
+@functools.lru_cache(maxsize=None)
+def tensor_count(model: str, variant: str) -> int:
+    """How many tensors ``model``/``variant`` (default size arguments) reads from its file."""
+    return len(expected_tensors(model, variant))

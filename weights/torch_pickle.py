@@ -26,8 +26,7 @@ from typing import IO, Any, Iterator
 
 import numpy as np
 
-from candle_nn import CandleNNError
-from candle_nn.var_builder import check_weights_path
+from candle_nn import CandleNNError, check_weights_path, open_safetensors, read_tensor
 
 from . import torch_archive
 from .torch_archive import PersistentLoad, StorageType, storage_type
@@ -240,8 +239,6 @@ def load_state_dict(path: "str | os.PathLike") -> dict[str, Any]:
     are unwrapped."""
     path = check_weights_path(path, what="checkpoint")
     if path.endswith(".safetensors"):
-        from candle_nn.var_builder import open_safetensors, read_tensor
-
         handle = open_safetensors(path)
         return {k: read_tensor(handle, path, k) for k in handle.keys()}
     return unwrap_state_dict(_unpickle(path, stand_ins=False), path)
