@@ -165,24 +165,25 @@ class SamAutomaticMaskGenerator:
         orig_h, orig_w = orig_size
         coords = predictor.transform.apply_coords(points, crop_size)
         n = len(points)
-        low_res, iou = model(predictor.features,
-                             (mx.array(coords)[:, None, :], mx.ones((n, 1), dtype=mx.float32)),
-                             multimask_output=True)
-        m = low_res.shape[-1]
-        # (B, 256, 256, M) -> (B*M, 256, 256, 1): row b*M + k is point b's k-th mask.
-        low_res = low_res.transpose(0, 3, 1, 2).reshape(n * m, *low_res.shape[1:3], 1)
-        iou_preds = np.array(iou.reshape(-1))
-        data = MaskData(iou_preds=iou_preds, points=np.repeat(points, m, axis=0))
+        with model.on_device():  # every MLX op on the model's stream
+            low_res, iou = model(predictor.features, (mx.array(coords)[:, None, :],
+                                                      mx.ones((n, 1), dtype=mx.float32)),
+                                 multimask_output=True)
+            m = low_res.shape[-1]
+            # (B, 256, 256, M) -> (B*M, 256, 256, 1): row b*M + k is point b's k-th mask.
+            low_res = low_res.transpose(0, 3, 1, 2).reshape(n * m, *low_res.shape[1:3], 1)
+            iou_preds = np.array(iou.reshape(-1))
+            data = MaskData(iou_preds=iou_preds, points=np.repeat(points, m, axis=0))
 
-        # Upsampling is per mask: do it only for the masks that pass the predicted-IoU filter.
-        if self.pred_iou_thresh > 0.0:
-            data.filter(iou_preds > self.pred_iou_thresh)
-            low_res = low_res[mx.array(np.flatnonzero(iou_preds > self.pred_iou_thresh))]
-        if not len(data):
-            return _empty_batch()
-        masks = model.postprocess_masks(low_res, predictor.input_size, crop_size)[..., 0]
+            # Upsampling is per mask: only for the masks that pass the predicted-IoU filter.
+            if self.pred_iou_thresh > 0.0:
+                keep = iou_preds > self.pred_iou_thresh
+                data.filter(keep)
+                if not keep.any():
+                    return _empty_batch()
+                low_res = low_res[mx.array(np.flatnonzero(keep))]
+            masks = model.postprocess_masks(low_res, predictor.input_size, crop_size)[..., 0]
 
-        with model.on_device():
             stability = calculate_stability_score(masks, model.mask_threshold,
                                                   self.stability_score_offset)
             data["stability_score"] = np.array(stability)
