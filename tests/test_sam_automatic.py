@@ -7,8 +7,8 @@
 * each ``amg`` helper against MobileSAM's ``utils/amg.py`` on random data.
 
 Records are compared in order: same count; the same prompt point and crop box; boxes within
-``BOX_TOL`` px; areas within ``AREA_TOL`` (relative); scores within ``SCORE_TOL``; masks IoU
->= ``MASK_IOU``. ``CANDLE_NN_PARITY_REPORT`` gets one line per comparison.
+``BOX_TOL`` px; areas within ``AREA_TOL`` (relative); predicted IoU within ``SCORE_TOL``,
+stability within ``STABILITY_TOL``; masks IoU >= ``MASK_IOU``. ``CANDLE_NN_PARITY_REPORT`` gets one line per comparison.
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ from models.segment_anything import amg
 
 BOX_TOL = 2  # px: a logit within float32 noise of 0 moves an edge by one pixel
 AREA_TOL = 1e-3
-SCORE_TOL = 1e-4
+SCORE_TOL = 1e-4  # predicted IoU
+# Stability is a ratio of pixel counts at logits ±1: float32 noise flips a few pixels of a small
+# mask there (measured up to 9.4e-5 with the seeded ViT below), so it gets 1e-3.
+STABILITY_TOL = 1e-3
 MASK_IOU = 0.99
 
 
@@ -99,7 +102,7 @@ def compare_records(ours: list[dict], ref: list[dict], label: str) -> dict:
             fh.write(f"{label}\t" + "\t".join(f"{k}={v:.3g}" for k, v in worst.items()) + "\n")
     print(f"{label}: {worst}")
     assert worst["box"] <= BOX_TOL and worst["area"] <= AREA_TOL, (label, worst)
-    assert worst["iou"] <= SCORE_TOL and worst["stability"] <= SCORE_TOL, (label, worst)
+    assert worst["iou"] <= SCORE_TOL and worst["stability"] <= STABILITY_TOL, (label, worst)
     assert worst["mask_iou"] >= MASK_IOU, (label, worst)
     return worst
 
