@@ -74,14 +74,20 @@ def classify(model: ResNet, images: Sequence[Path], top_k: int,
               disable=True if len(images) < 2 else None) as bar:
         for start in range(0, len(images), batch_size):
             chunk = images[start:start + batch_size]
-            batch = mx.array(np.stack([preprocess(load_rgb(p)) for p in chunk]))
-            with model.on_device():
-                probs = np.array(softmax(model(batch), axis=-1))
-            for row in probs:
-                best = np.argsort(-row, kind="stable")[:top_k]
-                results.append([(int(i), float(row[i])) for i in best])
+            results.extend(top_k_probabilities(
+                model, np.stack([preprocess(load_rgb(p)) for p in chunk]), top_k))
             bar.update(len(chunk))
     return results
+
+
+def top_k_probabilities(model: ResNet, batch: np.ndarray,
+                        top_k: int) -> list[list[tuple[int, float]]]:
+    """Top-k ``(class index, probability)`` per image of a preprocessed ``(N, 224, 224, 3)``
+    batch, best first (ties keep the lower index)."""
+    with model.on_device():
+        probs = np.array(softmax(model(mx.array(batch)), axis=-1))
+    return [[(int(i), float(row[i])) for i in np.argsort(-row, kind="stable")[:top_k]]
+            for row in probs]
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -22,7 +22,9 @@ def _state(module: str) -> str:
 
 @pytest.mark.parametrize("module", ["models.resnet", "models.yolo_v8", "models.segment_anything",
                                     "weights.convert", "scripts.resnet", "scripts.yolo_v8",
-                                    "scripts.segment_anything", "scripts.common"])
+                                    "scripts.segment_anything", "scripts.common",
+                                    "scripts.batch", "scripts.batch_models",
+                                    "scripts.batch_pipeline"])
 def test_entry_modules_import_candle_nn_before_mlx(module):
     assert _state(module) == _state("candle_nn")
 

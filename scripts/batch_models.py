@@ -1,0 +1,235 @@
+"""What each model contributes to a ``candle-nn-batch`` job: host-side preprocessing of one image
+(run in Ray tasks), loading (once per actor) and batched prediction, and the typed Arrow schema of
+its output columns.
+
+Every job's rows start with ``path`` (absolute), ``width``, ``height`` and ``error`` (null unless
+the image failed; then the model columns are null). Preprocessing and postprocessing are the
+plain CLIs' own (``models.imagenet.preprocess``, ``models.letterbox``, ``models.yolo_v8_post``,
+``SamPredictor``), and models load through the CLIs' loaders, so a batch job gives the same
+numbers as ``candle-resnet`` / ``candle-yolo-v8 --square`` / ``SamPredictor`` on the same image.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from candle_nn import CandleNNError, Device, VarBuilder  # before mlx: BLAS choice
+import mlx.core as mx  # noqa: I001
+import numpy as np
+import pyarrow as pa
+
+from models.imagenet import preprocess as imagenet_preprocess
+from models.letterbox import Letterbox, letterbox
+from models.segment_anything import Sam, SamPredictor
+from models.segment_anything.transforms import ResizeLongestSide
+from models.yolo_v8_post import postprocess
+
+BASE_FIELDS = [pa.field("path", pa.string(), nullable=False), pa.field("width", pa.int32()),
+               pa.field("height", pa.int32()), pa.field("error", pa.string())]
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """The model-related command-line options of a job (picklable: it travels to every actor)."""
+
+    model: str                  # resnet | yolo_v8 | yolo_v8_pose | segment_anything
+    weights: str | None         # None: candle's published checkpoint (each node resolves it)
+    variant: str | None = None  # None: what the weights hold (SAM: tiny)
+    top_k: int = 5
+    conf: float = 0.25
+    iou: float = 0.45
+    size: int = 640
+
+
+class BatchModel:
+    """One model's part of a batch job. Subclasses set ``name``, ``input_shape``/``input_dtype``
+    (one preprocessed image) and ``output_fields``, and implement the three methods."""
+
+    name: ClassVar[str]
+    input_dtype: ClassVar[type] = np.float32
+    extras: ClassVar[tuple[str, ...]] = ()  # the per-image numbers ``preprocess`` returns
+    output_fields: ClassVar[list[pa.Field]]
+
+    def __init__(self, options: JobOptions) -> None:
+        self.options = options
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def schema(self) -> pa.Schema:
+        """The Arrow (and Parquet) schema of an output row."""
+        return pa.schema(BASE_FIELDS + self.output_fields)
+
+    def preprocess(self, rgb: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+        """``(H, W, 3)`` uint8 → ``(input_shape)`` array and the per-image numbers named in
+        ``extras`` that postprocessing needs (e.g. the letterbox's scale)."""
+        raise NotImplementedError
+
+    def load(self, device: Device) -> None:
+        """Load the weights onto ``device`` (once per actor); CandleNNError for bad weights."""
+        raise NotImplementedError
+
+    def predict(self, inputs: np.ndarray, extras: dict[str, np.ndarray],
+                sizes_hw: np.ndarray) -> list[dict[str, Any]]:
+        """Model columns for a batch: ``inputs`` ``(N, *input_shape)``, ``extras`` columns of
+        length N, ``sizes_hw`` ``(N, 2)`` original heights and widths → N dicts."""
+        raise NotImplementedError
+
+
+class ResNetBatch(BatchModel):
+    """ImageNet-style classification: ``top_k`` = [{index, label, probability}], best first."""
+
+    name = "resnet"
+    output_fields = [pa.field("top_k", pa.list_(pa.struct([
+        ("index", pa.int32()), ("label", pa.string()), ("probability", pa.float32())])))]
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (224, 224, 3)
+
+    def preprocess(self, rgb):
+        return imagenet_preprocess(rgb), {}
+
+    def load(self, device):
+        from scripts.resnet import load_classifier
+
+        self.model, self.names = load_classifier(self.options.weights, self.options.variant,
+                                                 device)
+
+    def predict(self, inputs, extras, sizes_hw):
+        from scripts.resnet import top_k_probabilities
+
+        best = top_k_probabilities(self.model, inputs, min(self.options.top_k, len(self.names)))
+        return [{"top_k": [{"index": i, "label": self.names[i], "probability": p}
+                           for i, p in row]} for row in best]
+
+
+class YoloBatch(BatchModel):
+    """Detection (and pose): ``detections`` = [{class_id, class_name, score, box_xyxy[4],
+    keypoints[K][3]}] in original-image pixels, letterboxed to a ``size``² square."""
+
+    name = "yolo_v8"
+    task = "detect"
+    input_dtype = np.uint8
+    extras = ("scale", "pad_x", "pad_y")
+    _detection = [("class_id", pa.int32()), ("class_name", pa.string()), ("score", pa.float32()),
+                  ("box_xyxy", pa.list_(pa.float32(), 4))]
+    output_fields = [pa.field("detections", pa.list_(pa.struct(_detection)))]
+
+    @property
+    def input_shape(self):
+        return (self.options.size, self.options.size, 3)
+
+    def preprocess(self, rgb):
+        lb = letterbox(rgb, self.options.size)  # square: every input of a batch has one shape
+        return lb.image, {"scale": lb.scale, "pad_x": lb.pad[0], "pad_y": lb.pad[1]}
+
+    def load(self, device):
+        from scripts.yolo_v8 import load_detector
+
+        self.model, self.spec, self.names, _ = load_detector(
+            self.options.weights, self.task, self.options.variant, device)
+
+    def predict(self, inputs, extras, sizes_hw):
+        boxes = [Letterbox(image, float(scale), (int(px), int(py)), (int(h), int(w)))
+                 for image, scale, px, py, (h, w) in zip(
+                     inputs, extras["scale"], extras["pad_x"], extras["pad_y"], sizes_hw)]
+        pred = self.model(mx.array(np.concatenate([lb.as_input() for lb in boxes])))
+        per_image = postprocess(pred, boxes, num_classes=self.spec.num_classes,
+                                conf=self.options.conf, iou=self.options.iou)
+        return [{"detections": [self._row(d) for d in dets]} for dets in per_image]
+
+    def _row(self, det) -> dict[str, Any]:
+        row = {"class_id": det.class_id, "class_name": self.names[det.class_id],
+               "score": det.score, "box_xyxy": det.box_xyxy.tolist()}
+        if det.keypoints is not None:
+            row["keypoints"] = det.keypoints.tolist()
+        return row
+
+
+class YoloPoseBatch(YoloBatch):
+    """As :class:`YoloBatch`, plus ``keypoints`` ``(K, 3)`` x, y, visibility per detection."""
+
+    name = "yolo_v8_pose"
+    task = "pose"
+    output_fields = [pa.field("detections", pa.list_(pa.struct(
+        YoloBatch._detection + [("keypoints", pa.list_(pa.list_(pa.float32(), 3)))])))]
+
+
+class SamBatch(BatchModel):
+    """Segment the object under the image centre (one foreground point, SAM's three candidate
+    masks): ``point_xy`` and ``masks`` = [{size [h, w], counts (COCO compressed RLE), iou,
+    area}], in SAM's output order."""
+
+    name = "segment_anything"
+    input_dtype = np.uint8
+    extras = ("input_h", "input_w")
+    output_fields = [
+        pa.field("point_xy", pa.list_(pa.float32(), 2)),
+        pa.field("masks", pa.list_(pa.struct([
+            ("size", pa.list_(pa.int32(), 2)), ("counts", pa.string()),
+            ("iou", pa.float32()), ("area", pa.int64())])))]
+
+    @property
+    def input_shape(self):
+        return (Sam.image_size, Sam.image_size, 3)
+
+    def preprocess(self, rgb):
+        resized = ResizeLongestSide(Sam.image_size).apply_image(rgb)
+        h, w = resized.shape[:2]
+        padded = np.zeros(self.input_shape, dtype=np.uint8)  # one shape per batch; cropped back
+        padded[:h, :w] = resized
+        return padded, {"input_h": h, "input_w": w}
+
+    def load(self, device):
+        from scripts.segment_anything import MODELS
+        from weights.registry import resolve_weights
+
+        variant = self.options.variant or "tiny"
+        if variant not in MODELS:
+            raise CandleNNError(f"--variant {variant}: segment_anything is one of "
+                                f"{', '.join(MODELS)}")
+        registry_model = "mobile_sam" if variant == "tiny" else "sam"
+        vb = VarBuilder.from_safetensors(
+            resolve_weights(registry_model, variant, self.options.weights), device=device)
+        sam = Sam.load_tiny(vb) if variant == "tiny" else Sam.load_vit(vb, variant)
+        self.predictor = SamPredictor(sam)
+
+    def predict(self, inputs, extras, sizes_hw):
+        from pycocotools import mask as mask_utils
+
+        sam, rows = self.predictor.model, []
+        for image, h, w, (height, width) in zip(inputs, extras["input_h"].astype(int),
+                                                extras["input_w"].astype(int), sizes_hw):
+            self.predictor.set_preprocessed_image(
+                sam.preprocess(mx.array(image[:h, :w])[None]), (height, width), (h, w))
+            point = center_point(int(height), int(width))
+            masks, ious, _ = self.predictor.predict(point_coords=point[None],
+                                                    point_labels=np.array([1]),
+                                                    multimask_output=True)
+            rles = [mask_utils.encode(np.asfortranarray(m.astype(np.uint8))) for m in masks]
+            rows.append({"point_xy": point.tolist(), "masks": [
+                {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii"),
+                 "iou": float(iou), "area": int(m.sum())}
+                for rle, iou, m in zip(rles, ious, masks)]})
+        return rows
+
+
+def center_point(height: int, width: int) -> np.ndarray:
+    """The prompt of a SAM batch job: ``(x, y)`` float32 at the image centre."""
+    return np.array([width / 2, height / 2], dtype=np.float32)
+
+
+BATCH_MODELS: dict[str, type[BatchModel]] = {
+    cls.name: cls for cls in (ResNetBatch, YoloBatch, YoloPoseBatch, SamBatch)}
+
+
+def batch_model(options: JobOptions) -> BatchModel:
+    """The :class:`BatchModel` for ``options.model``."""
+    try:
+        return BATCH_MODELS[options.model](options)
+    except KeyError:
+        raise CandleNNError(f"unknown model {options.model!r}: use one of "
+                            f"{', '.join(BATCH_MODELS)}") from None
