@@ -17,6 +17,7 @@ MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 RESIZE = 256
 CROP = 224
+LONG_SIDE_LIMIT = 8  # x resize: beyond, only the centre crop's span is resized (same result)
 
 
 def preprocess(rgb: np.ndarray, resize: int = RESIZE, crop: int = CROP) -> np.ndarray:
@@ -29,9 +30,18 @@ def preprocess(rgb: np.ndarray, resize: int = RESIZE, crop: int = CROP) -> np.nd
         size = (int(resize * w / h), resize)
     else:
         size = (resize, int(resize * h / w))
-    resized = np.asarray(Image.fromarray(rgb).resize(size, Image.Resampling.BILINEAR))
-    rh, rw = resized.shape[:2]
-    top, left = int(round((rh - crop) / 2.0)), int(round((rw - crop) / 2.0))
+    top, left = int(round((size[1] - crop) / 2.0)), int(round((size[0] - crop) / 2.0))
+    box, out = [0.0, 0.0, float(w), float(h)], list(size)
+    for axis, (extent, start) in enumerate(((w, left), (h, top))):
+        if size[axis] > LONG_SIDE_LIMIT * resize:
+            # Extreme aspect ratio (an 8000x1 image would resize to 2 Mpx x 256): resize only the
+            # source span the centre crop keeps. PIL's filter reads the pixels around a box, so
+            # this is the full resize's crop up to float rounding (tested within 1 of 255).
+            scale = extent / size[axis]
+            box[axis], box[axis + 2], out[axis] = start * scale, (start + crop) * scale, crop
+            top, left = (top, 0) if axis == 0 else (0, left)
+    resized = np.asarray(Image.fromarray(rgb).resize(tuple(out), Image.Resampling.BILINEAR,
+                                                     box=tuple(box)))
     cropped = resized[top:top + crop, left:left + crop].astype(np.float32) / 255.0
     return (cropped - MEAN) / STD
 

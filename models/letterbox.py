@@ -110,7 +110,8 @@ def letterbox(image: np.ndarray, size: "int | tuple[int, int]" = 640, *, auto: b
     r = min(new_h / h, new_w / w)
     if not scaleup:
         r = min(r, 1.0)
-    unpad_w, unpad_h = int(round(w * r)), int(round(h * r))
+    # At least one pixel: ultralytics' rounding gives 0 (a crash) beyond a 2*size:1 aspect ratio.
+    unpad_w, unpad_h = max(1, int(round(w * r))), max(1, int(round(h * r)))
     dw, dh = new_w - unpad_w, new_h - unpad_h
     if auto:
         dw, dh = dw % stride, dh % stride

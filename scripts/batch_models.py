@@ -95,8 +95,8 @@ class ResNetBatch(BatchModel):
     def load(self, device):
         from scripts.resnet import load_classifier
 
-        self.model, self.names = load_classifier(self.options.weights, self.options.variant,
-                                                 device)
+        self.model, self.names, _ = load_classifier(self.options.weights, self.options.variant,
+                                                    device)
 
     def predict(self, inputs, extras, sizes_hw):
         from scripts.resnet import top_k_probabilities

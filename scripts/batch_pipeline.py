@@ -35,7 +35,8 @@ import ray
 
 from candle_nn import CandleNNError, Device, ImageError
 from scripts.batch_models import BatchModel, JobOptions, batch_model
-from scripts.common import IMAGE_SUFFIXES, collect_images, load_rgb
+from scripts.common import load_rgb, shown
+from scripts.inputs import IMAGE_SUFFIXES, expand_image_args
 
 MANIFEST = "_candle_nn_batch.json"  # "_" prefix: Parquet readers skip it
 DECODE_CPUS = 0.5
@@ -69,7 +70,10 @@ class InputSource:
                                  "column named 'path' with the image paths")
             return cls("parquet", str(path.resolve()))
         if path.is_dir() or path.is_file():
-            found = collect_images([spec])
+            items = expand_image_args([spec])
+            found = [item.path for item in items if not item.error]
+            if not found:
+                raise ImageError(f"{shown(items[0].path)}: {items[0].error}")
         elif glob.has_magic(spec):
             found = sorted(Path(p) for p in glob.iglob(spec, recursive=True)
                            if Path(p).is_file() and Path(p).suffix.lower() in IMAGE_SUFFIXES)

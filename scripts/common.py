@@ -1,58 +1,136 @@
-"""Pieces every model CLI shares: image discovery and loading, atomic output files, device
-parsing, and the one-clear-line error handling (``error: …`` on stderr, exit status 1)."""
+"""Pieces every model CLI shares: the input options, safe image loading, device parsing, the
+non-finite output check, and (re-exported from :mod:`candle_nn.cli`) the one-clear-line error
+handling (``error: …`` on stderr, exit status 1; 130 on Ctrl-C). Inputs are listed by
+:mod:`scripts.inputs`, runs over many images are driven by :mod:`scripts.image_batch`, and output
+files are written by :mod:`scripts.outputs` (``candle-nn-batch``'s Parquet output folder by
+:func:`prepare_out_dir`)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-import tempfile
+import warnings
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 from candle_nn import CandleNNError, Device, ImageError
 from candle_nn.cli import run_main  # noqa: F401  (re-exported: every CLI's entry wrapper)
+from scripts.inputs import not_regular
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+DEFAULT_MAX_PIXELS = 2 * 89_478_485  # Pillow's own refusal threshold (Image.MAX_IMAGE_PIXELS x 2)
 
 
-def collect_images(specs: Iterable[str]) -> list[Path]:
-    """Expand ``--image`` values (files or folders) into a list of image paths, in order.
+class ImageInputError(ImageError):
+    """One input image that cannot be used: ``path`` and the ``reason`` (shown as ``path: reason``)."""
 
-    A folder contributes its image files (by suffix, sorted, not recursive). A missing path or an
-    empty folder raises ImageError.
+    def __init__(self, path: "str | os.PathLike", reason: str) -> None:
+        self.path, self.reason = Path(path), reason
+        super().__init__(f"{shown(path)}: {reason}")
+
+
+def shown(path: "str | os.PathLike") -> str:
+    """``path`` as text that any stream can print: bytes of a file name that are not UTF-8 appear
+    as ``\\xNN`` escapes (they would otherwise be lone surrogates, which cannot be encoded)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def add_input_arguments(parser: argparse.ArgumentParser, *, what: str = "results",
+                        required: bool = True) -> None:
+    """The options every model CLI shares for its inputs and its report: ``--image`` (files,
+    folders, globs, ``-`` for stdin), ``--recursive``, ``--strict``, ``--max-pixels``, ``--json``."""
+    parser.add_argument(
+        "--image", nargs="+", action="extend", required=required, metavar="PATH",
+        help="image files, folders, glob patterns ('photos/*.jpg'; '**' spans folders) or - to "
+             "read paths from stdin, one a line (several after one --image, or repeat --image)")
+    parser.add_argument("--recursive", action="store_true",
+                        help="also take the images in the subfolders of a folder given to --image")
+    parser.add_argument("--strict", action="store_true",
+                        help="stop at the first image that cannot be read or processed (exit 1, "
+                             "nothing written); default: report it on stderr, skip it, go on")
+    parser.add_argument("--max-pixels", type=_pixel_count, default=DEFAULT_MAX_PIXELS, metavar="N",
+                        help="refuse images with more pixels than this, a guard against "
+                             f"decompression bombs (default {DEFAULT_MAX_PIXELS}, ~179 Mpx)")
+    parser.add_argument("--json", action="store_true",
+                        help=f"print the {what} as one JSON document on stdout, with an "
+                             "\"errors\" list of the images that failed")
+
+
+def _pixel_count(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of pixels") from None
+    if not value >= 1 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of pixels")
+    return int(value)
+
+
+def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Read an image file as ``(H, W, 3)`` uint8 RGB (EXIF orientation applied).
+
+    Any Pillow mode is accepted: alpha is dropped, palette/CMYK/1-bit/grey are converted, 16-bit
+    (``I;16``, ``I``) is scaled to 8 bits, float (``F``) in ``[0, 1]`` is scaled by 255 (else
+    clipped). Raises :class:`ImageInputError` for anything that is not a readable regular image
+    file, and for images of more than ``max_pixels`` pixels (checked from the header, before
+    decoding: a 69-byte PNG can claim gigapixels).
     """
-    found: list[Path] = []
-    for spec in specs:
-        path = Path(spec)
-        if path.is_dir():
-            files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-            if not files:
-                raise ImageError(f"no image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in folder {path}")
-            found.extend(files)
-        elif path.is_file():
-            found.append(path)
-        else:
-            raise ImageError(f"image not found: {path}")
-    if not found:
-        raise ImageError("no image given: pass --image PATH (a file or a folder; repeatable)")
-    return found
-
-
-def load_rgb(path: "str | os.PathLike") -> np.ndarray:
-    """Read an image file as ``(H, W, 3)`` uint8 RGB (EXIF orientation applied)."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
-    try:
-        with Image.open(path) as img:
-            img = ImageOps.exif_transpose(img)
-            return np.asarray(img.convert("RGB"), dtype=np.uint8).copy()
-    except FileNotFoundError as exc:
-        raise ImageError(f"image not found: {path}") from exc
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise ImageError(f"{path} is not a readable image ({exc}); use a JPEG or PNG file") from exc
+    try:  # O_NONBLOCK: opening a FIFO never waits for a writer; fstat then refuses it
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise ImageInputError(path, "image not found") from None
+    except OSError as exc:
+        raise ImageInputError(path, f"cannot read: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        problem = not_regular(info.st_mode) or ("an empty file (0 bytes)" if not info.st_size else None)
+        if problem:
+            raise ImageInputError(path, problem)
+        saved = Image.MAX_IMAGE_PIXELS
+        try:
+            Image.MAX_IMAGE_PIXELS = None  # our own check below names the limit and the flag
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # e.g. "palette images with transparency ..."
+                with Image.open(fh) as img:
+                    width, height = img.size
+                    if width * height > max_pixels:
+                        raise ImageInputError(
+                            path, f"{width}x{height} is {_pixels(width * height)}, above the "
+                                  f"{_pixels(max_pixels)} limit that guards against "
+                                  f"decompression bombs; pass --max-pixels {width * height} to "
+                                  "read it anyway")
+                    return _to_rgb(ImageOps.exif_transpose(img))
+        except ImageInputError:
+            raise
+        except UnidentifiedImageError:
+            raise ImageInputError(path, "not a readable image (not a format Pillow recognises); "
+                                        "use a JPEG or PNG file") from None
+        except MemoryError:
+            raise ImageInputError(path, "not enough memory to decode this image") from None
+        except Exception as exc:  # Pillow's decoders raise many types on corrupt data
+            raise ImageInputError(path, f"not a readable image: corrupt or truncated data "
+                                        f"({type(exc).__name__}: {exc})") from None
+        finally:
+            Image.MAX_IMAGE_PIXELS = saved
+
+
+def _pixels(count: int) -> str:
+    return f"{count / 1e6:.1f} Mpx" if count >= 100_000 else f"{count} pixels"
+
+
+def _to_rgb(img) -> np.ndarray:
+    if img.mode.startswith("I") or img.mode == "F":  # I;16*, I (16-bit PNG/TIFF), F (float)
+        values = np.nan_to_num(np.asarray(img, dtype=np.float64), nan=0.0)
+        if img.mode != "F":
+            values = values / 257.0  # 0..65535 -> 0..255
+        elif values.size and values.max() <= 1.0:
+            values = values * 255.0
+        grey = np.clip(np.rint(values), 0, 255).astype(np.uint8)
+        return np.repeat(grey[..., None], 3, axis=2)
+    return np.asarray(img.convert("RGB"), dtype=np.uint8).copy()
 
 
 def prepare_out_dir(path: "str | os.PathLike") -> Path:
@@ -67,52 +145,12 @@ def prepare_out_dir(path: "str | os.PathLike") -> Path:
     return out
 
 
-def save_image_atomic(image, path: "str | os.PathLike") -> Path:
-    """Save a PIL image so that ``path`` is either complete or absent, never half-written."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fmt = _pil_format(path)
-            image.save(fh, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(exc, OSError):
-            raise CandleNNError(f"cannot write {path}: {exc.strerror or exc}") from exc
-        raise
-    return path
-
-
-def save_text_atomic(text: str, path: "str | os.PathLike") -> Path:
-    """Write ``text`` (UTF-8) so that ``path`` is either complete or absent, never half-written."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(exc, OSError):
-            raise CandleNNError(f"cannot write {path}: {exc.strerror or exc}") from exc
-        raise
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _pil_format(path: Path) -> str:
-    return {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".bmp": "BMP",
-            ".webp": "WEBP"}.get(path.suffix.lower(), "PNG")
+def check_finite(values: np.ndarray, weights: "str | os.PathLike") -> None:
+    """Refuse model outputs with NaN or infinity: inputs are finite, so the weights are at fault."""
+    if not np.isfinite(values).all():
+        raise CandleNNError(f"the model produced non-finite outputs (NaN or infinity): the weights "
+                            f"in {shown(weights)} are corrupt (e.g. NaN values) or overflow their "
+                            "dtype; check the file or convert it again")
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,8 @@
 """``candle-resnet``: classify images with a ResNet (ImageNet labels), like candle's example.
 
-    candle-resnet --image bike.jpg [--image DIR ...] [--variant resnet18..resnet152]
-                  [--weights FILE] [--device cpu|gpu] [--top-k 5] [--batch-size 8] [--json]
+    candle-resnet --image bike.jpg [DIR 'photos/*.jpg' - ...] [--recursive] [--strict]
+                  [--variant resnet18..resnet152] [--weights FILE] [--device cpu|gpu]
+                  [--top-k 5] [--batch-size 8] [--max-pixels N] [--json]
 
 Without ``--weights`` the default is candle's published ``resnet{depth}.safetensors`` (variant
 ``resnet18`` unless ``--variant`` says otherwise). With ``--weights`` the variant and class count
@@ -12,20 +13,18 @@ are read from the file, and a ``--variant`` that disagrees is an error. Labels c
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 from typing import Sequence
 
 from candle_nn import CandleNNError, Device, VarBuilder, softmax  # before mlx: BLAS choice
 import mlx.core as mx  # noqa: I001
 import numpy as np
-from tqdm import tqdm
 
 from models.imagenet import class_names, preprocess
 from models.resnet import VARIANTS, ResNet, infer_variant
-from scripts.common import (add_device_argument, collect_images, load_rgb, parse_device,
-                            run_main)
+from scripts.image_batch import Batch
+from scripts.common import (add_device_argument, add_input_arguments, check_finite, load_rgb,
+                            parse_device, run_main, shown)
 from scripts.common import compile_choice
 from weights.metadata import WeightsMetadata
 from weights.registry import resolve_weights
@@ -34,8 +33,7 @@ from weights.registry import resolve_weights
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="candle-resnet",
                                      description="Classify images with a ResNet.")
-    parser.add_argument("--image", action="append", required=True, metavar="PATH",
-                        help="an image file or a folder of images (repeatable)")
+    add_input_arguments(parser, what="top-k labels")
     parser.add_argument("--variant", choices=tuple(VARIANTS), default=None,
                         help="ResNet depth; default: what --weights holds, else resnet18")
     parser.add_argument("--weights", default=None, metavar="FILE",
@@ -44,14 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_argument(parser)
     parser.add_argument("--top-k", type=int, default=5, help="labels printed per image (default 5)")
     parser.add_argument("--batch-size", type=int, default=8, help="images per forward (default 8)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     return parser
 
 
 def load_classifier(weights: str | None, variant: str | None,
-                    device: Device) -> tuple[ResNet, list[str]]:
+                    device: Device) -> tuple[ResNet, list[str], Path]:
     """The ResNet in ``weights`` (default: the published ``variant``), checked against
-    ``variant``, and its labels."""
+    ``variant``, its labels and the weights file."""
     path = resolve_weights("resnet", variant or "resnet18", weights)
     vb = VarBuilder.from_safetensors(path, device=device)
     found, num_classes = infer_variant(vb, name=str(path))
@@ -63,21 +60,25 @@ def load_classifier(weights: str | None, variant: str | None,
     names = WeightsMetadata.from_dict(vb.metadata).names
     if not names or len(names) != num_classes:
         names = list(class_names()) if num_classes == 1000 else [str(i) for i in range(num_classes)]
-    return ResNet.load(vb, found, num_classes), names
+    return ResNet.load(vb, found, num_classes), names, path
 
 
-def classify(model: ResNet, images: Sequence[Path], top_k: int,
-             batch_size: int) -> list[list[tuple[int, float]]]:
-    """Top-k ``(class index, probability)`` per image, in order, ``batch_size`` images a forward."""
-    results: list[list[tuple[int, float]]] = []
-    with tqdm(total=len(images), unit="img", file=sys.stderr,
-              disable=True if len(images) < 2 else None) as bar:
-        for start in range(0, len(images), batch_size):
-            chunk = images[start:start + batch_size]
-            results.extend(top_k_probabilities(
-                model, np.stack([preprocess(load_rgb(p)) for p in chunk]), top_k))
-            bar.update(len(chunk))
-    return results
+def classify(model: ResNet, batch: Batch, paths: Sequence[Path], names: Sequence[str],
+             top_k: int, batch_size: int, weights: Path) -> None:
+    """Top-k labels of each image, ``batch_size`` images a forward; unreadable images skipped."""
+    pending: list[tuple[Path, np.ndarray]] = []
+    for n, path in enumerate(batch.progress(paths), 1):
+        with batch.image(path):
+            pending.append((path, preprocess(load_rgb(path, batch.args.max_pixels))))
+        if len(pending) == batch_size or (n == len(paths) and pending):
+            tops = top_k_probabilities(model, np.stack([x for _, x in pending]), top_k)
+            check_finite(np.array([p for top in tops for _, p in top]), weights)  # NaN logits
+            for (image, _), top in zip(pending, tops):
+                entries = [{"index": i, "label": names[i], "probability": prob} for i, prob in top]
+                batch.done({"image": shown(image), "top_k": entries},  # candle's `label: 12.34%`
+                           [f"{shown(image)}:"] + [f"  {names[i]:24}: {100 * prob:.2f}%"
+                                                  for i, prob in top])
+            pending.clear()
 
 
 def top_k_probabilities(model: ResNet, batch: np.ndarray,
@@ -94,21 +95,16 @@ def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.top_k < 1 or args.batch_size < 1:
         raise CandleNNError("--top-k and --batch-size must be at least 1")
-    images = collect_images(args.image)
-    model, names = load_classifier(args.weights, args.variant, parse_device(args.device, args.verbose))
-    model.set_compiled(compile_choice(args.compile))
-    results = classify(model, images, min(args.top_k, len(names)), args.batch_size)
-    if args.json:
-        print(json.dumps({"model": model.variant, "images": [
-            {"image": str(p), "top_k": [{"index": i, "label": names[i], "probability": prob}
-                                        for i, prob in top]}
-            for p, top in zip(images, results)]}, indent=2))
-        return 0
-    for path, top in zip(images, results):
-        print(f"{path}:")
-        for i, prob in top:  # candle's example prints `{label:24}: {percent:.2}%`
-            print(f"  {names[i]:24}: {100 * prob:.2f}%")
-    return 0
+    with Batch(args) as batch:
+        paths = batch.start()
+        if paths:
+            device = parse_device(args.device, args.verbose)
+            model, names, weights = load_classifier(args.weights, args.variant, device)
+            model.set_compiled(compile_choice(args.compile))
+            batch.doc["model"] = model.variant
+            classify(model, batch, paths, names, min(args.top_k, len(names)), args.batch_size,
+                     weights)
+    return batch.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +17,9 @@ from PIL import Image
 
 from candle_nn import CandleNNError
 from models.segment_anything import Sam, SamAutomaticMaskGenerator
-from scripts.common import save_image_atomic
-from scripts.sam_outputs import overlay_masks, save_json_atomic
+from scripts.common import shown
+from scripts.outputs import OutputFolder
+from scripts.sam_outputs import overlay_masks
 
 # flag -> (generator argument, type, lowest allowed value, help)
 KNOBS = {
@@ -74,27 +73,29 @@ def make_generator(sam: Sam, args: argparse.Namespace) -> SamAutomaticMaskGenera
 
 
 def segment_everything(path: Path, rgb: np.ndarray, generator: SamAutomaticMaskGenerator,
-                       out_dir: Path) -> tuple[dict[str, Any], list[str]]:
-    """Run the generator on one image and write its three outputs; returns the JSON document
-    and the lines to print."""
+                       output: OutputFolder) -> tuple[dict[str, Any], list[str]]:
+    """Run the generator on one image and stage its outputs in ``output``; returns the JSON
+    document and the lines to print."""
     records = generator.generate(rgb)
     masks = [_decode(r["segmentation"]) for r in records]
     stem = path.stem
-    overlay = save_image_atomic(overlay_masks(rgb, masks), out_dir / f"{stem}_everything.png")
-    mask_dir = _write_mask_pngs(masks, out_dir / f"{stem}_masks")
-    doc = {"image": str(path), "width": rgb.shape[1], "height": rgb.shape[0],
-           "mode": "everything", "masks": records}
-    json_path = save_json_atomic(doc, out_dir / f"{stem}_masks.json")
+    overlay = output.save_image(overlay_masks(rgb, masks), f"{stem}_everything.png")
+    for i, mask in enumerate(masks):
+        output.save_image(Image.fromarray(mask.astype(np.uint8) * 255), f"{stem}_masks/{i}.png")
+    mask_dir = output.path / f"{stem}_masks"
     h, w = rgb.shape[:2]
-    lines = [f"{path}: {w}x{h}, everything: {len(records)} mask(s) from "
+    doc = {"image": shown(path), "width": w, "height": h, "mode": "everything", "masks": records}
+    json_path = output.save_text(json.dumps(doc), f"{stem}_masks.json")
+    lines = [f"{shown(path)}: {w}x{h}, everything: {len(records)} mask(s) from "
              f"{len(generator.point_grids[0])} points"]
     for i, r in enumerate(records):
         x, y, bw, bh = r["bbox"]
         lines.append(f"mask {i}: iou {r['predicted_iou']:.4f}, stability "
                      f"{r['stability_score']:.4f}, {r['area']} pixels "
                      f"({100.0 * r['area'] / (h * w):.1f}%), box {x},{y},{bw}x{bh}")
-    lines += [f"wrote {overlay}", f"wrote {mask_dir}/ ({len(masks)} PNGs)", f"wrote {json_path}"]
-    doc["files"] = {"overlay": str(overlay), "masks": str(mask_dir), "json": str(json_path)}
+    lines += [f"wrote {shown(overlay)}", f"wrote {shown(mask_dir)}/ ({len(masks)} PNGs)",
+              f"wrote {shown(json_path)}"]
+    doc["files"] = {"overlay": shown(overlay), "masks": shown(mask_dir), "json": shown(json_path)}
     return doc, lines
 
 
@@ -102,27 +103,3 @@ def _decode(rle: dict[str, Any]) -> np.ndarray:
     from pycocotools import mask as mask_utils
 
     return mask_utils.decode({"size": rle["size"], "counts": rle["counts"].encode()}).astype(bool)
-
-
-def _write_mask_pngs(masks: list[np.ndarray], folder: Path) -> Path:
-    """``folder/<i>.png`` for each mask, replacing the folder as a whole (never half-written)."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    try:
-        for i, mask in enumerate(masks):
-            Image.fromarray(mask.astype(np.uint8) * 255).save(staging / f"{i}.png")
-        os.chmod(staging, 0o777 & ~_umask())
-        if folder.is_dir() and not folder.is_symlink():
-            shutil.rmtree(folder)
-        os.replace(staging, folder)
-    except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise CandleNNError(f"cannot write {folder}: {exc.strerror or exc}") from exc
-        raise
-    return folder
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

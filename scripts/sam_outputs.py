@@ -1,20 +1,15 @@
-"""What ``candle-segment-anything`` writes besides the mask PNGs: an overlay with every mask in its
-own colour, and mask records as JSON with COCO run-length encodings (what pycocotools,
+"""What ``candle-segment-anything`` draws and records besides the mask PNGs: an overlay with every
+mask in its own colour, and mask records with COCO run-length encodings (what pycocotools,
 segment-anything's tools and mlx-examples read)."""
 
 from __future__ import annotations
 
 import colorsys
-import json
-import os
-import tempfile
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 from PIL import Image
 
-from candle_nn import CandleNNError
 from models.segment_anything.amg import (batched_mask_to_box, box_xyxy_to_xywh, coco_encode_rle,
                                          mask_to_rle)
 
@@ -54,23 +49,3 @@ def mask_json(mask: np.ndarray) -> dict[str, Any]:
     box = batched_mask_to_box(mask[None])[0]
     return {"segmentation": coco_encode_rle(rle), "area": int(mask.sum()),
             "bbox": box_xyxy_to_xywh(box).tolist()}
-
-
-def save_json_atomic(doc: Any, path: "str | os.PathLike") -> Path:
-    """Write ``doc`` as JSON so that ``path`` is complete or absent."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(exc, OSError):
-            raise CandleNNError(f"cannot write {path}: {exc.strerror or exc}") from exc
-        raise
-    return path

@@ -1,22 +1,24 @@
 """``candle-segment-anything``: segment an object in an image with MobileSAM from point/box prompts,
 or everything in it.
 
-    candle-segment-anything --image bike.jpg --point 0.6,0.55 [--point X,Y ...] [--neg-point X,Y]
-                            [--box X1,Y1,X2,Y2] [--multimask] [--threshold X]
-                            [--save-embedding FILE | --embedding FILE]
+    candle-segment-anything --image bike.jpg [DIR 'photos/*.jpg' - ...] --point 0.6,0.55
+                            [--point X,Y ...] [--neg-point X,Y] [--box X1,Y1,X2,Y2] [--multimask]
+                            [--threshold X] [--save-embedding FILE | --embedding FILE]
                             [--model tiny|vit_b|vit_l|vit_h] [--weights FILE] [--device cpu]
-                            [--out DIR] [--json]
+                            [--out DIR] [--recursive] [--strict] [--max-pixels N] [--json]
     candle-segment-anything --image bike.jpg --everything [--points-per-side 32 ...]
 
 Coordinates: each value in ``[0, 1]`` is a fraction of the image width (x) or height (y), as in
 candle's example; larger values are pixels. Writes ``<stem>_mask.png`` (the best mask, white on
 black; with ``--multimask`` also ``<stem>_mask_<i>.png`` for each of the three candidates),
 ``<stem>_overlay.png`` (the image with each mask in its own colour and the prompts drawn) and
-``<stem>_masks.json`` (prompts, scores, boxes, masks as COCO RLE) into ``--out``, and prints the
-predicted IoU of each mask (``--json``: the JSON document instead). ``--everything``: see
-``scripts/sam_everything.py``. Prompts are checked before the model is loaded: a bad prompt costs
-no encoder run and writes nothing. ``--save-embedding`` / ``--embedding`` keep the image encoder's
-output in a safetensors file, so prompting the same image again skips the encoder.
+``<stem>_masks.json`` (prompts, scores, boxes, masks as COCO RLE) into ``--out`` and prints the
+predicted IoU of each mask. ``--everything``: see ``scripts/sam_everything.py``.
+``--save-embedding`` / ``--embedding`` (one image) keep the image encoder's output in a
+safetensors file, so prompting the same image again skips the encoder. Every image gets the same prompts (fractions
+suit images of different sizes). A malformed prompt is refused before the model is loaded; a
+prompt outside one image skips that image before its encoder run. Each image's two files are
+written together or not at all.
 """
 
 from __future__ import annotations
@@ -34,13 +36,15 @@ from PIL import Image
 
 from candle_nn import CandleNNError, VarBuilder
 from models.segment_anything import Sam, SamPredictor
-from models.segment_anything.embedding_file import (ImageEmbedding, read_image_embedding,
-                                                    save_image_embedding)
-from scripts.common import (add_device_argument, load_rgb, parse_device, prepare_out_dir,
-                            run_main, save_image_atomic)
+from models.segment_anything.embedding_file import read_image_embedding, save_image_embedding
+from models.segment_anything.transforms import preprocess_shape
+from scripts.image_batch import Batch
+from scripts.common import (ImageInputError, add_device_argument, add_input_arguments,
+                            check_finite, load_rgb, parse_device, run_main, shown)
+from scripts.outputs import OutputFolder
 from scripts.common import compile_choice
 from scripts.sam_everything import add_everything_arguments, make_generator, segment_everything
-from scripts.sam_outputs import mask_json, overlay_masks, save_json_atomic
+from scripts.sam_outputs import mask_json, overlay_masks
 from weights.registry import resolve_weights
 
 POSITIVE, NEGATIVE, BOX = (0, 220, 0), (230, 0, 0), (255, 200, 0)
@@ -116,8 +120,20 @@ def parse_prompts(points: Sequence[str], neg_points: Sequence[str], box: str | N
         prompts.box = (x1, y1, x2, y2)
     if not prompts.points and prompts.box is None:
         raise PromptError("no prompt given: pass --point X,Y (repeatable), --neg-point X,Y "
-                          "and/or --box X1,Y1,X2,Y2, or --everything")
+                          "and/or --box X1,Y1,X2,Y2")
     return prompts
+
+
+def check_prompt_syntax(points: Sequence[str], neg_points: Sequence[str], box: str | None) -> None:
+    """PromptError for a malformed or missing prompt (ranges are checked per image)."""
+    for option, texts in (("--point", points), ("--neg-point", neg_points)):
+        for text in texts:
+            parse_values(text, 2, option)
+    if box is not None:
+        parse_values(box, 4, "--box")
+    if not points and not neg_points and box is None:
+        raise PromptError("no prompt given: pass --point X,Y (repeatable), --neg-point X,Y "
+                          "and/or --box X1,Y1,X2,Y2, or --everything")
 
 
 def overlay_image(rgb: np.ndarray, masks: Sequence[np.ndarray], prompts: Prompts):
@@ -140,10 +156,10 @@ def overlay_image(rgb: np.ndarray, masks: Sequence[np.ndarray], prompts: Prompts
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="candle-segment-anything",
-        description="Segment the object at the given points / box, or everything in the image "
-                    "(--everything), with MobileSAM (TinyViT) or SAM.",
+        description="Segment the object at the given points / box with MobileSAM (TinyViT) "
+                    "or SAM.",
         epilog="Coordinates in [0, 1] are fractions of the width/height; larger values are pixels.")
-    parser.add_argument("--image", required=True, help="the image file to segment")
+    add_input_arguments(parser, what="masks' scores and files")
     parser.add_argument("--point", action="append", default=[], metavar="X,Y",
                         help="a foreground point (repeatable)")
     parser.add_argument("--neg-point", action="append", default=[], metavar="X,Y",
@@ -158,10 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "above X (default 0.0, SAM's; higher gives tighter masks)")
     cache = parser.add_mutually_exclusive_group()
     cache.add_argument("--save-embedding", default=None, metavar="FILE",
-                       help="also save the image encoder's output to FILE (safetensors)")
+                       help="also save the image encoder's output to FILE (safetensors; one "
+                            "image)")
     cache.add_argument("--embedding", default=None, metavar="FILE",
                        help="use the encoder output saved with --save-embedding for this image "
-                            "(no encoder run)")
+                            "(no encoder run; one image)")
     parser.add_argument("--model", default="tiny", choices=MODELS,
                         help="tiny: MobileSAM's TinyViT-5M (default); vit_b/vit_l/vit_h: the "
                              "original SAM's ViT encoder")
@@ -171,9 +188,6 @@ def build_parser() -> argparse.ArgumentParser:
                              "mobile_sam-tiny-vitt.safetensors, sam_vit_b_01ec64.safetensors)")
     add_device_argument(parser)
     parser.add_argument("--out", default=".", help="output folder (default: the current folder)")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON document (prompts, scores, boxes, masks as COCO "
-                             "RLE, files written) instead of text")
     add_everything_arguments(parser)
     return parser
 
@@ -199,7 +213,7 @@ def check_writable_file(path: str, option: str) -> None:
 
 
 def check_mode(args: argparse.Namespace) -> None:
-    """PromptError for options that do not go together."""
+    """PromptError for options that do not go together; the prompts' syntax otherwise."""
     if args.everything:
         given = [o for o, v in (("--point", args.point), ("--neg-point", args.neg_point),
                                 ("--box", args.box), ("--multimask", args.multimask),
@@ -207,84 +221,105 @@ def check_mode(args: argparse.Namespace) -> None:
                                 ("--save-embedding", args.save_embedding)) if v]
         if given:
             raise PromptError(f"--everything makes its own prompts: drop {', '.join(given)}")
+        return
+    check_prompt_syntax(args.point, args.neg_point, args.box)
+    if args.save_embedding:
+        check_writable_file(args.save_embedding, "--save-embedding")
 
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    check_mode(args)
-    rgb = load_rgb(args.image)
+    check_mode(args)  # before any image or model
+    with Batch(args) as batch:
+        paths = batch.start()
+        if len(paths) > 1 and (args.embedding or args.save_embedding):
+            raise CandleNNError(f"--embedding / --save-embedding hold one image's embedding, "
+                                f"but {len(paths)} images were given")
+        if paths:
+            device = parse_device(args.device, args.verbose)
+            registry_model = "mobile_sam" if args.model == "tiny" else "sam"
+            weights = resolve_weights(registry_model, args.model, args.weights)
+            vb = VarBuilder.from_safetensors(weights, device=device)
+            sam = Sam.load_tiny(vb) if args.model == "tiny" else Sam.load_vit(vb, args.model)
+            sam.image_encoder.set_compiled(compile_choice(args.compile))
+            sam.mask_threshold = args.threshold
+            batch.doc["model"] = args.model
+            batch.output = OutputFolder(args.out)
+            predictor = SamPredictor(sam)
+            generator = make_generator(sam, args) if args.everything else None
+            for path in batch.progress(paths):
+                with batch.image(path, errors=(PromptError,)):
+                    if generator is not None:
+                        _everything(path, args, generator, batch)
+                    else:
+                        _segment(path, args, predictor, batch, weights)
+    return batch.exit_code
+
+
+def _load(path: Path, args: argparse.Namespace, side: int) -> np.ndarray:
+    rgb = load_rgb(path, args.max_pixels)
     height, width = rgb.shape[:2]
-    prompts = None if args.everything else parse_prompts(args.point, args.neg_point, args.box,
-                                                         height, width)
-    embedding = read_image_embedding(args.embedding, args.model, rgb) if args.embedding else None
-    if args.save_embedding:
-        check_writable_file(args.save_embedding, "--save-embedding")
-    device = parse_device(args.device, args.verbose)
-    registry_model = "mobile_sam" if args.model == "tiny" else "sam"
-    weights = resolve_weights(registry_model, args.model, args.weights)
-    vb = VarBuilder.from_safetensors(weights, device=device)
-    sam = Sam.load_tiny(vb) if args.model == "tiny" else Sam.load_vit(vb, args.model)
-    sam.image_encoder.set_compiled(compile_choice(args.compile))
-    sam.mask_threshold = args.threshold
-    out_dir = prepare_out_dir(args.out)
-
-    if args.everything:
-        doc, lines = segment_everything(Path(args.image), rgb, make_generator(sam, args), out_dir)
-    else:
-        doc, lines = _segment_prompts(Path(args.image), rgb, prompts, sam, embedding, args,
-                                      out_dir)
-    print(json.dumps(doc) if args.json else "\n".join(lines))
-    return 0
+    if min(preprocess_shape(height, width, side)) < 1:
+        raise ImageInputError(path, f"{width}x{height} is too elongated: SAM scales the longer "
+                                    f"side to {side} px, which leaves the shorter one under 1 px "
+                                    f"(the aspect ratio can be at most {2 * side}:1)")
+    return rgb
 
 
-def _segment_prompts(path: Path, rgb: np.ndarray, prompts: Prompts, sam: Sam,
-                     embedding: ImageEmbedding | None, args: argparse.Namespace,
-                     out_dir: Path) -> tuple[dict, list[str]]:
-    """Masks for the prompts; writes the mask PNG(s), the overlay and the JSON records."""
-    predictor = SamPredictor(sam)
-    if embedding is not None:
-        embedding.apply(predictor)
+def _everything(path: Path, args: argparse.Namespace, generator, batch: Batch) -> None:
+    rgb = _load(path, args, generator.predictor.model.image_size)
+    doc, lines = segment_everything(path, rgb, generator, batch.output)
+    batch.done(doc, lines)
+
+
+def _segment(path: Path, args: argparse.Namespace, predictor: SamPredictor, batch: Batch,
+             weights: Path) -> None:
+    rgb = _load(path, args, predictor.model.image_size)
+    height, width = rgb.shape[:2]
+    prompts = parse_prompts(args.point, args.neg_point, args.box, height, width)
+    if args.embedding:
+        read_image_embedding(args.embedding, args.model, rgb).apply(predictor)
     else:
         predictor.set_image(rgb)
         if args.save_embedding:
             save_image_embedding(predictor, args.save_embedding, args.model, rgb)
-    logits, scores, _ = predictor.predict(
+    logits, scores, low_res = predictor.predict(
         point_coords=np.array(prompts.points, dtype=np.float32) if prompts.points else None,
         point_labels=np.array(prompts.labels, dtype=np.int32) if prompts.points else None,
         box=np.array(prompts.box, dtype=np.float32) if prompts.box is not None else None,
         multimask_output=args.multimask, return_logits=True)
+    check_finite(np.asarray(scores), weights)
+    check_finite(np.asarray(low_res), weights)
     masks = logits > args.threshold
 
     best = int(np.argmax(scores))
     stem = path.stem
-    files = {"mask": save_image_atomic(_mask_png(masks[best]), out_dir / f"{stem}_mask.png")}
+    files = {"mask": batch.output.save_image(_mask_png(masks[best]), f"{stem}_mask.png")}
     if len(masks) > 1:
         for i, mask in enumerate(masks):
-            files[f"mask_{i}"] = save_image_atomic(_mask_png(mask),
-                                                   out_dir / f"{stem}_mask_{i}.png")
-    shown = [masks[i] for i in range(len(masks))] if len(masks) > 1 else [masks[best]]
-    files["overlay"] = save_image_atomic(overlay_image(rgb, shown, prompts),
-                                         out_dir / f"{stem}_overlay.png")
+            files[f"mask_{i}"] = batch.output.save_image(_mask_png(mask), f"{stem}_mask_{i}.png")
+    files["overlay"] = batch.output.save_image(overlay_image(rgb, list(masks), prompts),
+                                               f"{stem}_overlay.png")
     records = [{**mask_json(mask), "predicted_iou": float(score), "best": i == best}
                for i, (mask, score) in enumerate(zip(masks, scores))]
-    doc = {"image": str(path), "width": rgb.shape[1], "height": rgb.shape[0], "mode": "prompts",
+    doc = {"image": shown(path), "width": width, "height": height, "mode": "prompts",
            "prompts": {"points": [list(p) for p in prompts.points], "labels": prompts.labels,
                        "box": list(prompts.box) if prompts.box is not None else None},
            "threshold": args.threshold, "masks": records}
-    files["json"] = save_json_atomic(doc, out_dir / f"{stem}_masks.json")
+    files["json"] = batch.output.save_text(json.dumps(doc), f"{stem}_masks.json")
     if args.save_embedding:
         files["embedding"] = Path(args.save_embedding)
-    doc["files"] = {k: str(v) for k, v in files.items()}
+    doc["files"] = {k: shown(v) for k, v in files.items()}
 
-    lines = [f"{path}: {rgb.shape[1]}x{rgb.shape[0]}, {prompts.describe()}"
+    lines = [f"{shown(path)}: {width}x{height}, {prompts.describe()}"
              + (f", embedding from {args.embedding}" if args.embedding else "")]
     for i, record in enumerate(records):
         area = record["area"]
         lines.append(f"mask {i}: iou {record['predicted_iou']:.4f}, {area} pixels "
                      f"({100.0 * area / masks[i].size:.1f}%)"
                      + ("  <- best" if i == best and len(scores) > 1 else ""))
-    lines += [f"wrote {v}" for v in files.values()]
-    return doc, lines
+    lines += [f"wrote {shown(v)}" for v in files.values()]
+    batch.done(doc, lines)
 
 
 def _mask_png(mask: np.ndarray) -> Image.Image:

@@ -1,14 +1,16 @@
 """``candle-yolo-v8``: detect objects (or people's poses) with YOLOv8 and draw them.
 
-    candle-yolo-v8 --image bike.jpg [--image DIR ...] | --video clip.mp4 [--video FRAMES_DIR ...]
-                   [--batch-size 8] [--task detect|pose] [--variant n|s|m|l|x]
-                   [--weights FILE] [--conf 0.25] [--iou 0.45] [--size 640] [--square]
-                   [--device cpu] [--out DIR] [--json]
+    candle-yolo-v8 --image bike.jpg [DIR 'photos/*.jpg' - ...] [--recursive] [--strict]
+                   | --video clip.mp4 [--video FRAMES_DIR ...] [--batch-size 8]
+                   [--task detect|pose] [--variant n|s|m|l|x] [--weights FILE] [--conf 0.25]
+                   [--iou 0.45] [--size 640] [--square] [--device cpu] [--out DIR]
+                   [--max-pixels N] [--json]
                    [--classes N ...] [--max-det 300] [--agnostic-nms] [--half]
                    [--save-txt [--save-conf]] [--save-crop]
                    [--line-width PX] [--hide-labels] [--hide-conf]
 
-For each image, writes ``<stem>_detect<ext>`` (or ``_pose``) into ``--out``: boxes with class
+For each image, writes ``<stem>_detect<ext>`` (or ``_pose``) into ``--out`` (all files of a run
+are renamed into place together at its end; a failed run leaves none): boxes with class
 names and scores, and skeletons for pose. Prints the detections (``--json``: one JSON document
 on stdout). Without ``--weights`` the default is candle's published ``yolov8{variant}[-pose]``
 checkpoint (variant ``n``); with ``--weights`` the variant, task and class count are read from the
@@ -41,13 +43,16 @@ from typing import Sequence
 from candle_nn import CandleNNError, Device, VarBuilder, WeightsFileError  # before mlx: BLAS choice
 from candle_nn import model_dtype
 import mlx.core as mx  # noqa: I001
+import numpy as np
 
 from models.coco import COCO_SKELETON, coco_class_names
 from models.letterbox import letterbox
 from models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec, infer_spec, load_model
 from models.yolo_v8_post import Detection, crop_box, postprocess, yolo_label_lines
-from scripts.common import (add_device_argument, collect_images, load_rgb, parse_device,
-                            prepare_out_dir, run_main, save_image_atomic, save_text_atomic)
+from scripts.image_batch import Batch
+from scripts.common import (add_device_argument, add_input_arguments, check_finite, load_rgb,
+                            parse_device, run_main, shown)
+from scripts.outputs import OutputFolder
 from scripts.common import compile_choice
 from scripts.yolo_v8_draw import draw_detections
 from scripts.yolo_v8_video import check_sources, detect_video, print_video_result
@@ -55,6 +60,7 @@ from weights.metadata import WeightsMetadata
 from weights.registry import resolve_weights
 
 SAVE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}  # others are written as PNG
+MAX_SIZE = 4096  # --size: 6.5x YOLOv8's 640 on a side is 41x the work; beyond, memory runs out
 
 
 @dataclass
@@ -67,7 +73,7 @@ class ImageResult:
     detections: list[Detection]
 
     def to_dict(self, names: Sequence[str]) -> dict:
-        return {"image": str(self.image), "output": str(self.output),
+        return {"image": shown(self.image), "output": shown(self.output),
                 "height": self.size_hw[0], "width": self.size_hw[1],
                 "detections": [d.to_dict(names) for d in self.detections]}
 
@@ -80,9 +86,16 @@ def _fraction(text: str) -> float:
 
 
 def _size(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value <= 0 or value % 32:
         raise argparse.ArgumentTypeError(f"{text} is not a positive multiple of 32")
+    if value > MAX_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"{text} is above {MAX_SIZE}: YOLOv8 is trained at 640, and the work grows with the "
+            "square of the size (try 640, 1280 or at most 4096)")
     return value
 
 
@@ -104,8 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="candle-yolo-v8",
         description="Detect objects (or human poses) with YOLOv8 and write annotated images.")
-    parser.add_argument("--image", action="append", metavar="PATH",
-                        help="an image file or a folder of images (repeatable)")
+    add_input_arguments(parser, what="detections", required=False)
     parser.add_argument("--video", action="append", metavar="PATH",
                         help="a video file, or a folder of images read as a sequence (repeatable);"
                              " writes an annotated MP4 and per-frame JSON lines")
@@ -124,14 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--iou", type=_fraction, default=0.45,
                         help="NMS IoU threshold (default 0.45)")
     parser.add_argument("--size", type=_size, default=640,
-                        help="longest side of the model input, a multiple of 32 (default 640)")
+                        help=f"longest side of the model input, a multiple of 32 up to {MAX_SIZE} "
+                             "(default 640)")
     parser.add_argument("--square", action="store_true",
                         help="pad every input to size x size "
                              "(default: pad only up to a multiple of 32)")
     add_device_argument(parser)
     parser.add_argument("--out", default="out", help="output folder (default: ./out)")
-    parser.add_argument("--json", action="store_true",
-                        help="print the detections as one JSON document on stdout")
     yolo = parser.add_argument_group("ultralytics-style options (same meanings as yolo predict)")
     yolo.add_argument("--classes", type=_class_id, nargs="+", metavar="N", default=None,
                       help="keep only these class ids, e.g. --classes 0 2 3")
@@ -188,64 +199,60 @@ def load_detector(weights: "str | Path | None", task: str | None, variant: str |
 
 
 def load_for(args: argparse.Namespace, device: Device,
-             ) -> tuple[YoloV8 | YoloV8Pose, YoloV8Spec, list[str]]:
+             ) -> tuple[YoloV8 | YoloV8Pose, YoloV8Spec, list[str], Path]:
     """:func:`load_detector` with the command line's weights, task, variant and ``--half``;
-    ``--classes`` checked against the model's class count; ``--compile`` applied."""
-    model, spec, names, _ = load_detector(args.weights, args.task, args.variant, device,
+    ``--classes`` checked against the model's class count; ``--compile`` applied. Also returns
+    the weights file."""
+    model, spec, names, path = load_detector(args.weights, args.task, args.variant, device,
                                           "float16" if args.half else "float32")
     if args.classes and max(args.classes) >= spec.num_classes:
         raise CandleNNError(f"--classes {max(args.classes)}: the model has {spec.num_classes} "
                             f"classes (0..{spec.num_classes - 1})")
     model.set_compiled(compile_choice(args.compile))
-    return model, spec, names
+    return model, spec, names, path
 
 
-def output_path(out_dir: Path, image: Path, task: str, taken: set[Path]) -> Path:
-    """``<out>/<stem>_<task><ext>``, numbered when two inputs share a stem."""
+def output_name(image: Path, task: str) -> str:
+    """``<stem>_<task><ext>`` (the output folder numbers a name already taken in the run)."""
     suffix = image.suffix.lower() if image.suffix.lower() in SAVE_SUFFIXES else ".png"
-    path, n = out_dir / f"{image.stem}_{task}{suffix}", 1
-    while path in taken:
-        path, n = out_dir / f"{image.stem}_{task}-{n}{suffix}", n + 1
-    taken.add(path)
-    return path
+    return f"{image.stem}_{task}{suffix}"
 
 
-def detect(args: argparse.Namespace) -> tuple[list[ImageResult], list[str]]:
-    """Run the CLI's work for parsed ``args``: the per-image results and the class names."""
-    images = collect_images(args.image)
+def detect(args: argparse.Namespace, batch: Batch) -> None:
+    """Run the CLI's work for parsed ``args``: each image's detections into ``batch``."""
+    paths = batch.start()
+    if not paths:
+        return
     device = parse_device(args.device, args.verbose)
-    model, spec, names = load_for(args, device)
-    out_dir = prepare_out_dir(args.out)  # after the weights: a failed load creates no folder
+    model, spec, names, weights = load_for(args, device)
+    batch.doc.update({"model": str(spec), "task": spec.task})
+    output = batch.output = OutputFolder(args.out)  # after the weights: a failed load makes none
     skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()
-    results: list[ImageResult] = []
-    taken: set[Path] = set()
-    for image in images:
-        rgb = load_rgb(image)
-        lb = letterbox(rgb, args.size, auto=not args.square)
-        pred = model(mx.array(lb.as_input()).astype(model_dtype(model)))
-        detections = postprocess(pred, [lb], num_classes=spec.num_classes, conf=args.conf,
-                                 iou=args.iou, max_det=args.max_det, agnostic=args.agnostic_nms,
-                                 classes=args.classes)[0]
-        drawing = draw_detections(rgb, detections, names, skeleton, line_width=args.line_width,
-                                  labels=not args.hide_labels, scores=not args.hide_conf)
-        out = save_image_atomic(drawing, output_path(out_dir, image, spec.task, taken))
-        save_labels_and_crops(args, out_dir, _output_stem(out, image, spec.task), rgb,
-                              detections, names)
-        results.append(ImageResult(image, out, rgb.shape[:2], detections))
-        if not args.json:
-            _print_result(results[-1], names)
-    if args.json:
-        print(json.dumps({"model": str(spec), "task": spec.task,
-                          "images": [r.to_dict(names) for r in results]}, indent=2))
-    return results, names
+    for image in batch.progress(paths):
+        with batch.image(image):
+            rgb = load_rgb(image, args.max_pixels)
+            lb = letterbox(rgb, args.size, auto=not args.square)
+            pred = model(mx.array(lb.as_input()).astype(model_dtype(model)))
+            check_finite(np.array(pred.astype(mx.float32)), weights)
+            detections = postprocess(pred, [lb], num_classes=spec.num_classes, conf=args.conf,
+                                     iou=args.iou, max_det=args.max_det,
+                                     agnostic=args.agnostic_nms, classes=args.classes)[0]
+            drawing = draw_detections(rgb, detections, names, skeleton,
+                                      line_width=args.line_width, labels=not args.hide_labels,
+                                      scores=not args.hide_conf)
+            out = output.save_image(drawing, output_name(image, spec.task))
+            save_labels_and_crops(args, output, _output_stem(out, image, spec.task), rgb,
+                                  detections, names)
+            result = ImageResult(image, out, rgb.shape[:2], detections)
+            batch.done(result.to_dict(names), _result_lines(result, names))
 
 
 def _output_stem(output: Path, image: Path, task: str) -> str:
-    """The image's stem plus the numbering ``output_path`` gave it (``bike``, ``bike-1``)."""
+    """The image's stem plus the numbering the output folder gave it (``bike``, ``bike-1``)."""
     return image.stem + output.stem[len(image.stem) + len(task) + 1:]
 
 
-def save_labels_and_crops(args: argparse.Namespace, out_dir: Path, stem: str, rgb,
+def save_labels_and_crops(args: argparse.Namespace, output: OutputFolder, stem: str, rgb,
                           detections: Sequence[Detection], names: Sequence[str]) -> None:
     """``--save-txt``: ``<out>/labels/<stem>.txt`` (none without detections); ``--save-crop``:
     ``<out>/crops/<class name>/<stem>[N].jpg`` (see the module docstring)."""
@@ -254,8 +261,7 @@ def save_labels_and_crops(args: argparse.Namespace, out_dir: Path, stem: str, rg
     hw = rgb.shape[:2]
     if args.save_txt and detections:
         lines = yolo_label_lines(detections, hw, save_conf=args.save_conf)
-        save_text_atomic("".join(f"{line}\n" for line in lines),
-                         prepare_out_dir(out_dir / "labels") / f"{stem}.txt")
+        output.save_text("".join(f"{line}\n" for line in lines), f"labels/{stem}.txt")
     if args.save_crop:
         counts: dict[int, int] = {}
         for det in detections:
@@ -263,9 +269,8 @@ def save_labels_and_crops(args: argparse.Namespace, out_dir: Path, stem: str, rg
             if x2 <= x1 or y2 <= y1:
                 continue  # nothing left after clipping
             n = counts[det.class_id] = counts.get(det.class_id, 0) + 1
-            folder = prepare_out_dir(out_dir / "crops" / _safe_name(names[det.class_id]))
-            save_image_atomic(Image.fromarray(rgb[y1:y2, x1:x2]),
-                              folder / f"{stem}{n if n > 1 else ''}.jpg")
+            output.save_image(Image.fromarray(rgb[y1:y2, x1:x2]),
+                              f"crops/{_safe_name(names[det.class_id])}/{stem}{n if n > 1 else ''}.jpg")
 
 
 def _safe_name(name: str) -> str:
@@ -273,22 +278,24 @@ def _safe_name(name: str) -> str:
     return name.replace("/", "_").replace("\\", "_").strip(". ") or "unnamed"
 
 
-def _print_result(result: ImageResult, names: Sequence[str]) -> None:
+def _result_lines(result: ImageResult, names: Sequence[str]) -> list[str]:
     h, w = result.size_hw
     count = len(result.detections)
     plural = "s" if count != 1 else ""
-    print(f"{result.image}: {w}x{h}, {count} detection{plural} -> {result.output}")
+    lines = [f"{shown(result.image)}: {w}x{h}, {count} detection{plural} -> {shown(result.output)}"]
     for det in result.detections:
         box = ", ".join(f"{v:.1f}" for v in det.box_xyxy)
-        print(f"  {names[det.class_id]:<15} {det.score:.3f}  [{box}]")
+        lines.append(f"  {names[det.class_id]:<15} {det.score:.3f}  [{box}]")
+    return lines
 
 
 def detect_videos(args: argparse.Namespace) -> list:
     """``--video``: each source through the model frame by frame (``scripts/yolo_v8_video.py``)."""
     sources = check_sources(args.video)
     device = parse_device(args.device, args.verbose)
-    model, spec, names = load_for(args, device)
-    out_dir = prepare_out_dir(args.out)
+    model, spec, names, _ = load_for(args, device)
+    extras = OutputFolder(args.out)  # labels and crops; the videos commit their own files
+    out_dir = extras.create()
     skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()
 
     def annotate(rgb, detections):
@@ -296,7 +303,7 @@ def detect_videos(args: argparse.Namespace) -> list:
                                labels=not args.hide_labels, scores=not args.hide_conf)
 
     def save_extras(stem, rgb, detections):
-        save_labels_and_crops(args, out_dir, stem, rgb, detections, names)
+        save_labels_and_crops(args, extras, stem, rgb, detections, names)
 
     results, taken = [], set()
     for source in sources:
@@ -304,8 +311,13 @@ def detect_videos(args: argparse.Namespace) -> list:
         while output in taken:
             output, n = out_dir / f"{source.stem}_{spec.task}-{n}.mp4", n + 1
         taken.add(output)
-        result = detect_video(args, source, out_dir, model, spec, names, output,
-                              annotate, save_extras)
+        try:
+            result = detect_video(args, source, out_dir, model, spec, names, output,
+                                  annotate, save_extras)
+        except BaseException:
+            extras.abort()
+            raise
+        extras.commit()  # this video's labels and crops, with its MP4 and JSON lines
         results.append(result)
         if not args.json:
             print_video_result(result)
@@ -321,9 +333,10 @@ def _main(argv: Sequence[str] | None) -> int:
     check_options(parser, args)
     if args.video:
         detect_videos(args)
-    else:
-        detect(args)
-    return 0
+        return 0
+    with Batch(args) as batch:
+        detect(args, batch)
+    return batch.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

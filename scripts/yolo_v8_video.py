@@ -33,7 +33,8 @@ import numpy as np
 
 from models.letterbox import letterbox
 from models.yolo_v8_post import Detection, postprocess
-from scripts.common import IMAGE_SUFFIXES, load_rgb
+from scripts.common import load_rgb
+from scripts.inputs import IMAGE_SUFFIXES
 
 VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".wmv",
                   ".flv", ".ts"}

@@ -163,7 +163,7 @@ def test_saved_embedding_gives_the_same_masks_without_the_encoder(capsys, tmp_pa
     code, out, err = run(capsys, "--point", f"{x},{y}", "--multimask", "--embedding",
                          str(folder / "bike.safetensors"), "--out", str(tmp_path), "--json")
     assert code == 0, err
-    doc = json.loads(out)  # --json: one document on stdout
+    doc = json.loads(out)["images"][0]  # --json: one document on stdout, an entry per image
     assert doc["mode"] == "prompts" and len(doc["masks"]) == 3
     for i in range(3):
         assert (tmp_path / f"bike_mask_{i}.png").read_bytes() == (
@@ -174,7 +174,7 @@ def test_saved_embedding_gives_the_same_masks_without_the_encoder(capsys, tmp_pa
     code, out, err = run(capsys, "--point", f"{x},{y}", "--multimask", "--embedding",
                          str(folder / "bike.safetensors"), "--out", str(tmp_path / "t"),
                          "--json", "--threshold", "2.5")
-    tight = json.loads(out)
+    tight = json.loads(out)["images"][0]
     assert code == 0 and tight["threshold"] == 2.5
     assert all(t["area"] < m["area"] for t, m in zip(tight["masks"], doc["masks"]))
 
@@ -227,11 +227,12 @@ def test_everything_writes_overlay_pngs_and_coco_json(capsys, tmp_path, monkeypa
                  "--points-per-side", "6", "--out", str(tmp_path / "out"), "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
-    doc = json.loads(out)
+    doc = json.loads(out)["images"][0]
     out_dir = tmp_path / "out"
     assert sorted(p.name for p in out_dir.iterdir()) == [
         "small_everything.png", "small_masks", "small_masks.json"]
     assert json.loads((out_dir / "small_masks.json").read_text())["masks"] == doc["masks"]
+    assert doc["files"]["json"].endswith("small_masks.json")
     expected = SamAutomaticMaskGenerator(models[0], points_per_side=6,
                                          output_mode="coco_rle").generate(rgb)
     assert doc["masks"] == json.loads(json.dumps(expected)) and len(expected) >= 8
