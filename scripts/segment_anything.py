@@ -15,10 +15,10 @@ black; with ``--multimask`` also ``<stem>_mask_<i>.png`` for each of the three c
 ``<stem>_masks.json`` (prompts, scores, boxes, masks as COCO RLE) into ``--out`` and prints the
 predicted IoU of each mask. ``--everything``: see ``scripts/sam_everything.py``.
 ``--save-embedding`` / ``--embedding`` (one image) keep the image encoder's output in a
-safetensors file, so prompting the same image again skips the encoder. Every image gets the same prompts (fractions
-suit images of different sizes). A malformed prompt is refused before the model is loaded; a
-prompt outside one image skips that image before its encoder run. Each image's two files are
-written together or not at all.
+safetensors file, so prompting the same image again skips the encoder. Every image gets the same
+prompts (fractions suit images of different sizes). A malformed prompt is refused before the
+model is loaded; a prompt outside one image skips that image before its encoder run. Each image's
+files are written together or not at all.
 """
 
 from __future__ import annotations
