@@ -10,7 +10,7 @@ from typing import Callable
 
 import mlx.core as mx
 
-from . import cpu_fast_gelu
+from . import cpu_fast, cpu_fast_gelu
 from .module import Module
 
 
@@ -19,29 +19,10 @@ def relu(x: mx.array) -> mx.array:
 
 
 def silu(x: mx.array) -> mx.array:
-    """``x * sigmoid(x)``. On the CPU, float32 takes a fused polynomial-exp path (below)."""
-    if x.dtype == mx.float32 and mx.default_device() == mx.cpu:
-        return _silu_cpu_f32(x)
+    """``x * sigmoid(x)``. On the CPU, float32 takes a fused polynomial-exp path (cpu_fast.py)."""
+    if cpu_fast.applies(x.dtype):
+        return cpu_fast.silu_f32(x)
     return x * mx.sigmoid(x)
-
-
-def _exp_f32(x: mx.array) -> mx.array:
-    """float32 ``exp`` as Cephes' ``expf``: Cody-Waite reduction by ln 2, a degree-6 polynomial,
-    and 2**n built in the exponent bits. MLX's CPU ``exp`` is scalar (~15 ns/element, SiLU was
-    over half of YOLOv8n's CPU time); fused by ``mx.compile`` this is ~4x faster and within
-    2.2 ulp (MLX's own ``x * sigmoid(x)``: 24 ulp)."""
-    x = mx.clip(x, -87.3, 88.3)
-    n = mx.floor(x * 1.4426950408889634 + 0.5)
-    r = x - n * 0.693359375 + n * 2.12194440e-4
-    p = r * 1.9875691500e-4 + 1.3981999507e-3
-    for c in (8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
-        p = p * r + c
-    two_n = ((n.astype(mx.int32) + 127) << 23).view(mx.float32)
-    return (p * (r * r) + r + 1.0) * two_n
-
-
-# Without a C++ compiler MLX runs compiled functions unfused: still right, just slower.
-_silu_cpu_f32 = mx.compile(lambda x: x / (1.0 + _exp_f32(-x)))
 
 
 def sigmoid(x: mx.array) -> mx.array:
@@ -51,7 +32,7 @@ def sigmoid(x: mx.array) -> mx.array:
 def gelu(x: mx.array) -> mx.array:
     """Exact GELU: ``x * Phi(x)``. On the CPU, float32 takes a fused polynomial-erf path
     (cpu_fast_gelu.py, within 1e-6 of exact erf)."""
-    if cpu_fast_gelu.applies(x.dtype):
+    if cpu_fast.applies(x.dtype):
         return cpu_fast_gelu.gelu_f32(x)
     return x * (1.0 + mx.erf(x / math.sqrt(2.0))) * 0.5
 

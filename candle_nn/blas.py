@@ -4,15 +4,19 @@ MLX's Linux CPU wheel (``mlx[cpu]``) bundles netlib's *reference* BLAS: a 1024²
 runs at ~5 GF/s on a 2-core x86_64 machine and a ResNet-18 forward takes ~2 s. MLX calls the
 standard CBLAS entry points (``cblas_sgemm``, ...), and a dynamic linker resolves them in the
 process's global scope first, so a library loaded with ``RTLD_GLOBAL`` *before* ``mlx.core``
-wins: with Debian's OpenBLAS the same matmul runs at ~90 GF/s and the ResNet-18 at ~75 ms.
+wins: with OpenBLAS the same matmul runs at ~90-180 GF/s and the ResNet-18 at ~75 ms.
 
 :func:`preload` (called by ``import candle_nn`` before anything imports MLX) does that when MLX's
 bundled BLAS is the reference one and an optimized one is installed. It tries, in order:
 
-1. OpenBLAS from the system (``libopenblas.so.0``; Debian/Ubuntu:
+1. OpenBLAS from PyPI's ``ngsolve-openblas`` (a dependency of this project on Linux x86_64:
+   OpenBLAS 0.3.33, DYNAMIC_ARCH, unprefixed ``cblas_*`` symbols). Its library needs
+   ``libgfortran.so.5`` (for two LAPACK helpers); where the system has none, the copy that
+   NumPy's wheel bundles (``numpy.libs/libgfortran-*.so.5*``) is used, see :func:`_load`,
+2. OpenBLAS from the system (``libopenblas.so.0``; Debian/Ubuntu:
    ``sudo apt-get install libopenblas0-pthread``; also conda's and Fedora's ``openblas``),
-2. MKL from PyPI (``pip install mkl``: ``libmkl_rt`` in the environment's ``lib/``),
-3. BLIS (``libblis.so.4``).
+3. MKL from PyPI (``pip install mkl``: ``libmkl_rt`` in the environment's ``lib/``),
+4. BLIS (``libblis.so.4``).
 
 ``CANDLE_NN_BLAS`` in the environment overrides it: ``off`` keeps MLX's bundled BLAS, a file path
 or soname forces that library. A library that is already in the global scope (``LD_PRELOAD``, or
@@ -31,14 +35,27 @@ import ctypes.util
 import glob
 import importlib.util
 import os
+import platform
+import shlex
+import shutil
 import sys
+import tempfile
 import warnings
 from dataclasses import asdict, dataclass
 
 ENV_VAR = "CANDLE_NN_BLAS"
 _OFF = {"off", "0", "false", "no", "none", "reference"}
-INSTALL_HINT = ("install one with `sudo apt-get install libopenblas0-pthread` (Debian/Ubuntu) "
-                "or `pip install mkl`")
+PIP_OPENBLAS = "ngsolve-openblas"  # the pyproject.toml dependency on Linux x86_64
+
+
+def install_command() -> str:
+    """The one command that gets this interpreter an optimized BLAS."""
+    if sys.platform.startswith("linux") and platform.machine().lower() in ("x86_64", "amd64"):
+        return f"{shlex.quote(sys.executable)} -m pip install {PIP_OPENBLAS}"
+    return "sudo apt-get install libopenblas0-pthread"
+
+
+INSTALL_HINT = f"install one with `{install_command()}`"
 
 
 @dataclass(frozen=True)
@@ -86,9 +103,29 @@ def _bundled_reference_blas() -> str | None:
     return None
 
 
+def _package_dir(name: str) -> str | None:
+    """The directory of an installed top-level package, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return next(iter(spec.submodule_search_locations), None)
+
+
+def _pip_openblas() -> list[str]:
+    """The OpenBLAS library that the ``ngsolve-openblas`` wheel ships, if it is installed.
+
+    Not imported: its ``__init__`` dlopens the library itself and prints to stderr when that fails.
+    """
+    location = _package_dir(PIP_OPENBLAS.replace("-", "_"))
+    return sorted(glob.glob(os.path.join(location, "libopenblas*.so*"))) if location else []
+
+
 def _candidates() -> list[str]:
     """Optimized CBLAS libraries to try, best first on x86_64 (OpenBLAS measured fastest here)."""
-    names = ["libopenblas.so.0", "libopenblasp.so.0", "libopenblas.so"]
+    names = _pip_openblas() + ["libopenblas.so.0", "libopenblasp.so.0", "libopenblas.so"]
     found = ctypes.util.find_library("openblas")
     if found:
         names.append(found)
@@ -143,12 +180,56 @@ def _describe(lib: ctypes.CDLL, path: str) -> str:
         return os.path.basename(path)
 
 
-def _load(spec: str) -> tuple[ctypes.CDLL, str] | None:
-    """dlopen ``spec`` into the global scope; ``None`` unless it loads and has ``cblas_sgemm``."""
+def _numpy_gfortran() -> list[str]:
+    """The gfortran runtime (``libgfortran``, ``libquadmath``) that NumPy's Linux wheel bundles."""
+    location = _package_dir("numpy")
+    if location is None:
+        return []
+    libs = os.path.join(os.path.dirname(location), "numpy.libs")
+    return sorted(glob.glob(os.path.join(libs, "libgfortran*.so*")) +
+                  glob.glob(os.path.join(libs, "libquadmath*.so*")))
+
+
+def _load_with_numpy_gfortran(path: str) -> ctypes.CDLL | None:
+    """dlopen ``path`` with NumPy's bundled gfortran runtime standing in for ``libgfortran.so.5``.
+
+    The wheel's OpenBLAS asks for ``libgfortran.so.5`` and searches ``$ORIGIN`` for it. NumPy's
+    copy is the same library under a hashed name (auditwheel), which the loader does not match, so
+    the library is opened through a private directory of symlinks: the OpenBLAS file, and NumPy's
+    runtime under both its own name and ``libgfortran.so.5``. The loader resolves ``$ORIGIN`` to
+    that directory; once loaded the links are no longer needed and are removed.
+    """
+    runtime = _numpy_gfortran()
+    gfortran = next((f for f in runtime if os.path.basename(f).startswith("libgfortran")), None)
+    if gfortran is None:
+        return None
+    links = tempfile.mkdtemp(prefix="candle_nn-blas-")
     try:
-        lib = ctypes.CDLL(spec, mode=ctypes.RTLD_GLOBAL)
+        for target in runtime:
+            os.symlink(target, os.path.join(links, os.path.basename(target)))
+        os.symlink(gfortran, os.path.join(links, "libgfortran.so.5"))
+        os.symlink(os.path.realpath(path), os.path.join(links, os.path.basename(path)))
+        return ctypes.CDLL(os.path.join(links, os.path.basename(path)), mode=ctypes.RTLD_GLOBAL)
     except OSError:
         return None
+    finally:
+        shutil.rmtree(links, ignore_errors=True)
+
+
+def _load(spec: str) -> tuple[ctypes.CDLL, str] | None:
+    """dlopen ``spec`` into the global scope; ``None`` unless it loads and has ``cblas_sgemm``.
+
+    A library file that fails only for want of ``libgfortran.so.5`` (no system gfortran runtime,
+    as on a fresh Linux without OpenBLAS's apt package) is retried with NumPy's bundled copy.
+    """
+    try:
+        lib = ctypes.CDLL(spec, mode=ctypes.RTLD_GLOBAL)
+    except OSError as exc:
+        lib = _load_with_numpy_gfortran(spec) if ("libgfortran" in str(exc)
+                                                 and os.path.isfile(spec)) else None
+        if lib is None:
+            return None
+        return (lib, os.path.realpath(spec)) if hasattr(lib, "cblas_sgemm") else None
     if not hasattr(lib, "cblas_sgemm"):
         return None
     return lib, _global_cblas_provider() or spec
@@ -250,3 +331,41 @@ def set_num_threads(n: int) -> bool:
             getattr(_lib, fn)(ctypes.c_int(int(n)))
             return True
     return False
+
+
+def slow_cpu_warning() -> str | None:
+    """One line for a CLI to print when MLX's CPU matmuls/convs run on the reference BLAS.
+
+    ``None`` when an optimized BLAS is in use. Otherwise it says how much slower that is and the
+    one command that fixes it (measured: a 1024² float32 matmul ~5 vs ~150 GF/s; models 7-20x).
+    """
+    current = status()
+    if current.optimized:
+        return None
+    setting = os.environ.get(ENV_VAR, "auto").strip()
+    if setting.lower() in _OFF:
+        why, fix = f"{ENV_VAR}={setting}", f"unset {ENV_VAR}"
+    elif setting.lower() != "auto":
+        why, fix = f"{ENV_VAR}={setting} did not load", f"unset {ENV_VAR}"
+    elif "imported before candle_nn" in current.detail:
+        why, fix = "mlx was imported before candle_nn", "import candle_nn before mlx"
+    else:
+        why, fix = "none installed", install_command()
+    return (f"warning: MLX's CPU matmuls and convolutions run on its reference BLAS ({why}): "
+            f"7-20x slower than an optimized one; fix: {fix}")
+
+
+_warned = False
+
+
+def warn_if_slow_cpu(device: object = "cpu") -> None:
+    """Print :func:`slow_cpu_warning` to stderr, once per process, when ``device`` is the CPU.
+
+    Called at a CLI's start-up (``scripts.common.parse_device``, ``candle-nn-bench``).
+    """
+    global _warned
+    if not _warned and str(device).startswith("cpu"):
+        message = slow_cpu_warning()
+        if message:
+            print(message, file=sys.stderr)
+            _warned = True

@@ -10,13 +10,12 @@ Inputs and outputs are ``(N, H, W, C)``.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
 import mlx.core as mx
 
-from . import cuda_kernels
+from . import cpu_fast, cuda_kernels
 from .checkpoint import check_conv_layout
 from .device import Device
 from .errors import ShapeMismatchError
@@ -125,8 +124,8 @@ class Conv2d(Module):
             return cuda_kernels.depthwise_conv2d(x, self.weight, self.get("bias"),
                                                  _pair(c.stride), _pair(c.padding))
         elif cin == 1 and c.groups == out == x.shape[-1] and _pair(c.dilation) == (1, 1) \
-                and mx.default_device() == mx.cpu:
-            y = _depthwise_cpu(kh, kw, _pair(c.stride), _pair(c.padding))(x, self.weight)
+                and cpu_fast.applies():
+            y = cpu_fast.depthwise_conv2d(kh, kw, _pair(c.stride), _pair(c.padding))(x, self.weight)
         else:
             y = mx.conv2d(x, self.weight, stride=_pair(c.stride), padding=_pair(c.padding),
                           dilation=_pair(c.dilation), groups=c.groups)
@@ -158,27 +157,6 @@ class Conv2d(Module):
         for vm in self.__dict__.get("_varmaps", ()):
             vm.track(folded)
         return folded
-
-
-@functools.lru_cache(maxsize=None)
-def _depthwise_cpu(kh: int, kw: int, stride: tuple[int, int], padding: tuple[int, int]):
-    """A depthwise conv (one filter per channel) as ``kH * kW`` shifted multiply-adds, fused by
-    ``mx.compile``: MLX's CPU grouped conv loops naively and is 2.5-4x slower (same values).
-    Returns ``f(x (N, H, W, C), weight (C, kH, kW, 1)) -> (N, H', W', C)``."""
-    (sh, sw), (ph, pw) = stride, padding
-
-    def depthwise(x: mx.array, weight: mx.array) -> mx.array:
-        n, h, w, c = x.shape
-        oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
-        xp = mx.pad(x, [(0, 0), (ph, ph), (pw, pw), (0, 0)]) if ph or pw else x
-        y = None
-        for i in range(kh):
-            for j in range(kw):
-                tap = xp[:, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw, :]
-                y = tap * weight[:, i, j, 0] if y is None else y + tap * weight[:, i, j, 0]
-        return y
-
-    return mx.compile(depthwise)
 
 
 def conv2d(in_channels: int, out_channels: int, kernel_size: int, config: Conv2dConfig,

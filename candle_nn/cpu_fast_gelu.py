@@ -16,18 +16,17 @@ tests/test_cpu_fast_gelu.py; measured 1.8e-7), and
 GELU's result is within ``0.5e-6 |x|`` of the exact one.
 
 Taken only for float32 on the CPU device (GPU results never change), and switched off with
-``CANDLE_NN_CPU_FAST=0`` like the other CPU fast paths, or :func:`set_enabled`.
+the other CPU fast paths (``CANDLE_NN_CPU_FAST=0`` or ``cpu_fast.set_enabled``: one switch).
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import mlx.core as mx
 
-ENV_VAR = "CANDLE_NN_CPU_FAST"
-_enabled = os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "off", "false", "no")
+# One switch for every CPU fast path (cpu_fast.py): enabled / set_enabled / applies.
+from .cpu_fast import applies, enabled, set_enabled  # noqa: F401
 
 # erf(z) / z as a polynomial in z² on [0, 1].
 _SMALL = (1.1283791666e+00, -3.7612629878e-01, 1.1283625725e-01, -2.6855399452e-02,
@@ -38,22 +37,6 @@ _LARGE = (4.0692064689e-04, -3.2669689595e-03, 1.2255908110e-02, -2.8195845523e-
           -7.4836259593e-03, 1.0797660576e-02, -3.4260997486e-03, -1.8515676006e-03,
           1.1300180487e-03)
 _CLIP = 4.0
-
-
-def enabled() -> bool:
-    """Whether the fast GELU is on (it is by default)."""
-    return _enabled
-
-
-def set_enabled(flag: bool) -> None:
-    """Turn the fast GELU on or off (``mx.erf`` when off); for A/B checks and tests."""
-    global _enabled
-    _enabled = bool(flag)
-
-
-def applies(dtype: mx.Dtype) -> bool:
-    """True when switched on, the CPU is the current device and ``dtype`` is float32."""
-    return _enabled and dtype == mx.float32 and mx.default_device() == mx.cpu
 
 
 def _estrin(coeffs: tuple[float, ...], x: mx.array) -> mx.array:

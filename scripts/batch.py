@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from candle_nn import CandleNNError, Device, DeviceUnavailableError  # before mlx: BLAS choice
+from candle_nn.blas import warn_if_slow_cpu
 from scripts.common import prepare_out_dir, run_main
 from scripts.yolo_v8 import _fraction, _size
 
@@ -143,6 +144,8 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.address is None and args.device == "gpu":
         Device.parse("gpu")  # this machine's MLX must have a GPU backend
     local_device = args.device or ("gpu" if Device.default().kind == "gpu" else "cpu")
+    if args.address is None:  # actors on this machine: say so if its CPU BLAS is the slow one
+        warn_if_slow_cpu(local_device)
     started = start_ray(args.address, local_cpus(args.actors, local_device),
                         len(Device.available()) - 1)
     try:

@@ -357,9 +357,11 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.repeat:
         settings["repeat"] = args.repeat
     opts = Options.quick(**settings) if args.quick else Options(**settings)
-    if args.threads:
-        import candle_nn as cn
+    import candle_nn as cn
 
+    if "cpu" in args.device or args.device == "all":
+        cn.blas.warn_if_slow_cpu()
+    if args.threads:
         cn.blas.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="candle-nn-bench-") as cache_dir:
         if args.profile:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from candle_nn import CandleNNError, Device, ImageError
+from candle_nn.blas import warn_if_slow_cpu
 from candle_nn.cli import run_main  # noqa: F401  (re-exported: every CLI's entry wrapper)
 from scripts.inputs import not_regular
 
@@ -177,4 +178,6 @@ def parse_device(spec: str | None, verbose: bool = False) -> Device:
         from candle_nn import info
 
         print(info(), file=sys.stderr)
-    return Device.default() if spec is None else Device.parse(spec)
+    device = Device.default() if spec is None else Device.parse(spec)
+    warn_if_slow_cpu(device)
+    return device

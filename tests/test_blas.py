@@ -6,12 +6,14 @@ Each case runs in a fresh interpreter, since the BLAS is chosen once, before MLX
 from __future__ import annotations
 
 import json
+import os
+import platform
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import FIXTURES, ROOT, fixture_dir
 
 REPORT = "import candle_nn, json; print(json.dumps(candle_nn.info()))"
 
@@ -63,7 +65,71 @@ def test_info_names_the_blas_in_use(available) -> None:
         assert blas["state"] == "preloaded", blas
         assert blas["path"] and blas["name"] != "reference"
     elif blas["state"] == "reference":  # nothing to load: the user is told how to get one
-        assert "apt-get install libopenblas0-pthread" in blas["detail"]
+        assert "install" in blas["detail"]
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and platform.machine() == "x86_64"),
+                    reason="ngsolve-openblas is a dependency on Linux x86_64 only")
+def test_a_plain_install_gives_the_pip_openblas() -> None:
+    """`pip install -e .` alone (no apt) gives MLX an optimized BLAS: pyproject's ngsolve-openblas,
+    loaded with NumPy's gfortran runtime where the system has none. Same as `python -m candle_nn`."""
+    done = subprocess.run([sys.executable, "-m", "candle_nn"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items()
+                               if k not in ("CANDLE_NN_BLAS", "LD_PRELOAD")})
+    assert done.returncode == 0, done.stderr
+    assert "CPU BLAS: OpenBLAS 0.3.3" in done.stdout and "[preloaded" in done.stdout, done.stdout
+    report, _ = _python(REPORT)
+    assert "ngsolve_openblas" in report["blas"]["path"], report["blas"]
+    assert report["blas"]["threads"] and report["blas"]["threads"] >= 1
+
+
+def test_the_pip_openblas_is_found_first(tmp_path) -> None:
+    """Detection without the real package: a package dir named ngsolve_openblas on the path."""
+    package = tmp_path / "ngsolve_openblas"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise AssertionError('must not be imported')\n")
+    (package / "libopenblasp-r0.3.99.so").write_bytes(b"")
+    code = ("import candle_nn.blas as b, json; "
+            "print(json.dumps({'candidates': b._candidates(), 'pip': b._pip_openblas()}))")
+    result, _ = _python(code, CANDLE_NN_BLAS="off", PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
+    expected = str(package / "libopenblasp-r0.3.99.so")
+    assert result["pip"] == [expected]
+    assert result["candidates"][0] == expected
+    assert "libopenblas.so.0" in result["candidates"]  # the system library is still tried next
+
+
+def test_numpy_gfortran_runtime_stands_in_for_libgfortran() -> None:
+    """The wheel's OpenBLAS needs libgfortran.so.5; NumPy's bundled copy (hashed name) serves."""
+    code = ("import candle_nn.blas as b, json, ctypes; "
+            "pip = b._pip_openblas(); "
+            "lib = b._load_with_numpy_gfortran(pip[0]) if pip else None; "
+            "print(json.dumps({'pip': pip, 'runtime': b._numpy_gfortran(), "
+            "'sgemm': lib is not None and hasattr(lib, 'cblas_sgemm')}))")
+    result, _ = _python(code, CANDLE_NN_BLAS="off")
+    if not result["pip"] or not result["runtime"]:
+        pytest.fail(f"needs ngsolve-openblas and NumPy's bundled gfortran runtime: {result}")
+    assert result["sgemm"], result
+
+
+@pytest.mark.parametrize("setting", ["off", "auto"])
+def test_cli_warns_once_when_the_blas_is_slow(setting: str) -> None:
+    """A CLI on the CPU prints ONE warning line (how slow, the fix) only without a fast BLAS."""
+    weights = fixture_dir("resnet18") / "weights.safetensors"
+    env = {k: v for k, v in os.environ.items() if k not in ("CANDLE_NN_BLAS", "LD_PRELOAD")}
+    env["CANDLE_NN_BLAS"] = setting
+    done = subprocess.run([sys.executable, "-m", "scripts.resnet", "--device", "cpu", "--image",
+                           str(FIXTURES / "images" / "bike.jpg"), "--weights", str(weights)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    warnings_ = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+    report, _ = _python(REPORT, CANDLE_NN_BLAS=setting)
+    if setting == "off" or report["blas"]["state"] == "reference":
+        assert len(warnings_) == 1, done.stderr
+        assert "reference BLAS" in warnings_[0] and "slower" in warnings_[0]
+        assert "fix: unset CANDLE_NN_BLAS" in warnings_[0] if setting == "off" else "fix: " in warnings_[0]
+    else:
+        assert warnings_ == [], done.stderr
+    assert done.returncode == 0 and "bike.jpg:" in done.stdout, done.stderr
 
 
 def test_opt_out_keeps_the_bundled_blas() -> None:
