@@ -21,8 +21,8 @@ import pytest
 from PIL import Image
 
 import candle_nn as cn
-from _mobile_sam_reference import build_reference_sam, import_mobile_sam
-from _sam_decoder_stand_in import install_on_ours, install_on_reference
+from _mobile_sam_reference import import_mobile_sam, reference_records
+from _sam_decoder_stand_in import install_on_ours
 from conftest import DEVICES, FIXTURES, fixture_dir
 from models.segment_anything import ImageEncoderViT, Sam, SamAutomaticMaskGenerator, ViTConfig
 from models.segment_anything import amg
@@ -117,8 +117,7 @@ REAL = dict(points_per_side=3, pred_iou_thresh=0.5, stability_score_thresh=0.05,
 
 @pytest.fixture(scope="module")
 def real_reference(mobile_sam, weights, bike):
-    model = build_reference_sam(weights)
-    return mobile_sam.SamAutomaticMaskGenerator(model, **REAL).generate(bike)
+    return reference_records(weights, bike, [REAL])[0][0]
 
 
 @pytest.mark.parametrize("device", DEVICES, ids=[str(d) for d in DEVICES])
@@ -137,14 +136,6 @@ def test_vit_encoder_matches_mobile_sam(mobile_sam, small_bike, tmp_path):
     """The generator with a ViT encoder (SAM's ImageEncoderViT at 1024², two blocks: one windowed,
     one global) and seeded random weights for the whole model, ours vs MobileSAM's ``Sam`` built
     with the same ViT, on the same safetensors file."""
-    import torch
-    from functools import partial
-
-    from mobile_sam.modeling import (ImageEncoderViT as RefViT, MaskDecoder as RefDecoder,
-                                     PromptEncoder as RefPrompt, Sam as RefSam,
-                                     TwoWayTransformer)
-    from safetensors.numpy import load_file
-
     varmap = cn.VarMap()
     Sam(cn.VarBuilder.from_varmap(varmap, seed=3, device="cpu"),
         ImageEncoderViT(cn.VarBuilder.from_varmap(varmap, seed=3, device="cpu").pp(
@@ -153,25 +144,10 @@ def test_vit_encoder_matches_mobile_sam(mobile_sam, small_bike, tmp_path):
     vb = cn.VarBuilder.from_safetensors(tmp_path / "vit.safetensors", device="cpu")
     ours_sam = Sam(vb, ImageEncoderViT(vb.pp("image_encoder"), SMALL_VIT))
 
-    ref = RefSam(
-        image_encoder=RefViT(depth=2, embed_dim=32, img_size=1024, mlp_ratio=4,
-                             norm_layer=partial(torch.nn.LayerNorm, eps=1e-6), num_heads=2,
-                             patch_size=16, qkv_bias=True, use_rel_pos=True,
-                             global_attn_indexes=[1], window_size=14, out_chans=256),
-        prompt_encoder=RefPrompt(embed_dim=256, image_embedding_size=(64, 64),
-                                 input_image_size=(1024, 1024), mask_in_chans=16),
-        mask_decoder=RefDecoder(num_multimask_outputs=3,
-                                transformer=TwoWayTransformer(depth=2, embedding_dim=256,
-                                                              mlp_dim=2048, num_heads=8),
-                                transformer_dim=256, iou_head_depth=3, iou_head_hidden_dim=256),
-        pixel_mean=[123.675, 116.28, 103.53], pixel_std=[58.395, 57.12, 57.375])
-    state = {k: torch.from_numpy(v) for k, v in load_file(tmp_path / "vit.safetensors").items()}
-    assert not ref.load_state_dict(state, strict=False).missing_keys
-    ref.eval()
-
     settings = dict(points_per_side=3, pred_iou_thresh=0.0, stability_score_thresh=0.0,
                     box_nms_thresh=1.0)
-    theirs = mobile_sam.SamAutomaticMaskGenerator(ref, **settings).generate(small_bike)
+    theirs = reference_records(tmp_path / "vit.safetensors", small_bike, [settings],
+                               model="vit")[0][0]
     ours = SamAutomaticMaskGenerator(ours_sam, **settings).generate(small_bike)
     compare_records(ours, theirs, "ViT encoder")
 
@@ -192,14 +168,8 @@ STAND_IN_CASES = {
 @pytest.fixture(scope="module")
 def stand_in_reference(mobile_sam, weights, small_bike):
     """MobileSAM's records for each case, and its encoder call count."""
-    model = build_reference_sam(weights)
-    calls = install_on_reference(model)
-    out = {}
-    for name, kwargs in STAND_IN_CASES.items():
-        calls.clear()
-        records = mobile_sam.SamAutomaticMaskGenerator(model, **kwargs).generate(small_bike)
-        out[name] = (records, len(calls))
-    return out
+    runs = reference_records(weights, small_bike, list(STAND_IN_CASES.values()), stand_in=True)
+    return dict(zip(STAND_IN_CASES, runs))
 
 
 @pytest.fixture(scope="module", params=DEVICES, ids=[str(d) for d in DEVICES])
