@@ -1,23 +1,32 @@
-"""``candle-segment-anything``: segment an object in an image with MobileSAM from point/box prompts.
+"""``candle-segment-anything``: segment an object in an image with MobileSAM from point/box prompts,
+or everything in it.
 
     candle-segment-anything --image bike.jpg [DIR 'photos/*.jpg' - ...] --point 0.6,0.55
                             [--point X,Y ...] [--neg-point X,Y] [--box X1,Y1,X2,Y2] [--multimask]
+                            [--threshold X] [--save-embedding FILE | --embedding FILE]
                             [--model tiny|vit_b|vit_l|vit_h] [--weights FILE] [--device cpu]
                             [--out DIR] [--recursive] [--strict] [--max-pixels N] [--json]
+    candle-segment-anything --image bike.jpg --everything [--points-per-side 32 ...]
 
 Coordinates: each value in ``[0, 1]`` is a fraction of the image width (x) or height (y), as in
 candle's example; larger values are pixels. Writes ``<stem>_mask.png`` (the best mask, white on
-black) and ``<stem>_overlay.png`` (the image with the mask tinted and the prompts drawn) into
-``--out`` and prints the predicted IoU of each mask. Every image gets the same prompts (fractions
-suit images of different sizes). A malformed prompt is refused before the model is loaded; a
-prompt outside one image skips that image before its encoder run. Each image's two files are
-written together or not at all.
+black; with ``--multimask`` also ``<stem>_mask_<i>.png`` for each of the three candidates),
+``<stem>_overlay.png`` (the image with each mask in its own colour and the prompts drawn) and
+``<stem>_masks.json`` (prompts, scores, boxes, masks as COCO RLE) into ``--out`` and prints the
+predicted IoU of each mask. ``--everything``: see ``scripts/sam_everything.py``.
+``--save-embedding`` / ``--embedding`` (one image) keep the image encoder's output in a
+safetensors file, so prompting the same image again skips the encoder. Every image gets the same
+prompts (fractions suit images of different sizes). A malformed prompt is refused before the
+model is loaded; a prompt outside one image skips that image before its encoder run. Each image's
+files are written together or not at all.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -27,6 +36,8 @@ from PIL import Image
 
 from candle_nn import CandleNNError, VarBuilder
 from candle_nn_models.segment_anything import Sam, SamPredictor
+from candle_nn_models.segment_anything.embedding_file import (read_image_embedding,
+                                                              save_image_embedding)
 from candle_nn_models.segment_anything.transforms import preprocess_shape
 from candle_nn_models.scripts.image_batch import Batch
 from candle_nn_models.scripts.common import (ImageInputError, add_device_argument,
@@ -34,9 +45,11 @@ from candle_nn_models.scripts.common import (ImageInputError, add_device_argumen
                                              parse_device, run_main, shown)
 from candle_nn_models.scripts.outputs import OutputFolder
 from candle_nn_models.scripts.common import compile_choice
+from candle_nn_models.scripts.sam_everything import (add_everything_arguments, make_generator,
+                                                     segment_everything)
+from candle_nn_models.scripts.sam_outputs import mask_json, overlay_masks
 from candle_nn_models.weights.registry import resolve_weights
 
-TINT = np.array([30, 144, 255], dtype=np.float32)  # mask colour in the overlay
 POSITIVE, NEGATIVE, BOX = (0, 220, 0), (230, 0, 0), (255, 200, 0)
 MODELS = ("tiny", "vit_b", "vit_l", "vit_h")
 
@@ -123,18 +136,17 @@ def check_prompt_syntax(points: Sequence[str], neg_points: Sequence[str], box: s
         parse_values(box, 4, "--box")
     if not points and not neg_points and box is None:
         raise PromptError("no prompt given: pass --point X,Y (repeatable), --neg-point X,Y "
-                          "and/or --box X1,Y1,X2,Y2")
+                          "and/or --box X1,Y1,X2,Y2, or --everything")
 
 
-def overlay_image(rgb: np.ndarray, mask: np.ndarray, prompts: Prompts):
-    """The image with ``mask`` tinted and the prompts drawn (positive green, negative red)."""
+def overlay_image(rgb: np.ndarray, masks: Sequence[np.ndarray], prompts: Prompts):
+    """The image with each mask in its own colour and the prompts drawn (positive green,
+    negative red, the box yellow)."""
     from PIL import ImageDraw
 
-    out = rgb.astype(np.float32)
-    out[mask] = 0.45 * out[mask] + 0.55 * TINT
-    image = Image.fromarray(out.round().astype(np.uint8))
+    image = overlay_masks(rgb, masks)
     draw = ImageDraw.Draw(image)
-    h, w = mask.shape
+    h, w = rgb.shape[:2]
     r = max(3, round(min(h, w) / 120))
     if prompts.box is not None:
         draw.rectangle(prompts.box, outline=BOX, width=max(2, r // 2))
@@ -158,7 +170,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--box", default=None, metavar="X1,Y1,X2,Y2",
                         help="a box around the object (top-left, bottom-right)")
     parser.add_argument("--multimask", action="store_true",
-                        help="predict SAM's three candidate masks and keep the best-scored one")
+                        help="predict SAM's three candidate masks and save each "
+                             "(<stem>_mask_<i>.png); <stem>_mask.png is the best-scored one")
+    parser.add_argument("--threshold", type=_finite, default=0.0, metavar="X",
+                        help="mask logit threshold: a pixel is in the mask when its logit is "
+                             "above X (default 0.0, SAM's; higher gives tighter masks)")
+    cache = parser.add_mutually_exclusive_group()
+    cache.add_argument("--save-embedding", default=None, metavar="FILE",
+                       help="also save the image encoder's output to FILE (safetensors; one "
+                            "image)")
+    cache.add_argument("--embedding", default=None, metavar="FILE",
+                       help="use the encoder output saved with --save-embedding for this image "
+                            "(no encoder run; one image)")
     parser.add_argument("--model", default="tiny", choices=MODELS,
                         help="tiny: MobileSAM's TinyViT-5M (default); vit_b/vit_l/vit_h: the "
                              "original SAM's ViT encoder")
@@ -168,14 +191,53 @@ def build_parser() -> argparse.ArgumentParser:
                              "mobile_sam-tiny-vitt.safetensors, sam_vit_b_01ec64.safetensors)")
     add_device_argument(parser)
     parser.add_argument("--out", default=".", help="output folder (default: the current folder)")
+    add_everything_arguments(parser)
     return parser
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def check_writable_file(path: str, option: str) -> None:
+    """CandleNNError unless ``path`` can be created in an existing, writable folder."""
+    file = Path(path)
+    folder = file.parent
+    if file.is_dir():
+        raise CandleNNError(f"{option} {path}: is a folder; name a file, e.g. image.safetensors")
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise CandleNNError(f"{option} {path}: folder {folder} does not exist or is not writable")
+
+
+def check_mode(args: argparse.Namespace) -> None:
+    """PromptError for options that do not go together; the prompts' syntax otherwise."""
+    if args.everything:
+        given = [o for o, v in (("--point", args.point), ("--neg-point", args.neg_point),
+                                ("--box", args.box), ("--multimask", args.multimask),
+                                ("--embedding", args.embedding),
+                                ("--save-embedding", args.save_embedding)) if v]
+        if given:
+            raise PromptError(f"--everything makes its own prompts: drop {', '.join(given)}")
+        return
+    check_prompt_syntax(args.point, args.neg_point, args.box)
+    if args.save_embedding:
+        check_writable_file(args.save_embedding, "--save-embedding")
 
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    check_prompt_syntax(args.point, args.neg_point, args.box)  # before any image or model
+    check_mode(args)  # before any image or model
     with Batch(args) as batch:
         paths = batch.start()
+        if len(paths) > 1 and (args.embedding or args.save_embedding):
+            raise CandleNNError(f"--embedding / --save-embedding hold one image's embedding, "
+                                f"but {len(paths)} images were given")
         if paths:
             device = parse_device(args.device, args.verbose)
             registry_model = "mobile_sam" if args.model == "tiny" else "sam"
@@ -183,51 +245,88 @@ def _main(argv: Sequence[str] | None) -> int:
             vb = VarBuilder.from_safetensors(weights, device=device)
             sam = Sam.load_tiny(vb) if args.model == "tiny" else Sam.load_vit(vb, args.model)
             sam.image_encoder.set_compiled(compile_choice(args.compile))
+            sam.mask_threshold = args.threshold
             batch.doc["model"] = args.model
             batch.output = OutputFolder(args.out)
             predictor = SamPredictor(sam)
+            generator = make_generator(sam, args) if args.everything else None
             for path in batch.progress(paths):
                 with batch.image(path, errors=(PromptError,)):
-                    _segment(path, args, predictor, batch, weights)
+                    if generator is not None:
+                        _everything(path, args, generator, batch)
+                    else:
+                        _segment(path, args, predictor, batch, weights)
     return batch.exit_code
 
 
-def _segment(path: Path, args: argparse.Namespace, predictor: SamPredictor, batch: Batch,
-             weights: Path) -> None:
+def _load(path: Path, args: argparse.Namespace, side: int) -> np.ndarray:
     rgb = load_rgb(path, args.max_pixels)
     height, width = rgb.shape[:2]
-    prompts = parse_prompts(args.point, args.neg_point, args.box, height, width)
-    side = predictor.model.image_size
     if min(preprocess_shape(height, width, side)) < 1:
         raise ImageInputError(path, f"{width}x{height} is too elongated: SAM scales the longer "
                                     f"side to {side} px, which leaves the shorter one under 1 px "
                                     f"(the aspect ratio can be at most {2 * side}:1)")
-    predictor.set_image(rgb)
-    masks, scores, low_res = predictor.predict(
+    return rgb
+
+
+def _everything(path: Path, args: argparse.Namespace, generator, batch: Batch) -> None:
+    rgb = _load(path, args, generator.predictor.model.image_size)
+    doc, lines = segment_everything(path, rgb, generator, batch.output)
+    batch.done(doc, lines)
+
+
+def _segment(path: Path, args: argparse.Namespace, predictor: SamPredictor, batch: Batch,
+             weights: Path) -> None:
+    rgb = _load(path, args, predictor.model.image_size)
+    height, width = rgb.shape[:2]
+    prompts = parse_prompts(args.point, args.neg_point, args.box, height, width)
+    if args.embedding:
+        read_image_embedding(args.embedding, args.model, rgb).apply(predictor)
+    else:
+        predictor.set_image(rgb)
+        if args.save_embedding:
+            save_image_embedding(predictor, args.save_embedding, args.model, rgb)
+    logits, scores, low_res = predictor.predict(
         point_coords=np.array(prompts.points, dtype=np.float32) if prompts.points else None,
         point_labels=np.array(prompts.labels, dtype=np.int32) if prompts.points else None,
         box=np.array(prompts.box, dtype=np.float32) if prompts.box is not None else None,
-        multimask_output=args.multimask)
+        multimask_output=args.multimask, return_logits=True)
     check_finite(np.asarray(scores), weights)
     check_finite(np.asarray(low_res), weights)
+    masks = logits > args.threshold
 
     best = int(np.argmax(scores))
     stem = path.stem
-    mask_path = batch.output.save_image(Image.fromarray(masks[best].astype(np.uint8) * 255),
-                                        f"{stem}_mask.png")
-    overlay_path = batch.output.save_image(overlay_image(rgb, masks[best], prompts),
-                                           f"{stem}_overlay.png")
-    lines = [f"{shown(path)}: {width}x{height}, {prompts.describe()}"]
-    entries = []
-    for i, score in enumerate(scores):
-        area = int(masks[i].sum())
-        entries.append({"iou": float(score), "area": area, "best": i == best})
-        lines.append(f"mask {i}: iou {score:.4f}, {area} pixels "
+    files = {"mask": batch.output.save_image(_mask_png(masks[best]), f"{stem}_mask.png")}
+    if len(masks) > 1:
+        for i, mask in enumerate(masks):
+            files[f"mask_{i}"] = batch.output.save_image(_mask_png(mask), f"{stem}_mask_{i}.png")
+    files["overlay"] = batch.output.save_image(overlay_image(rgb, list(masks), prompts),
+                                               f"{stem}_overlay.png")
+    records = [{**mask_json(mask), "predicted_iou": float(score), "best": i == best}
+               for i, (mask, score) in enumerate(zip(masks, scores))]
+    doc = {"image": shown(path), "width": width, "height": height, "mode": "prompts",
+           "prompts": {"points": [list(p) for p in prompts.points], "labels": prompts.labels,
+                       "box": list(prompts.box) if prompts.box is not None else None},
+           "threshold": args.threshold, "masks": records}
+    files["json"] = batch.output.save_text(json.dumps(doc), f"{stem}_masks.json")
+    if args.save_embedding:
+        files["embedding"] = Path(args.save_embedding)
+    doc["files"] = {k: shown(v) for k, v in files.items()}
+
+    lines = [f"{shown(path)}: {width}x{height}, {prompts.describe()}"
+             + (f", embedding from {args.embedding}" if args.embedding else "")]
+    for i, record in enumerate(records):
+        area = record["area"]
+        lines.append(f"mask {i}: iou {record['predicted_iou']:.4f}, {area} pixels "
                      f"({100.0 * area / masks[i].size:.1f}%)"
                      + ("  <- best" if i == best and len(scores) > 1 else ""))
-    lines += [f"wrote {shown(mask_path)}", f"wrote {shown(overlay_path)}"]
-    batch.done({"image": shown(path), "width": width, "height": height, "masks": entries,
-                "mask": shown(mask_path), "overlay": shown(overlay_path)}, lines)
+    lines += [f"wrote {shown(v)}" for v in files.values()]
+    batch.done(doc, lines)
+
+
+def _mask_png(mask: np.ndarray) -> Image.Image:
+    return Image.fromarray(mask.astype(np.uint8) * 255)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -179,10 +179,12 @@ def test_sam_processes_every_image(capsys, weights, photos, tmp_path, monkeypatc
     assert [i["image"] for i in doc["images"]] == [str(photos / n) for n in ("a.jpg", "b.jpg",
                                                                             "sub/d.png", "a.jpg")]
     assert seen == [(556, 800, 3), (556, 800, 3), (50, 70, 3), (556, 800, 3)]
-    assert doc["images"][-1]["mask"] == str(tmp_path / "out" / "a_mask-1.png")  # same stem twice
+    # same stem twice
+    assert doc["images"][-1]["files"]["mask"] == str(tmp_path / "out" / "a_mask-1.png")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "a_mask-1.png", "a_mask.png", "a_overlay-1.png", "a_overlay.png", "b_mask.png",
-        "b_overlay.png", "d_mask.png", "d_overlay.png"]
+        "a_mask-1.png", "a_mask.png", "a_masks-1.json", "a_masks.json", "a_overlay-1.png",
+        "a_overlay.png", "b_mask.png", "b_masks.json", "b_overlay.png", "d_mask.png",
+        "d_masks.json", "d_overlay.png"]
     assert err.splitlines()[-1] == "5 images: 4 ok, 1 failed"
 
 

@@ -178,7 +178,7 @@ def test_sam_non_utf8_name_on_an_ascii_stdout(weights, tmp_path):
     out = proc.stdout.decode("ascii")
     assert "\\xff\\xfe.jpg: 800x556" in out and "wrote" in out and "\\xff\\xfe_overlay.png" in out
     assert sorted(os.fsencode(p.name) for p in (tmp_path / "out").iterdir()) == [
-        b"\xff\xfe_mask.png", b"\xff\xfe_overlay.png"]
+        b"\xff\xfe_mask.png", b"\xff\xfe_masks.json", b"\xff\xfe_overlay.png"]
 
 
 # --- item 4: --size bound ------------------------------------------------------------------

@@ -79,5 +79,5 @@ def test_everything_at_once_in_a_child_process(cli, files, tmp_path):
     assert lines[-1] == f"{len(inputs)} images: {len(good)} ok, {len(bad)} failed"
     if cli != "resnet":
         written = os.listdir(tmp_path / "out")
-        assert len(written) == len(good) * (2 if cli == "sam" else 1)
+        assert len(written) == len(good) * (3 if cli == "sam" else 1)  # SAM: mask, overlay, JSON
         assert not [name for name in written if name.startswith(".")]  # no temporary file left

@@ -3,11 +3,13 @@
 ``Sam.load_tiny(vb)`` (or ``Sam.load_vit(vb, "vit_b")`` for the original SAM) builds the model
 from a VarBuilder over a checkpoint with ``image_encoder.*`` / ``prompt_encoder.*`` /
 ``mask_decoder.*`` tensors; ``SamPredictor(sam)`` embeds an image once and answers point / box /
-mask prompts. Everything is NHWC.
+mask prompts; ``SamAutomaticMaskGenerator(sam)`` segments a whole image from a grid of points.
+Everything is NHWC.
 """
 
 import candle_nn  # noqa: F401  (first: it preloads the fast CPU BLAS before MLX is imported)
 
+from .automatic_mask_generator import SamAutomaticMaskGenerator
 from .image_encoder import VIT_CONFIGS, ImageEncoderViT, ViTConfig
 from .mask_decoder import MaskDecoder
 from .predictor import SamPredictor
@@ -19,7 +21,8 @@ from .transforms import ResizeLongestSide
 
 __all__ = [
     "IMAGE_SIZE", "ImageEncoderViT", "MaskDecoder", "PIXEL_MEAN", "PIXEL_STD",
-    "PositionEmbeddingRandom", "PromptEncoder", "ResizeLongestSide", "Sam", "SamPredictor",
+    "PositionEmbeddingRandom", "PromptEncoder", "ResizeLongestSide", "Sam",
+    "SamAutomaticMaskGenerator", "SamPredictor",
     "TINY_VIT_CONFIGS", "TinyViT", "TinyViTConfig", "TwoWayTransformer", "VIT_CONFIGS", "ViTConfig",
     "tiny_vit_5m",
 ]

@@ -63,6 +63,17 @@ class SamPredictor:
         self.input_size = (int(input_size[0]), int(input_size[1]))
         self.is_image_set = True
 
+    def set_image_embedding(self, features: mx.array, original_size: tuple[int, int],
+                            input_size: tuple[int, int]) -> None:
+        """Use a precomputed embedding ``(1, 64, 64, 256)`` (e.g. saved from
+        :meth:`get_image_embedding`) of an image of ``original_size`` resized to ``input_size``;
+        the encoder does not run."""
+        self.reset_image()
+        self.features = features
+        self.original_size = (int(original_size[0]), int(original_size[1]))
+        self.input_size = (int(input_size[0]), int(input_size[1]))
+        self.is_image_set = True
+
     def get_image_embedding(self) -> mx.array:
         """The current image's embedding, NHWC ``(1, 64, 64, 256)``."""
         self._require_image()

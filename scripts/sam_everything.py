@@ -1,0 +1,105 @@
+"""``candle-segment-anything --everything``: automatic masks for the whole image (no prompts),
+with the generator's main knobs as flags. Writes ``<stem>_everything.png`` (every mask in its
+own colour), ``<stem>_masks/<i>.png`` (one white-on-black PNG per mask, as segment-anything's
+``amg.py`` does) and ``<stem>_masks.json`` (the generator's records, masks as COCO RLE)."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from candle_nn import CandleNNError
+from candle_nn_models.segment_anything import Sam, SamAutomaticMaskGenerator
+from candle_nn_models.scripts.common import shown
+from candle_nn_models.scripts.outputs import OutputFolder
+from candle_nn_models.scripts.sam_outputs import overlay_masks
+
+# flag -> (generator argument, type, lowest allowed value, help)
+KNOBS = {
+    "--points-per-side": ("points_per_side", int, 1, "points along each side of the prompt grid"),
+    "--points-per-batch": ("points_per_batch", int, 1, "points decoded together"),
+    "--pred-iou-thresh": ("pred_iou_thresh", float, 0, "keep masks whose predicted IoU is above"),
+    "--stability-score-thresh": ("stability_score_thresh", float, 0,
+                                 "keep masks whose stability score is at least"),
+    "--box-nms-thresh": ("box_nms_thresh", float, 0,
+                         "box IoU above which a lower-scored duplicate is dropped"),
+    "--crop-n-layers": ("crop_n_layers", int, 0, "extra layers of image crops (0: the image only)"),
+    "--min-mask-region-area": ("min_mask_region_area", int, 0,
+                               "fill holes / drop islands smaller than this many pixels"),
+}
+
+
+def add_everything_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--everything`` and the generator's knobs (defaults: MobileSAM's)."""
+    group = parser.add_argument_group("automatic masks")
+    group.add_argument("--everything", action="store_true",
+                       help="segment everything: masks from a grid of point prompts (no --point/"
+                            "--box); writes <stem>_everything.png, <stem>_masks/<i>.png and "
+                            "<stem>_masks.json")
+    params = inspect.signature(SamAutomaticMaskGenerator.__init__).parameters
+    for flag, (name, kind, low, text) in KNOBS.items():
+        group.add_argument(flag, dest=name, type=_number(kind, low), default=params[name].default,
+                           metavar="N" if kind is int else "X",
+                           help=f"{text} (default {params[name].default:g})")
+
+
+def _number(kind: type, low: float):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value) or value < low:
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= {low}")
+        return value
+    return parse
+
+
+def make_generator(sam: Sam, args: argparse.Namespace) -> SamAutomaticMaskGenerator:
+    """The generator for the command line's knobs (CandleNNError for a combination it refuses)."""
+    knobs = {name: getattr(args, name) for name, *_ in KNOBS.values()}
+    try:
+        return SamAutomaticMaskGenerator(sam, output_mode="coco_rle", **knobs)
+    except ValueError as exc:
+        raise CandleNNError(f"--everything: {exc}") from exc
+
+
+def segment_everything(path: Path, rgb: np.ndarray, generator: SamAutomaticMaskGenerator,
+                       output: OutputFolder) -> tuple[dict[str, Any], list[str]]:
+    """Run the generator on one image and stage its outputs in ``output``; returns the JSON
+    document and the lines to print."""
+    records = generator.generate(rgb)
+    masks = [_decode(r["segmentation"]) for r in records]
+    stem = path.stem
+    overlay = output.save_image(overlay_masks(rgb, masks), f"{stem}_everything.png")
+    for i, mask in enumerate(masks):
+        output.save_image(Image.fromarray(mask.astype(np.uint8) * 255), f"{stem}_masks/{i}.png")
+    mask_dir = output.path / f"{stem}_masks"
+    h, w = rgb.shape[:2]
+    doc = {"image": shown(path), "width": w, "height": h, "mode": "everything", "masks": records}
+    json_path = output.save_text(json.dumps(doc), f"{stem}_masks.json")
+    lines = [f"{shown(path)}: {w}x{h}, everything: {len(records)} mask(s) from "
+             f"{len(generator.point_grids[0])} points"]
+    for i, r in enumerate(records):
+        x, y, bw, bh = r["bbox"]
+        lines.append(f"mask {i}: iou {r['predicted_iou']:.4f}, stability "
+                     f"{r['stability_score']:.4f}, {r['area']} pixels "
+                     f"({100.0 * r['area'] / (h * w):.1f}%), box {x},{y},{bw}x{bh}")
+    lines += [f"wrote {shown(overlay)}", f"wrote {shown(mask_dir)}/ ({len(masks)} PNGs)",
+              f"wrote {shown(json_path)}"]
+    doc["files"] = {"overlay": shown(overlay), "masks": shown(mask_dir), "json": shown(json_path)}
+    return doc, lines
+
+
+def _decode(rle: dict[str, Any]) -> np.ndarray:
+    from pycocotools import mask as mask_utils
+
+    return mask_utils.decode({"size": rle["size"], "counts": rle["counts"].encode()}).astype(bool)

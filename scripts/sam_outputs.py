@@ -1,0 +1,51 @@
+"""What ``candle-segment-anything`` draws and records besides the mask PNGs: an overlay with every
+mask in its own colour, and mask records with COCO run-length encodings (what pycocotools,
+segment-anything's tools and mlx-examples read)."""
+
+from __future__ import annotations
+
+import colorsys
+from typing import Any, Sequence
+
+import numpy as np
+from PIL import Image
+
+from candle_nn_models.segment_anything.amg import (batched_mask_to_box, box_xyxy_to_xywh,
+                                                   coco_encode_rle, mask_to_rle)
+
+
+def palette(n: int) -> np.ndarray:
+    """``(n, 3)`` uint8 colours, far apart in hue (golden-ratio steps), bright and saturated."""
+    hues = (np.arange(n) * 0.618033988749895 + 0.12) % 1.0
+    return np.array([[round(255 * c) for c in colorsys.hsv_to_rgb(h, 0.85, 0.95)] for h in hues],
+                    dtype=np.uint8).reshape(n, 3)
+
+
+def overlay_masks(rgb: np.ndarray, masks: Sequence[np.ndarray], alpha: float = 0.55) -> Image.Image:
+    """The image with each ``(H, W)`` boolean mask tinted in its own colour (largest first, so
+    smaller masks stay visible on top) and its outline drawn."""
+    out = rgb.astype(np.float32)
+    colours = palette(len(masks)).astype(np.float32)
+    for i in sorted(range(len(masks)), key=lambda j: -int(masks[j].sum())):
+        mask = masks[i]
+        out[mask] = (1 - alpha) * out[mask] + alpha * colours[i]
+        edge = mask & ~_eroded(mask)
+        out[edge] = colours[i]
+    return Image.fromarray(out.round().clip(0, 255).astype(np.uint8))
+
+
+def _eroded(mask: np.ndarray) -> np.ndarray:
+    inner = mask.copy()
+    inner[1:] &= mask[:-1]
+    inner[:-1] &= mask[1:]
+    inner[:, 1:] &= mask[:, :-1]
+    inner[:, :-1] &= mask[:, 1:]
+    return inner
+
+
+def mask_json(mask: np.ndarray) -> dict[str, Any]:
+    """COCO RLE, area and XYWH box of one ``(H, W)`` boolean mask."""
+    rle = mask_to_rle(mask[None])[0]
+    box = batched_mask_to_box(mask[None])[0]
+    return {"segmentation": coco_encode_rle(rle), "area": int(mask.sum()),
+            "bbox": box_xyxy_to_xywh(box).tolist()}
