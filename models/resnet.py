@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import mlx.core as mx
-
 from candle_nn import (BatchNorm2d, Conv2d, Conv2dConfig, Linear, Module, ShapeMismatchError,
                        VarBuilder, WeightsFileError, check_image_batch, max_pool2d, relu)
+
+import mlx.core as mx  # noqa: I001  (after candle_nn: it preloads the fast CPU BLAS)
 
 
 @dataclass(frozen=True)
