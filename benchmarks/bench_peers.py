@@ -24,6 +24,15 @@ def _torch() -> Any:
     return torch
 
 
+def _torch_unavailable(model: BenchModel, no_torch: str, needs: str) -> str | None:
+    """Why ``model``'s PyTorch reference cannot be built here, or None when it can."""
+    try:
+        _torch()
+    except ImportError:
+        return no_torch
+    return f"{needs} {model.torch_missing}" if model.torch_missing else None
+
+
 def _torch_device(device: str) -> str:
     return "cpu" if device == "cpu" else "cuda:" + (device.split(":")[1] if ":" in device else "0")
 
@@ -76,14 +85,11 @@ def run_torch(model: BenchModel, device: str, dtype: str, opts: Options,
               compile_mode: str | None = None) -> dict:
     """PyTorch eager (``compile_mode=None``) or ``torch.compile(mode=compile_mode)``."""
     impl = "torch" if compile_mode is None else f"torch.compile({compile_mode})"
-    try:
-        torch = _torch()
-    except ImportError:
-        return result(impl, model, device, dtype, status="unavailable",
-                      reason="torch not installed (pip install 'candle-nn-mlx[bench]')")
-    if model.torch_missing:
-        return result(impl, model, device, dtype, status="unavailable",
-                      reason=f"reference needs {model.torch_missing}")
+    reason = _torch_unavailable(model, "torch not installed (pip install 'candle-nn-mlx[bench]')",
+                                "reference needs")
+    if reason:
+        return result(impl, model, device, dtype, status="unavailable", reason=reason)
+    torch = _torch()
     if device != "cpu" and not torch.cuda.is_available():
         return result(impl, model, device, dtype, status="unavailable",
                       reason="this torch has no CUDA")
@@ -149,14 +155,10 @@ def run_onnxruntime(model: BenchModel, device: str, dtype: str, opts: Options) -
     except ImportError:
         return result(impl, model, device, dtype, status="unavailable",
                       reason="onnxruntime not installed (pip install 'candle-nn-mlx[bench]')")
-    try:
-        torch = _torch()
-    except ImportError:
-        return result(impl, model, device, dtype, status="unavailable",
-                      reason="exporting to ONNX needs torch")
-    if model.torch_missing:
-        return result(impl, model, device, dtype, status="unavailable",
-                      reason=f"export needs {model.torch_missing}")
+    reason = _torch_unavailable(model, "exporting to ONNX needs torch", "export needs")
+    if reason:
+        return result(impl, model, device, dtype, status="unavailable", reason=reason)
+    torch = _torch()
     if dtype != "float32":
         return result(impl, model, device, dtype, status="unavailable",
                       reason="benchmarked in float32 only")
