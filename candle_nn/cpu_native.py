@@ -1,0 +1,97 @@
+"""The compiled CPU kernels (``candle_nn._cpu_kernels``, C++ in ``candle_nn/csrc/``), if built.
+
+``pip install -e .`` builds them (setup.py: CMake + the system C++ compiler, against the pinned
+MLX's headers and ``libmlx``, with the nanobind version MLX itself is built with). They are
+custom MLX primitives whose ``eval_cpu`` runs fused, multithreaded float32 loops:
+
+- ``bias_act(x, bias, residual, act, residual_mode)``: ``act(x + bias [+ residual])`` or
+  ``act(x + bias) + residual`` in one pass, act in {identity, ReLU, SiLU, exact GELU};
+- ``softmax_last(x)``: softmax over the last axis.
+
+A source checkout used through ``PYTHONPATH`` (no ``pip install``), a failed build, or another
+MLX than the one they were built for leaves them out: :func:`module` is then ``None``,
+:func:`status` says why, and candle_nn runs its pure-MLX paths (cpu_fast.py). They run on
+``threads()`` threads: the optimized BLAS's thread count when it can say (``--threads`` of the
+benchmark sets it), else ``CANDLE_NN_CPU_THREADS`` / ``OPENBLAS_NUM_THREADS`` / all cores.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from types import ModuleType
+
+import mlx.core as mx
+
+from . import blas
+
+MODULE = "candle_nn._cpu_kernels"
+BUILD_ERROR_FILE = "_cpu_kernels.build-error.txt"  # written by setup.py when the build failed
+BUILT_FOR_MLX = "0.32.4"  # pyproject.toml's pin; the kernels use MLX's C++ ABI
+
+
+@dataclass(frozen=True)
+class NativeStatus:
+    """Whether the compiled kernels are loaded, and why not (``detail``)."""
+
+    loaded: bool
+    detail: str
+    threads: int | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"loaded": self.loaded, "detail": self.detail, "threads": self.threads}
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    if mx.__version__ != BUILT_FOR_MLX:
+        return None, (f"built for MLX {BUILT_FOR_MLX}, this is MLX {mx.__version__}: not loaded "
+                      "(their C++ ABI must match)")
+    try:
+        return importlib.import_module(MODULE), f"loaded ({MODULE})"
+    except ImportError as exc:
+        here = os.path.dirname(os.path.abspath(__file__))
+        error_file = os.path.join(here, BUILD_ERROR_FILE)
+        if os.path.exists(error_file):
+            with open(error_file, encoding="utf-8") as f:
+                return None, f"the build failed during pip install: {f.read().strip()}"
+        if "No module named" in str(exc):
+            return None, ("not built: candle_nn is used from its sources without `pip install "
+                          "-e .`, which compiles them")
+        return None, f"{MODULE} does not load: {exc}"
+
+
+_module, _detail = _load()
+_threads: int | None = None
+
+
+def module() -> ModuleType | None:
+    """The compiled module, or ``None`` when it is not available (see :func:`status`)."""
+    return _module
+
+
+def threads() -> int:
+    """Threads the kernels use: the BLAS's count when it can say, else the environment's / cores."""
+    n = blas.num_threads()
+    if n:
+        return n
+    for var in ("CANDLE_NN_CPU_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return os.cpu_count() or 1
+
+
+def sync_threads() -> None:
+    """Follow the BLAS thread count (``blas.set_num_threads``) before a kernel is queued."""
+    global _threads
+    if _module is not None:
+        n = threads()
+        if n != _threads:
+            _module.set_num_threads(n)
+            _threads = n
+
+
+def status() -> NativeStatus:
+    """Loaded or not, why, and the thread count."""
+    return NativeStatus(_module is not None, _detail, threads() if _module is not None else None)
