@@ -123,6 +123,11 @@ class Conv2d(Module):
         c = self.config
         out, kh, kw, cin = self.weight.shape
         bias = self.get("bias")
+        if c.groups == 1 and _pair(c.dilation) == (1, 1) and x.ndim == 4:
+            fused = cpu_fast.conv2d(x, self.weight, bias, _pair(c.stride), _pair(c.padding),
+                                    activation, residual, residual_after_activation)
+            if fused is not None:
+                return fused
         if (kh, kw) == (1, 1) and c.groups == 1 and _pair(c.stride) == (1, 1) \
                 and _pair(c.padding) == (0, 0):
             # A pointwise conv is a matmul; MLX's CPU conv runs it 1.5-3.5x slower (same result).

@@ -15,6 +15,10 @@ native ``bias_act``             every CPU element-wise op (and ``mx.compile``'s 
 (:func:`bias_act`, used by      runs on ONE thread, and a conv's bias, residual add and
 ``Conv2d``/``Linear``'s         activation are separate passes over memory: here they are one
 ``activation=``/``residual=``)  multithreaded pass (identity, ReLU, SiLU, exact GELU)
+native ``conv2d_fused``          the CPU conv is im2col by single-threaded general-stride copies
+(:func:`conv2d`, used by        (a zero fill, the padded input, then the patches) before one
+``Conv2d`` for groups 1)        sgemm, then the epilogue passes: here a multithreaded im2col
+                                (none for 1x1 stride 1), the same sgemm, one epilogue pass
 native ``softmax_last``         CPU softmax is single-threaded with a scalar ``exp``; used by
 (:func:`softmax_last`)          ``softmax`` and by attention on the CPU (MLX's CPU attention is
                                 matmul + softmax + matmul anyway)
@@ -138,6 +142,24 @@ def bias_act(y: mx.array, bias: mx.array | None, activation: str | None,
     mode = 0 if residual is None else (2 if residual_after_activation else 1)
     cpu_native.sync_threads()
     return cpu_native.module().bias_act(y, bias, residual, code, mode)
+
+
+def conv2d(x: mx.array, weight: mx.array, bias: mx.array | None, stride: tuple[int, int],
+           padding: tuple[int, int], activation: str | None, residual: mx.array | None = None,
+           residual_after_activation: bool = False) -> mx.array | None:
+    """A groups-1, dilation-1 conv with its epilogue as one compiled op (im2col + sgemm + one
+    pass); ``None`` where it does not apply. ``x`` ``(N, H, W, C)``, ``weight`` ``(O, kH, kW,
+    C)``."""
+    if activation not in _ACT_CODES or not native_applies(x.dtype) or not cpu_native.has_sgemm():
+        return None
+    if weight.dtype != mx.float32 or (bias is not None and bias.dtype != mx.float32):
+        return None
+    if residual is not None and residual.dtype != mx.float32:
+        return None
+    mode = 0 if residual is None else (2 if residual_after_activation else 1)
+    cpu_native.sync_threads()
+    return cpu_native.module().conv2d_fused(x, weight, bias, residual, stride, padding,
+                                            _ACT_CODES[activation], mode)
 
 
 def silu(x: mx.array) -> mx.array:

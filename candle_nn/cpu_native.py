@@ -6,6 +6,11 @@ custom MLX primitives whose ``eval_cpu`` runs fused, multithreaded float32 loops
 
 - ``bias_act(x, bias, residual, act, residual_mode)``: ``act(x + bias [+ residual])`` or
   ``act(x + bias) + residual`` in one pass, act in {identity, ReLU, SiLU, exact GELU};
+- ``conv2d_fused(x, w, bias, residual, stride, padding, act, residual_mode)``: a groups-1 conv
+  as a multithreaded im2col (none for 1x1 stride 1) + one ``cblas_sgemm`` + the same epilogue.
+  The sgemm is the optimized BLAS's that blas.py loaded (its address is handed over at load,
+  :func:`_sgemm_address`), so it is exactly the library MLX's own matmuls use; without an
+  optimized BLAS there is none and convs stay on MLX's path;
 - ``softmax_last(x)``: softmax over the last axis.
 
 A source checkout used through ``PYTHONPATH`` (no ``pip install``), a failed build, or another
@@ -17,6 +22,7 @@ benchmark sets it), else ``CANDLE_NN_CPU_THREADS`` / ``OPENBLAS_NUM_THREADS`` / 
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import os
 from dataclasses import dataclass
@@ -61,8 +67,21 @@ def _load() -> tuple[ModuleType | None, str]:
         return None, f"{MODULE} does not load: {exc}"
 
 
+def _sgemm_address() -> int:
+    """``cblas_sgemm`` of the optimized BLAS that blas.py loaded (0 when there is none)."""
+    current = blas.status()
+    if not current.optimized or not current.path:
+        return 0
+    try:
+        return ctypes.cast(ctypes.CDLL(current.path).cblas_sgemm, ctypes.c_void_p).value or 0
+    except (OSError, AttributeError):
+        return 0
+
+
 _module, _detail = _load()
 _threads: int | None = None
+if _module is not None:
+    _module.set_sgemm(_sgemm_address())
 
 
 def module() -> ModuleType | None:
@@ -90,6 +109,11 @@ def sync_threads() -> None:
         if n != _threads:
             _module.set_num_threads(n)
             _threads = n
+
+
+def has_sgemm() -> bool:
+    """Whether ``conv2d_fused`` has an optimized sgemm to call."""
+    return _module is not None and _module.has_sgemm()
 
 
 def status() -> NativeStatus:

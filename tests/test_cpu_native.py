@@ -11,6 +11,7 @@ tests below check that status says so and run every parity check on the fallback
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
 import json
 import math
@@ -272,3 +273,78 @@ def test_switch_off_takes_no_kernel(monkeypatch) -> None:
     with mx.stream(mx.cpu):
         mx.eval(cn.gelu(x), cn.softmax(x))
     assert calls == (["bias_act", "softmax_last"] if NATIVE else [])
+
+
+def _conv64(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
+    """float64 NHWC conv (groups 1) by explicit patches: the reference for both paths."""
+    x = np.pad(x.astype(np.float64), [(0, 0), (pad, pad), (pad, pad), (0, 0)])
+    o, kh, kw, _ = w.shape
+    oh, ow = (x.shape[1] - kh) // stride + 1, (x.shape[2] - kw) // stride + 1
+    out = np.zeros((x.shape[0], oh, ow, o))
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
+            out += patch @ w[:, i, j, :].astype(np.float64).T
+    return out
+
+
+@pytest.mark.parametrize("kernel,stride,pad,c,o,hw", [
+    (3, 1, 1, 16, 24, (13, 11)), (3, 2, 1, 3, 16, (17, 15)), (1, 1, 0, 32, 8, (7, 9)),
+    (7, 2, 3, 3, 8, (20, 20)), (1, 2, 0, 8, 8, (9, 9)), (3, 1, 0, 5, 4, (6, 6)),
+])
+@pytest.mark.parametrize("act", ["silu", "relu"])
+def test_conv2d_against_float64(path, kernel, stride, pad, c, o, hw, act) -> None:
+    """``Conv2d(x, activation=, residual=)`` (the compiled im2col + sgemm + epilogue, or MLX's
+    conv and the fallback epilogue) vs a float64 conv: within 1e-5 of the output's max."""
+    rng = np.random.default_rng(kernel * 100 + c)
+    w = rng.standard_normal((o, c, kernel, kernel), dtype=np.float32) * 0.5
+    bias = rng.standard_normal(o, dtype=np.float32)
+    vb = cn.VarBuilder.from_tensors({"weight": w, "bias": bias}, device=cn.Device.cpu())
+    conv = cn.Conv2d.load(vb, c, o, kernel, cn.Conv2dConfig(padding=pad, stride=stride))
+    x = rng.standard_normal((2, *hw, c), dtype=np.float32)
+    v = _conv64(x, w.transpose(0, 2, 3, 1), stride, pad) + bias
+    residual = rng.standard_normal(v.shape, dtype=np.float32)
+    ours = np.array(conv(mx.array(x), activation=act, residual=mx.array(residual)))
+    ref = _reference(v + residual, act)
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
+
+
+def test_convs_stay_on_mlx_without_an_optimized_sgemm() -> None:
+    """No optimized BLAS (blas.py found none): the compiled conv has no sgemm and is not used."""
+    if not NATIVE:
+        assert not cpu_native.has_sgemm()
+        return
+    kernels = cpu_native.module()
+    assert cpu_native.has_sgemm() is cn.blas.status().optimized
+    x = mx.zeros((1, 5, 5, 3))
+    w = mx.ones((4, 3, 3, 3))
+    try:
+        kernels.set_sgemm(0)
+        with mx.stream(mx.cpu):
+            assert cpu_fast.conv2d(x, w, None, (1, 1), (1, 1), None) is None
+            with pytest.raises(RuntimeError, match="no sgemm"):
+                kernels.conv2d_fused(x, w, None, None, (1, 1), (1, 1))
+    finally:
+        kernels.set_sgemm(cpu_native._sgemm_address())
+    with mx.stream(mx.cpu):
+        assert cpu_fast.conv2d(x, w, None, (1, 1), (1, 1), None) is not None
+
+
+def test_the_conv_sgemm_is_the_optimized_blas() -> None:
+    """The address handed to the kernels lies in the library blas.py loaded (not MLX's bundled
+    reference BLAS): the compiled convs run on the same sgemm as MLX's matmuls."""
+    address = cpu_native._sgemm_address()
+    status = cn.blas.status()
+    if not status.optimized or not status.path:
+        assert address == 0
+        return
+
+    class DlInfo(ctypes.Structure):
+        _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                    ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+    info = DlInfo()
+    assert ctypes.CDLL(None).dladdr(ctypes.c_void_p(address), ctypes.byref(info))
+    assert os.path.realpath(os.fsdecode(info.dli_fname)) == os.path.realpath(status.path)
+    assert info.dli_sname == b"cblas_sgemm"
