@@ -6,7 +6,9 @@ busy shared machine slows them alike and the ratios stay meaningful:
 - ``plain``: every fast path off (``CANDLE_NN_CPU_FAST=0``: MLX's own ops),
 - ``mlx-fast``: the pure-MLX fast paths (polynomial SiLU/GELU, depthwise), the compiled kernels
   off (what a source checkout without ``pip install`` runs),
-- ``native``: the compiled kernels (``candle_nn._cpu_kernels``) on.
+- ``native-no-conv``: the compiled element-wise kernels (epilogues, GELU, softmax) on, convs
+  on MLX's path (the compiled conv's sgemm unset),
+- ``native``: every compiled kernel (``candle_nn._cpu_kernels``) on.
 
 Example: ``python -m benchmarks.bench_cpu_paths --threads 2 --repeat 5 --models resnet50 yolov8n``
 prints each setting's median ms and the ratios native / mlx-fast and native / plain.
@@ -26,12 +28,13 @@ from candle_nn import cpu_fast, cpu_native
 from benchmarks.bench import load_ours, ours_inputs
 from benchmarks.bench_models import MODELS
 
-SETTINGS = ("plain", "mlx-fast", "native")
+SETTINGS = ("plain", "mlx-fast", "native-no-conv", "native")
 
 
 def _apply(setting: str, kernels: object) -> None:
     cpu_fast.set_enabled(setting != "plain")
-    cpu_native._module = kernels if setting == "native" else None
+    cpu_native._module = kernels if setting.startswith("native") else None
+    kernels.set_sgemm(cpu_native._sgemm_address() if setting == "native" else 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             ms = {s: statistics.median(t) for s, t in times.items()}
             print(f"{name}: " + ", ".join(f"{s} {ms[s]:.1f} ms" for s in SETTINGS)
                   + f"; native / mlx-fast {ms['native'] / ms['mlx-fast']:.2f}, "
+                  f"native-no-conv / mlx-fast {ms['native-no-conv'] / ms['mlx-fast']:.2f}, "
                   f"native / plain {ms['native'] / ms['plain']:.2f}")
     finally:
         _apply("native", kernels)

@@ -54,7 +54,7 @@ def _load() -> tuple[ModuleType | None, str]:
         return None, (f"built for MLX {BUILT_FOR_MLX}, this is MLX {mx.__version__}: not loaded "
                       "(their C++ ABI must match)")
     try:
-        return importlib.import_module(MODULE), f"loaded ({MODULE})"
+        module = importlib.import_module(MODULE)
     except ImportError as exc:
         here = os.path.dirname(os.path.abspath(__file__))
         error_file = os.path.join(here, BUILD_ERROR_FILE)
@@ -65,6 +65,23 @@ def _load() -> tuple[ModuleType | None, str]:
             return None, ("not built: candle_nn is used from its sources without `pip install "
                           "-e .`, which compiles them")
         return None, f"{MODULE} does not load: {exc}"
+    libmlx = _libmlx()
+    if libmlx is None or os.path.getsize(libmlx) != module.LIBMLX_SIZE:
+        return None, (f"built against another libmlx than {libmlx} (e.g. mlx-cpu, then MLX's CUDA "
+                      "build installed): not loaded; `pip install -e .` rebuilds them")
+    return module, f"loaded ({MODULE})"
+
+
+def _libmlx() -> str | None:
+    """The ``libmlx`` shared library of the MLX in use."""
+    import mlx
+
+    for location in mlx.__path__:
+        for name in ("libmlx.so", "libmlx.dylib"):
+            path = os.path.join(location, "lib", name)
+            if os.path.exists(path):
+                return path
+    return None
 
 
 def _sgemm_address() -> int:

@@ -50,4 +50,5 @@ NB_MODULE(_cpu_kernels, m) {
   m.def("set_num_threads",
         [](int n) { candle_nn::ThreadPool::instance().set_threads(n); }, "n"_a);
   m.def("num_threads", [] { return candle_nn::ThreadPool::instance().threads(); });
+  m.attr("LIBMLX_SIZE") = static_cast<int64_t>(CANDLE_NN_LIBMLX_SIZE);
 }

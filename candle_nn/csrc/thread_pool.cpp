@@ -58,12 +58,23 @@ void ThreadPool::resize_locked(int workers) {
   for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
-void ThreadPool::drain(const std::function<void(int)>& fn, int n_tasks) {
-  for (int t = next_.fetch_add(1); t < n_tasks; t = next_.fetch_add(1)) fn(t);
+void ThreadPool::drain(const std::function<void(int)>& fn, int n_tasks, uint32_t generation) {
+  uint64_t v = next_.load();
+  for (;;) {
+    if (static_cast<uint32_t>(v >> 32) != generation || static_cast<int>(v & 0xffffffffu) >= n_tasks)
+      return;
+    if (!next_.compare_exchange_weak(v, v + 1)) continue;
+    fn(static_cast<int>(v & 0xffffffffu));
+    if (done_tasks_.fetch_add(1) + 1 == n_tasks) {
+      std::lock_guard<std::mutex> lock(m_);
+      done_.notify_all();
+    }
+    v = next_.load();
+  }
 }
 
 void ThreadPool::worker_loop() {
-  uint64_t seen = 0;
+  uint32_t seen = 0;
   std::unique_lock<std::mutex> lock(m_);
   for (;;) {
     wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -71,10 +82,10 @@ void ThreadPool::worker_loop() {
     seen = generation_;
     const auto* job = job_;
     int n = job_tasks_;
+    if (job == nullptr) continue;  // woke after the job was finished
     lock.unlock();
-    drain(*job, n);
+    drain(*job, n, seen);
     lock.lock();
-    if (--busy_ == 0) done_.notify_one();
   }
 }
 
@@ -87,16 +98,16 @@ void ThreadPool::run(int n_tasks, const std::function<void(int)>& fn) {
   }
   std::unique_lock<std::mutex> lock(m_);
   resize_locked(threads_.load() - 1);
+  uint32_t generation = ++generation_;
   job_ = &fn;
   job_tasks_ = n_tasks;
-  next_.store(0);
-  busy_ = static_cast<int>(workers_.size());
-  ++generation_;
+  done_tasks_.store(0);
+  next_.store(static_cast<uint64_t>(generation) << 32);
   wake_.notify_all();
   lock.unlock();
-  drain(fn, n_tasks);
+  drain(fn, n_tasks, generation);
   lock.lock();
-  done_.wait(lock, [&] { return busy_ == 0; });
+  done_.wait(lock, [&] { return done_tasks_.load() == n_tasks; });
   job_ = nullptr;
 }
 

@@ -21,8 +21,9 @@ class ThreadPool {
   void set_threads(int n);
   int threads() const { return threads_.load(); }
 
-  // Runs fn(task) for every task in [0, n_tasks), spread over the pool. A job started while
-  // another one runs (several MLX CPU streams at once) runs on the calling thread alone.
+  // Runs fn(task) for every task in [0, n_tasks), spread over the pool; returns when every task
+  // is done (not waiting for a worker that is not scheduled: the caller takes its tasks). A job
+  // started while another one runs (several MLX CPU streams at once) runs on the caller alone.
   void run(int n_tasks, const std::function<void(int)>& fn);
 
   ~ThreadPool();
@@ -32,7 +33,8 @@ class ThreadPool {
   void resize_locked(int workers);
   void stop_locked();
   void worker_loop();
-  void drain(const std::function<void(int)>& fn, int n_tasks);
+  // Takes and runs tasks of job `generation` until none is left; true if it ran any.
+  void drain(const std::function<void(int)>& fn, int n_tasks, uint32_t generation);
 
   std::atomic<int> threads_;
   std::mutex run_mutex_;  // one job at a time
@@ -41,9 +43,10 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   const std::function<void(int)>* job_ = nullptr;
   int job_tasks_ = 0;
-  std::atomic<int> next_{0};
-  int busy_ = 0;
-  uint64_t generation_ = 0;
+  // (generation << 32) | next task: a worker that wakes late cannot take a task of a later job.
+  std::atomic<uint64_t> next_{0};
+  std::atomic<int> done_tasks_{0};
+  uint32_t generation_ = 0;
   bool stop_ = false;
 };
 
