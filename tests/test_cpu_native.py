@@ -354,3 +354,30 @@ def test_the_conv_sgemm_is_the_optimized_blas() -> None:
     assert ctypes.CDLL(None).dladdr(ctypes.c_void_p(address), ctypes.byref(info))
     assert os.path.realpath(os.fsdecode(info.dli_fname)) == os.path.realpath(status.path)
     assert info.dli_sname == b"cblas_sgemm"
+
+
+def test_gradients_flow_through_the_fused_layers(path) -> None:
+    """Under mx.grad the kernels build MLX's own ops (the primitives have no vjp): training
+    through ``activation=``/``residual=``, GELU and softmax gives the plain ops' gradients."""
+    rng = np.random.default_rng(21)
+    tensors = {"weight": rng.standard_normal((6, 4, 3, 3), dtype=np.float32) * 0.3,
+               "bias": rng.standard_normal(6, dtype=np.float32)}
+    conv = cn.Conv2d.load(cn.VarBuilder.from_tensors(tensors, device=cn.Device.cpu()), 4, 6, 3,
+                          cn.Conv2dConfig(padding=1))
+    x = mx.array(rng.standard_normal((2, 7, 7, 4), dtype=np.float32))
+    residual = mx.array(rng.standard_normal((2, 7, 7, 6), dtype=np.float32))
+
+    def loss(weight: mx.array) -> mx.array:
+        conv.weight = weight
+        y = conv(x, activation="gelu", residual=residual)
+        return (cn.softmax(cn.gelu(y)) * y).sum()
+
+    with mx.stream(mx.cpu):
+        weight = conv.weight
+        ours = np.array(mx.grad(loss)(weight))
+        cpu_fast.set_enabled(False)
+        try:
+            plain = np.array(mx.grad(loss)(weight))
+        finally:
+            cpu_fast.set_enabled(True)
+    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path

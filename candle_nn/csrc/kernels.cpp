@@ -149,6 +149,42 @@ void alloc_like(const mx::array& in, mx::array& out) {
     out.set_data(mx::allocator::malloc(out.nbytes()));
 }
 
+// Under a transformation (mx.grad, mx.vmap, mx.compile: some input is a tracer) the primitives
+// have no vjp/jvp/vmap, so the same math is built from MLX's own ops instead.
+bool traced(std::initializer_list<const mx::array*> arrays) {
+  for (const auto* a : arrays)
+    if (a != nullptr && a->is_tracer()) return true;
+  return false;
+}
+
+mx::array bias_act_ops(mx::array v, const std::optional<mx::array>& bias,
+                       const std::optional<mx::array>& residual, Act act, Residual mode,
+                       mx::Stream s) {
+  if (bias) v = mx::add(v, *bias, s);
+  if (mode == Residual::BeforeAct) v = mx::add(v, *residual, s);
+  switch (act) {
+    case Act::Relu:
+      v = mx::maximum(v, mx::array(0.0f), s);
+      break;
+    case Act::Silu:
+      v = mx::multiply(v, mx::sigmoid(v, s), s);
+      break;
+    case Act::Gelu:
+      v = mx::multiply(
+          mx::multiply(v, mx::add(mx::array(1.0f), mx::erf(mx::multiply(
+                                                          v, mx::array(0.70710678118654752f), s),
+                                                      s),
+                                  s),
+                       s),
+          mx::array(0.5f), s);
+      break;
+    case Act::Identity:
+      break;
+  }
+  if (mode == Residual::AfterAct) v = mx::add(v, *residual, s);
+  return v;
+}
+
 }  // namespace
 
 mx::array bias_act(const mx::array& x, const std::optional<mx::array>& bias,
@@ -171,6 +207,8 @@ mx::array bias_act(const mx::array& x, const std::optional<mx::array>& bias,
       throw std::invalid_argument("candle_nn.bias_act: residual must have x's shape");
     inputs.push_back(mx::contiguous(*residual, false, stream));
   }
+  if (traced({&x, bias ? &*bias : nullptr, residual ? &*residual : nullptr}))
+    return bias_act_ops(x, bias, residual, act, mode, stream);
   return mx::array(x.shape(), mx::float32,
                    std::make_shared<BiasAct>(stream, act, mode, bias.has_value()), inputs);
 }
@@ -215,6 +253,7 @@ mx::array softmax_last(const mx::array& x, mx::StreamOrDevice s) {
   check_float32_cpu(x, "softmax_last");
   if (x.ndim() == 0) throw std::invalid_argument("candle_nn.softmax_last: x must have an axis");
   auto stream = mx::to_stream(s);
+  if (traced({&x})) return mx::softmax(x, std::vector<int>{-1}, true, stream);
   return mx::array(x.shape(), mx::float32, std::make_shared<SoftmaxLast>(stream),
                    {mx::contiguous(x, false, stream)});
 }
@@ -318,6 +357,9 @@ mx::array conv2d_fused(const mx::array& x, const mx::array& w, const std::option
     check_float32_cpu(*residual, "conv2d_fused");
     inputs.push_back(mx::contiguous(*residual, false, stream));
   }
+  if (traced({&x, &w, bias ? &*bias : nullptr, residual ? &*residual : nullptr}))
+    return bias_act_ops(mx::conv2d(x, w, stride, padding, {1, 1}, 1, stream), bias, residual, act,
+                        mode, stream);
   return mx::array(out_shape, mx::float32,
                    std::make_shared<Conv2dFused>(stream, stride, padding, act, mode,
                                                  bias.has_value()),
