@@ -63,6 +63,8 @@ def bias_act(y: mx.array, bias: mx.array | None = None, activation: str | None =
     :data:`ACTIVATIONS` or ``None``. On the CPU in float32 it is one multithreaded pass
     (cpu_fast.bias_act); elsewhere the same ops one after another.
     """
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
     fused = cpu_fast.bias_act(y, bias, activation, residual, residual_after_activation)
     if fused is not None:
         return fused
