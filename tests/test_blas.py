@@ -108,8 +108,8 @@ import candle_nn.blas as b, candle_nn.blas_copy as c, json
 system = b._resolve
 b._resolve = lambda spec: None if spec == "libgfortran.so.5" else system(spec)
 lib, source, copy = b._bind(b._pip_openblas()[0], b._bundled_reference_blas())
-print(json.dumps({"runtimes": b._gfortran_runtimes(), "needed": c._run("--print-needed", copy).split(),
-                  "soname": c.soname(copy), "sgemm": hasattr(lib, "cblas_sgemm")}))
+print(json.dumps({"runtimes": b._gfortran_runtimes(),
+                  "needed": c._run("--print-needed", copy).split(), "soname": c.soname(copy), "sgemm": hasattr(lib, "cblas_sgemm")}))
 """
     result, _ = _python(code, CANDLE_NN_BLAS="off")
     assert "mlx_cpu.libs" in result["runtimes"][0], result  # MLX's own: its LAPACK loads it too
@@ -185,7 +185,8 @@ import candle_nn, ctypes, json
 import mlx.core as mx
 maps = open("/proc/self/maps").read()
 scope = ctypes.CDLL(None)  # the global scope: what every other library's symbols resolve in first
-print(json.dumps({"blas": candle_nn.info()["blas"], "bundled": candle_nn.blas._bundled_reference_blas(),
+print(json.dumps({"blas": candle_nn.info()["blas"],
+                  "bundled": candle_nn.blas._bundled_reference_blas(),
                   "maps": maps, "global": [s for s in ("cblas_sgemm", "cblas_sgemm_batch", "sgemm_")
                                            if hasattr(scope, s)]}))
 """
@@ -214,7 +215,8 @@ errs = [float(np.abs((a @ b).numpy() - ref(a, b)).max()),            # 4-D batch
         float(np.abs(torch.bmm(x, y).numpy() - ref(x, y)).max()),      # torch.bmm
         float(np.abs(torch.matmul(x, y).numpy() - ref(x, y)).max())]   # 3-D batched matmul
 with mx.stream(mx.cpu):
-    errs.append(float(np.abs(np.array(mx.array(x.numpy()) @ mx.array(y.numpy())) - ref(x, y)).max()))
+    ours = np.array(mx.array(x.numpy()) @ mx.array(y.numpy()))                   # MLX, same process
+    errs.append(float(np.abs(ours - ref(x, y)).max()))
 print(json.dumps({{"errs": errs, "blas": candle_nn.blas.status().state}}))
 """
 

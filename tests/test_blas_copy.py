@@ -20,7 +20,7 @@ REPORT = "import candle_nn, json; print(json.dumps(candle_nn.info()['blas']))"
 def _source() -> str:
     found = blas._pip_openblas() or [p for p in map(blas._resolve, blas._candidates()) if p]
     if not found or blas._bundled_reference_blas() is None:
-        pytest.fail("needs MLX's Linux wheel and an optimized BLAS (ngsolve-openblas is a dependency)")
+        pytest.fail("needs MLX's Linux wheel and an optimized BLAS (ngsolve-openblas)")
     return found[0]
 
 
