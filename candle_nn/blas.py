@@ -237,6 +237,15 @@ def _resolve(spec: str) -> str | None:
                  if os.path.isfile(p) and _elf_arch(p) == ours), None)
 
 
+def _loader_finds(soname: str) -> bool:
+    """Whether the dynamic loader finds ``soname`` on its own (it is then loaded, locally)."""
+    try:
+        ctypes.CDLL(soname, mode=ctypes.RTLD_LOCAL)
+    except OSError:
+        return False
+    return True
+
+
 def _bind(spec: str, target: str) -> tuple[ctypes.CDLL, str, str]:
     """Load ``spec`` renamed to ``target``'s soname, ``RTLD_LOCAL``: ``(handle, source, copy)``.
 
@@ -249,7 +258,7 @@ def _bind(spec: str, target: str) -> tuple[ctypes.CDLL, str, str]:
         raise OSError("not found")
     needed = {}
     runtimes = _gfortran_runtimes()
-    if (runtimes and _resolve("libgfortran.so.5") is None
+    if (runtimes and not _loader_finds("libgfortran.so.5")
             and not os.path.isfile(os.path.join(os.path.dirname(source), "libgfortran.so.5"))):
         # No system gfortran runtime (a fresh Linux without OpenBLAS's apt package): the copy
         # names a wheel's bundled one (same library, hashed name) by path instead.
