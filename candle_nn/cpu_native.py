@@ -8,9 +8,9 @@ custom MLX primitives whose ``eval_cpu`` runs fused, multithreaded float32 loops
   ``act(x + bias) + residual`` in one pass, act in {identity, ReLU, SiLU, exact GELU};
 - ``conv2d_fused(x, w, bias, residual, stride, padding, act, residual_mode)``: a groups-1 conv
   as a multithreaded im2col (none for 1x1 stride 1) + one ``cblas_sgemm`` + the same epilogue.
-  The sgemm is the optimized BLAS's that blas.py loaded (its address is handed over at load,
-  :func:`_sgemm_address`), so it is exactly the library MLX's own matmuls use; without an
-  optimized BLAS there is none and convs stay on MLX's path;
+  The sgemm is the one MLX's own ``cblas_sgemm`` calls resolve to (the optimized BLAS blas.py
+  binds to MLX; its address is handed over at load, :func:`_sgemm_address`; nothing is linked);
+  without an optimized BLAS there is none and convs stay on MLX's path;
 - ``softmax_last(x)``: softmax over the last axis.
 
 A source checkout used through ``PYTHONPATH`` (no ``pip install``), a failed build, or another
@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import os
+import sys
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -85,14 +86,20 @@ def _libmlx() -> str | None:
 
 
 def _sgemm_address() -> int:
-    """``cblas_sgemm`` of the optimized BLAS that blas.py loaded (0 when there is none)."""
-    current = blas.status()
-    if not current.optimized or not current.path:
+    """The ``cblas_sgemm`` MLX's own calls resolve to: the process's global scope first, then
+    ``libmlx``'s dependencies (where blas.py binds the optimized library, as MLX's bundled
+    ``libblas``'s soname). 0 when blas.py found no optimized BLAS (MLX's reference one: convs
+    then stay on MLX's path)."""
+    if not blas.status().optimized or sys.platform != "linux":
         return 0
-    try:
-        return ctypes.cast(ctypes.CDLL(current.path).cblas_sgemm, ctypes.c_void_p).value or 0
-    except (OSError, AttributeError):
-        return 0
+    for scope in (None, "libmlx.so"):
+        try:
+            lib = ctypes.CDLL(scope, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL) if scope \
+                else ctypes.CDLL(None)
+            return ctypes.cast(lib.cblas_sgemm, ctypes.c_void_p).value or 0
+        except (OSError, AttributeError):
+            continue
+    return 0
 
 
 _module, _detail = _load()
