@@ -76,7 +76,7 @@ def _have(module: str) -> bool:
         return False
 
 
-# -- ResNet -------------------------------------------------------------------------------------------
+# -- ResNet ----------------------------------------------------------------------------------------
 def _resnet_ours(variant: str) -> Callable[["VarBuilder"], Forward]:
     def build(vb: "VarBuilder") -> Forward:
         from candle_nn_models.resnet import ResNet
@@ -93,7 +93,7 @@ def _resnet_torch(variant: str) -> Callable[[], Any]:
     return build
 
 
-# -- YOLOv8 -------------------------------------------------------------------------------------------
+# -- YOLOv8 ----------------------------------------------------------------------------------------
 def _yolo_ours(size: str) -> Callable[["VarBuilder"], Forward]:
     def build(vb: "VarBuilder") -> Forward:
         from candle_nn_models.yolo_v8 import YoloV8
@@ -126,7 +126,7 @@ def _yolo_torch(size: str) -> Callable[[], Any]:
     return build
 
 
-# -- MobileSAM ----------------------------------------------------------------------------------------
+# -- MobileSAM -------------------------------------------------------------------------------------
 # The PyTorch reference: ultralytics' port of MobileSAM (TinyViT-5M image encoder, SAM's prompt
 # encoder and mask decoder), built without a checkpoint.
 _POINT = (580.0 * 1024 / 800, 240.0 * 1024 / 800)  # the fixture's prompt, in 1024-pixel space
@@ -150,7 +150,8 @@ def _sam_decoder_inputs(n: int, rng: Any) -> tuple:
     import numpy as np
 
     embeddings = rng.standard_normal((1, 64, 64, 256), dtype=np.float32)
-    coords = (np.array(_POINT, dtype=np.float32) + rng.uniform(-64, 64, (n, 1, 2))).astype(np.float32)
+    jitter = rng.uniform(-64, 64, (n, 1, 2))
+    coords = (np.array(_POINT, dtype=np.float32) + jitter).astype(np.float32)
     labels = np.ones((n, 1), dtype=np.int32)
     return embeddings, coords, labels
 
@@ -207,7 +208,8 @@ def _registry() -> dict[str, BenchModel]:
                    "candle_nn_models.segment_anything", _sam_encoder_ours, _sam_encoder_torch, ul),
         # Prompt encoder + mask decoder on one image's embeddings; the batch is of point prompts.
         BenchModel("mobilesam-decoder", (64, 64), 8, "mobile_sam",
-                   "candle_nn_models.segment_anything", _sam_decoder_ours, _sam_decoder_torch, ul, _sam_decoder_inputs),
+                   "candle_nn_models.segment_anything", _sam_decoder_ours, _sam_decoder_torch, ul,
+                   _sam_decoder_inputs),
     ]
     return {m.name: m for m in models}
 

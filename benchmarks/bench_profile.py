@@ -3,9 +3,9 @@
 Every :class:`candle_nn.Module` call's inputs and output are evaluated (``mx.eval``) and the call
 timed, so MLX's lazy graph is cut at module boundaries and functional ops (attention, GELU,
 residual adds) count in the module that calls them: the total is a little above the un-profiled
-forward (no overlap, no fusion across modules) but the split between layers is honest. Times are *self* times (children
-excluded), summed per layer type (the module class; convolutions split by kernel, stride and
-grouping, since each shape takes a different path) and per individual module.
+forward (no overlap, no fusion across modules) but the split between layers is honest. Times are
+*self* times (children excluded), summed per layer type (the module class; convolutions split by
+kernel, stride and grouping, since each shape takes a different path) and per individual module.
 """
 
 from __future__ import annotations

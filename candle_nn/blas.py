@@ -97,7 +97,8 @@ def _bundled_reference_blas() -> str | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     for location in spec.submodule_search_locations:
-        found = sorted(glob.glob(os.path.join(os.path.dirname(location), "mlx*.libs", "libblas*.so*")))
+        pattern = os.path.join(os.path.dirname(location), "mlx*.libs", "libblas*.so*")
+        found = sorted(glob.glob(pattern))
         if found:
             return found[0]
     return None
@@ -235,7 +236,7 @@ def _load(spec: str) -> tuple[ctypes.CDLL, str] | None:
     return lib, _global_cblas_provider() or spec
 
 
-# -- public API -------------------------------------------------------------------------------------
+# -- public API ------------------------------------------------------------------------------------
 def preload() -> BlasStatus:
     """Load an optimized CBLAS into the global scope before MLX does (idempotent).
 
@@ -288,7 +289,8 @@ def preload() -> BlasStatus:
             if loaded is not None:
                 _lib, path = loaded
                 _status = BlasStatus(_describe(_lib, path), path, "preloaded",
-                                     f"loaded before MLX ({'forced by ' + ENV_VAR if forced else 'auto'})")
+                                     "loaded before MLX "
+                                     f"({'forced by ' + ENV_VAR if forced else 'auto'})")
                 break
         else:
             if forced:

@@ -68,7 +68,8 @@ class Device:
                     raise DeviceUnavailableError(
                         f"gpu:{index} was requested but this MLX build has {have} "
                         f"(MLX {mx.__version__}). Use --device cpu / Device.cpu(), or install "
-                        "an MLX with a GPU backend (Metal on macOS, `pip install mlx[cuda]` on Linux)."
+                        "an MLX with a GPU backend (Metal on macOS, `pip install mlx[cuda]` on "
+                        "Linux)."
                     )
             self = object.__new__(cls)
             object.__setattr__(self, "kind", kind)

@@ -387,7 +387,8 @@ class VarBuilder:
         return self._source.written_by_mlx(self.path(name))
 
     def track(self, module: Any) -> None:
-        """Let a VarMap source remember ``module`` (built from its variables) for ``VarMap.save``."""
+        """Let a VarMap source remember ``module`` (built from its variables) for
+        ``VarMap.save``."""
         if isinstance(self._source, _VarMapSource):
             self._source.varmap.track(module)
 

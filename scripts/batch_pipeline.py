@@ -136,7 +136,7 @@ def decode_batch(batch: dict[str, np.ndarray], model: BatchModel, done: frozense
             rgb = load_rgb(path)
             inputs[i], extra = model.preprocess(rgb)
             sizes[i] = rgb.shape[:2]
-        except Exception as exc:  # noqa: BLE001 -- any bad image becomes an error row
+        except Exception as exc:  # any bad image becomes an error row
             errors[i] = (str(exc) if isinstance(exc, CandleNNError) else f"{path}: {exc!r}") or "?"
             extra = {}
         per_image.append(extra)

@@ -25,7 +25,8 @@ DEFAULT_MAX_PIXELS = 2 * 89_478_485  # Pillow's own refusal threshold (Image.MAX
 
 
 class ImageInputError(ImageError):
-    """One input image that cannot be used: ``path`` and the ``reason`` (shown as ``path: reason``)."""
+    """One input image that cannot be used: ``path`` and the ``reason`` (shown as
+    ``path: reason``)."""
 
     def __init__(self, path: "str | os.PathLike", reason: str) -> None:
         self.path, self.reason = Path(path), reason
@@ -41,7 +42,8 @@ def shown(path: "str | os.PathLike") -> str:
 def add_input_arguments(parser: argparse.ArgumentParser, *, what: str = "results",
                         required: bool = True) -> None:
     """The options every model CLI shares for its inputs and its report: ``--image`` (files,
-    folders, globs, ``-`` for stdin), ``--recursive``, ``--strict``, ``--max-pixels``, ``--json``."""
+    folders, globs, ``-`` for stdin), ``--recursive``, ``--strict``, ``--max-pixels``,
+    ``--json``."""
     parser.add_argument(
         "--image", nargs="+", action="extend", required=required, metavar="PATH",
         help="image files, folders, glob patterns ('photos/*.jpg'; '**' spans folders) or - to "
@@ -88,7 +90,8 @@ def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) ->
         raise ImageInputError(path, f"cannot read: {exc.strerror or exc}") from None
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fd)
-        problem = not_regular(info.st_mode) or ("an empty file (0 bytes)" if not info.st_size else None)
+        empty = "an empty file (0 bytes)" if not info.st_size else None
+        problem = not_regular(info.st_mode) or empty
         if problem:
             raise ImageInputError(path, problem)
         saved = Image.MAX_IMAGE_PIXELS

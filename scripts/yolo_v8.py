@@ -271,7 +271,8 @@ def save_labels_and_crops(args: argparse.Namespace, output: OutputFolder, stem: 
                 continue  # nothing left after clipping
             n = counts[det.class_id] = counts.get(det.class_id, 0) + 1
             output.save_image(Image.fromarray(rgb[y1:y2, x1:x2]),
-                              f"crops/{_safe_name(names[det.class_id])}/{stem}{n if n > 1 else ''}.jpg")
+                              f"crops/{_safe_name(names[det.class_id])}/"
+                              f"{stem}{n if n > 1 else ''}.jpg")
 
 
 def _safe_name(name: str) -> str:

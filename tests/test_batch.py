@@ -25,7 +25,7 @@ from PIL import Image
 
 import candle_nn_models.scripts.batch as batch_cli
 
-import ray  # noqa: E402 -- not importorskip: without Ray these tests fail
+import ray  # not importorskip: without Ray these tests fail
 CORRUPT = ("bad_garbage.jpg", "bad_truncated.jpg", "bad_empty.png")
 
 

@@ -132,7 +132,8 @@ def test_recursive_folders(capsys, weights, photos):
 
 
 def test_paths_from_stdin(capsys, weights, photos, monkeypatch):
-    listing = f"{photos / 'a.jpg'}\n\n{photos / 'sub'}\n".encode() + os.fsencode(photos) + b"/c.jpg\n"
+    listing = (f"{photos / 'a.jpg'}\n\n{photos / 'sub'}\n".encode()
+               + os.fsencode(photos) + b"/c.jpg\n")
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(listing)))
     code, out, _ = classify(capsys, weights, "--image", "-", "--json")
     doc = json.loads(out)

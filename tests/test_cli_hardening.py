@@ -93,9 +93,10 @@ def test_max_pixels_sets_the_limit(capsys, weights, tmp_path):
     Image.fromarray(noise(30, 40)).save(image)
     argv = ["--image", str(image), "--weights", str(weights["resnet"]), "--top-k", "1"]
     assert resnet.main([*argv, "--max-pixels", "1000"]) == 1
-    assert "1200 pixels, above the 1000 pixels limit" in capsys.readouterr().err  # 1200 pixels > 1000
+    assert "1200 pixels, above the 1000 pixels limit" in capsys.readouterr().err
     assert resnet.main([*argv, "--max-pixels", "1200"]) == 0
-    bomb = tmp_path / "bomb.png"  # above the limit the header is believed, and the data is not there
+    # above the limit the header is believed, and the data is not there
+    bomb = tmp_path / "bomb.png"
     bomb.write_bytes(bomb_png(20000, 20000))
     assert resnet.main(["--image", str(bomb), "--weights", str(weights["resnet"]),
                         "--max-pixels", "4e8"]) == 1
@@ -165,7 +166,8 @@ def test_non_utf8_names_on_an_ascii_stdout(cli, weights, tmp_path):
         out = proc.stdout.decode("ascii")
         assert "caf\\xe9.jpg" in (json.loads(out)["images"][0]["image"] if extra else out)
     if cli == "yolo":
-        assert [p.name for p in (tmp_path / "out").iterdir()] == [os.fsdecode(b"caf\xe9_detect.jpg")]
+        written = [p.name for p in (tmp_path / "out").iterdir()]
+        assert written == [os.fsdecode(b"caf\xe9_detect.jpg")]
 
 
 def test_sam_non_utf8_name_on_an_ascii_stdout(weights, tmp_path):
