@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 OURS_PREFIX = "candle_nn"
 
@@ -107,11 +106,11 @@ def markdown(report: dict) -> str:
 
 
 def write_json(report: dict, path: str | os.PathLike) -> None:
-    """Write the report (written to a temp file, then renamed)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, path)
+    """Write the report (whole or not at all: candle_nn.atomic_write)."""
+    from candle_nn.atomic_write import atomic_write
+
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def write_chart(report: dict, path: str | os.PathLike) -> str:

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 import ray
 
 from candle_nn import CandleNNError, Device, ImageError
+from candle_nn.atomic_write import atomic_write
 from candle_nn_models.scripts.batch_models import BatchModel, JobOptions, batch_model
 from candle_nn_models.scripts.common import load_rgb, shown
 from candle_nn_models.scripts.inputs import IMAGE_SUFFIXES, expand_image_args
@@ -211,9 +212,8 @@ def check_manifest(output: Path, options: JobOptions) -> None:
             raise CandleNNError(f"{output} holds results of another job ({'; '.join(diff)}): "
                                 "rerun with the same options to resume, or pass a new --output")
         return
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(want, indent=2) + "\n")
-    os.replace(tmp, path)
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(want, indent=2) + "\n")
 
 
 def summarize(output: Path, before: frozenset[str]) -> JobSummary:

@@ -314,7 +314,7 @@ def detect_videos(args: argparse.Namespace) -> list:
             output, n = out_dir / f"{source.stem}_{spec.task}-{n}.mp4", n + 1
         taken.add(output)
         try:
-            result = detect_video(args, source, out_dir, model, spec, names, output,
+            result = detect_video(args, source, model, spec, names, output,
                                   annotate, save_extras)
         except BaseException:
             extras.abort()
