@@ -84,9 +84,6 @@ def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_di
              compiled: bool = False) -> dict:
     """candle_nn: load from safetensors, then time the forward (``mx.compile``-d if asked)."""
     impl = OURS_COMPILED if compiled else OURS
-    missing = model.ours_available()
-    if missing:
-        return result(impl, model, device, dtype, status="unavailable", reason=missing)
     import candle_nn as cn  # before mlx: picks the CPU BLAS
     import mlx.core as mx
 
@@ -137,10 +134,6 @@ def _profile(args: argparse.Namespace, cache_dir: str) -> int:
         model = MODELS[name]
         for device in _devices(args.device):
             for dtype in (args.dtypes or "float32").split(","):
-                missing = model.ours_available()
-                if missing:
-                    print(f"{name}: {missing}")
-                    continue
                 forward, _, _ = load_ours(model, device, dtype, cache_dir)
                 print(f"[{device} {dtype}] " + profile(model, forward,
                                                        tuple(ours_inputs(model, 1, dtype))))
@@ -219,16 +212,17 @@ def _devices(spec: str) -> list[str]:
     """``all`` → every device MLX has; else the named ones (``gpu`` → ``gpu:0``), kept even when
     absent so that each row says it is unavailable."""
     import candle_nn as cn
+    from candle_nn.device import parse_device_name
 
     if spec == "all":
         return [str(d) for d in cn.Device.available()]
     names = []
     for item in spec.split(","):
-        kind, _, index = item.strip().lower().partition(":")
-        kind = {"cuda": "gpu", "metal": "gpu"}.get(kind, kind)
-        if kind not in ("cpu", "gpu") or (index and not index.isdigit()):
-            raise SystemExit(f"error: bad device {item!r}: use cpu, gpu, gpu:N or all")
-        names.append("cpu" if kind == "cpu" else f"gpu:{index or 0}")
+        try:
+            kind, index = parse_device_name(item)
+        except cn.DeviceUnavailableError as exc:
+            raise SystemExit(f"error: {exc} (or 'all')") from None
+        names.append("cpu" if kind == "cpu" else f"gpu:{index}")
     return list(dict.fromkeys(names))
 
 
