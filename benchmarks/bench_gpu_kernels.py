@@ -12,15 +12,15 @@ import time
 
 import candle_nn as cn
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
 from candle_nn import cuda_kernels as ck
-from candle_nn.pooling import _pool
 from candle_nn_models.yolo_v8_head import Dfl
 
 
 def mlx_max_pool(x, k, s, p):
-    return _pool(x, k, s, p, float("-inf"), mx.max)
+    return nn.MaxPool2d(k, s, p)(x)
 
 
 def bench(fn, iters=30):
