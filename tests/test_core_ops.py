@@ -17,6 +17,7 @@ import pytest
 from conftest import rel_err
 
 import candle_nn as cn
+from candle_nn.pairs import pair
 
 TOL = 1e-5  # max|err| / max|ref|, float32 vs float64
 
@@ -54,10 +55,6 @@ def f64(a: np.ndarray) -> np.ndarray:
 
 
 # -- NumPy references (NHWC, float64) ------------------------------------------------------------
-def pair(v) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else tuple(v)
-
-
 def ref_conv2d(x, w_oihw, b, padding=0, stride=1, dilation=1, groups=1):
     """Direct convolution: one matmul per kernel tap and group."""
     x, w = f64(x), f64(w_oihw)
