@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from benchmarks.bench_models import BenchModel
 
@@ -76,7 +76,9 @@ def profile(model: BenchModel, forward: Any, inputs: tuple, runs: int = 3) -> st
     names: dict[int, str] = {}
     if hasattr(forward, "named_modules"):
         names = {id(m): path or type(m).__name__ for path, m in forward.named_modules()}
-    fn: Callable[[], None] = lambda: mx.eval(forward(*inputs))  # noqa: E731
+    def fn() -> None:
+        mx.eval(forward(*inputs))
+
     fn()
     fn()
     plain = []

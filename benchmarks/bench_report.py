@@ -47,8 +47,11 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def _grid(header: list[str], body: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
-    line = lambda cells: "  ".join(c.rjust(w) if i > 3 else c.ljust(w)  # noqa: E731
-                                   for i, (c, w) in enumerate(zip(cells, widths)))
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i > 3 else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in body])
 
 

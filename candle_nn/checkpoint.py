@@ -46,8 +46,9 @@ def write_safetensors(path: "str | os.PathLike", tensors: Mapping[str, mx.array]
         # MLX appends ".safetensors" to a name without it: the temporary file keeps that suffix
         with atomic_write(path, suffix=".safetensors") as tmp:
             mx.save_safetensors(str(tmp), dict(tensors), metadata=meta)
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise WeightsFileError(f"cannot write {path}: {exc}") from exc
+    except (OSError, RuntimeError, ValueError) as exc:  # MLX's write errors are RuntimeErrors
+        reason = getattr(exc, "strerror", None) or exc  # not the temporary file's name
+        raise WeightsFileError(f"cannot write {path}: {reason}") from exc
 
 
 def state_dict(module: nn.Module) -> dict[str, mx.array]:
