@@ -407,7 +407,7 @@ def _emit(report: dict, args: argparse.Namespace) -> None:
 
     print(bench_report.table(report))
     if args.markdown:
-        Path(args.markdown).write_text(bench_report.markdown(report))
+        bench_report.write_markdown(report, args.markdown)
         print(f"wrote {args.markdown}", file=sys.stderr)
     chart = args.chart or (str(Path(args.json).with_suffix(".png")) if args.json else None)
     if chart:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 
+from candle_nn.atomic_write import atomic_write
+
 OURS_PREFIX = "candle_nn"
 
 
@@ -109,11 +111,15 @@ def markdown(report: dict) -> str:
 
 
 def write_json(report: dict, path: str | os.PathLike) -> None:
-    """Write the report (whole or not at all: candle_nn.atomic_write)."""
-    from candle_nn.atomic_write import atomic_write
-
+    """Write the report (whole or not at all, as every file here)."""
     with atomic_write(path) as tmp:
         tmp.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def write_markdown(report: dict, path: str | os.PathLike) -> None:
+    """Write :func:`markdown`'s table."""
+    with atomic_write(path) as tmp:
+        tmp.write_text(markdown(report))
 
 
 def write_chart(report: dict, path: str | os.PathLike) -> str:
@@ -155,6 +161,7 @@ def write_chart(report: dict, path: str | os.PathLike) -> str:
                  f"{meta['options']['threads'] or 'default'}; BLAS "
                  f"{meta['info']['blas']['name'].split(',')[0]})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_write(path) as tmp:  # PNG: the temporary file keeps the suffix
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return f"wrote {path}"
