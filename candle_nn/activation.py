@@ -1,8 +1,6 @@
 """Activation functions, as plain functions and as a small stateless module.
 
-``gelu`` is the exact (erf) GELU, PyTorch's default; ``gelu_tanh`` the tanh approximation. Both
-are MLX's own (``mlx.nn.gelu``, ``mlx.nn.gelu_approx``) outside the CPU float32 fast path. Every
-function works elementwise on any shape.
+``gelu`` is the exact (erf) GELU, PyTorch's default; ``gelu_tanh`` the tanh approximation.
 """
 
 from __future__ import annotations
@@ -32,16 +30,17 @@ def sigmoid(x: mx.array) -> mx.array:
 
 
 def gelu(x: mx.array) -> mx.array:
-    """Exact GELU: ``x * Phi(x)``. On the CPU, float32 takes a fused polynomial-erf path
-    (cpu_fast_gelu.py, within 1e-6 of exact erf)."""
+    """Exact GELU: ``x * Phi(x)``, elementwise on any shape. On the CPU, float32 takes a fused
+    polynomial-erf path (cpu_fast_gelu.py, within 1e-6 of exact erf); elsewhere it is MLX's own
+    ``mlx.nn.gelu``."""
     if cpu_fast.applies(x.dtype):
         return cpu_fast_gelu.gelu_f32(x)
     return nn.gelu(x)
 
 
 def gelu_tanh(x: mx.array) -> mx.array:
-    """Tanh-approximated GELU, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``
-    (``mlx.nn.gelu_approx``, PyTorch's ``gelu(approximate="tanh")``)."""
+    """Tanh-approximated GELU, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, elementwise on
+    any shape: MLX's own ``mlx.nn.gelu_approx`` (PyTorch's ``gelu(approximate="tanh")``)."""
     return nn.gelu_approx(x)
 
 
