@@ -9,6 +9,7 @@ handling (``error: …`` on stderr, exit status 1; 130 on Ctrl-C). Inputs are li
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import warnings
@@ -61,12 +62,23 @@ def add_input_arguments(parser: argparse.ArgumentParser, *, what: str = "results
                              "\"errors\" list of the images that failed")
 
 
-def _pixel_count(text: str) -> int:
+def number_arg(text: str, kind: type = float) -> "int | float":
+    """``text`` as a finite ``kind`` (``int`` or ``float``), for the CLIs' argparse ``type=``
+    checks: anything else is an ArgumentTypeError saying what was expected (argparse's own
+    message for a ValueError would name the checking function instead)."""
     try:
-        value = float(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of pixels") from None
-    if not value >= 1 or value != value or value == float("inf"):
+        expected = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {expected}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def _pixel_count(text: str) -> int:
+    value = number_arg(text)
+    if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number of pixels")
     return int(value)
 
