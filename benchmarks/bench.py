@@ -84,7 +84,7 @@ def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_di
              compiled: bool = False) -> dict:
     """candle_nn: load from safetensors, then time the forward (``mx.compile``-d if asked)."""
     impl = OURS_COMPILED if compiled else OURS
-    import candle_nn as cn  # before mlx: picks the CPU BLAS
+    import candle_nn as cn
     import mlx.core as mx
 
     if opts.threads:

@@ -13,11 +13,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import mlx.core as mx
-import numpy as np
-
 from candle_nn import CandleNNError
 from candle_nn.atomic_write import atomic_write
+import mlx.core as mx
+import numpy as np
 
 from .predictor import SamPredictor
 from .sam import IMAGE_EMBEDDING_SIZE, PROMPT_EMBED_DIM
