@@ -138,3 +138,16 @@ def test_bad_paths_are_one_error_line_before_measuring(capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("error: ") for line in err), err
     assert "missing.json" in err[0] and "does not exist or is not writable" in err[1]
+
+
+@pytest.mark.parametrize("choice,impls", [("only", ["candle_nn+mx.compile"]),
+                                          ("on", ["candle_nn", "candle_nn+mx.compile"]),
+                                          ("off", ["candle_nn"])])
+def test_compile_choice_picks_our_rows(choice, impls) -> None:
+    """--compile only: candle_nn under mx.compile without its eager row (a short GPU table)."""
+    from benchmarks.bench_timing import Options
+
+    args = bench._parser().parse_args(["--models", "resnet18", "--device", "cpu", "--peers",
+                                       "none", "--compile", choice])
+    jobs = bench._jobs(args, Options(), "/nowhere")
+    assert [j["impl"] for j in jobs] == impls
