@@ -246,7 +246,8 @@ def _jobs(args: argparse.Namespace, opts: Options, cache_dir: str) -> list[dict]
         for device in _devices(args.device):
             on_gpu = device != "cpu"
             compiled = args.compile in ("on", "only") or (args.compile == "auto" and on_gpu)
-            impls = ([] if args.compile == "only" else [OURS]) + ([OURS_COMPILED] if compiled else [])
+            impls = (([] if args.compile == "only" else [OURS])
+                     + ([OURS_COMPILED] if compiled else []))
             peers = args.peers or ("torch,torch.compile" if on_gpu else "torch,onnxruntime")
             peers = [] if peers == "none" else [p for p in peers.split(",") if p]
             unknown = sorted(set(peers) - set(PEERS))

@@ -231,7 +231,8 @@ def _line(row: dict) -> str:
         return f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} ERROR {row['error']}"
     if "busy_ms" not in row:
         return (f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} "
-                f"wall {row['wall_ms']:8.3f}  host {row.get('host_ms', float('nan')):7.3f}  ({row.get('trace_error')})")
+                f"wall {row['wall_ms']:8.3f}  host {row.get('host_ms', float('nan')):7.3f}  "
+                f"({row.get('trace_error')})")
     idle = row["wall_ms"] - row["busy_ms"]
     cats = ", ".join(f"{k} {v:.0%}" for k, v in list(row["categories"].items())[:4])
     return (f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} "

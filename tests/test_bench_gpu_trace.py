@@ -59,10 +59,12 @@ def test_report_turns_a_traced_bench_run_into_profile_rows_and_a_table():
          "median_ms": 2.0, "batch": 32, "batch_median_ms": 5.0},  # measured without the trace
     ]}
     rows = bench_rows(report)
-    assert [(r["batch"], r["wall_ms"], r["busy_ms"]) for r in rows] == [(1, 1.0, 0.5), (32, 4.0, 3.0)]
+    assert [(r["batch"], r["wall_ms"], r["busy_ms"]) for r in rows] == [(1, 1.0, 0.5),
+                                                                         (32, 4.0, 3.0)]
     table = markdown(rows).splitlines()
     assert len(table) == 4
-    assert table[2].startswith("| resnet50 | float16 | 1 | torch.compile(reduce-overhead) | 1.00 | 0.50 | 50% | 0.80 | 100 |")
+    assert table[2].startswith("| resnet50 | float16 | 1 | torch.compile(reduce-overhead) "
+                               "| 1.00 | 0.50 | 50% | 0.80 | 100 |")
     assert "conv/cudnn 70%" in table[2] and "`sm90_xmma_fprop` 70%" in table[2]
     assert "| 25% |" in table[3]  # idle = 1 - 3.0 / 4.0
 
