@@ -101,8 +101,17 @@ def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_di
         arrays = ours_inputs(model, n, dtype, opts.seed)
         return lambda: mx.eval(fn(*arrays))
 
+    def enqueue(n: int):  # build the lazy graph and launch it; mx.eval waits
+        arrays = ours_inputs(model, n, dtype, opts.seed)
+
+        def launch():
+            out = fn(*arrays)
+            mx.async_eval(out)
+            return lambda: mx.eval(out)
+        return launch
+
     batch = opts.batch_for(model, device)
-    timings = time_calls(call(1), call(batch), batch, opts)
+    timings = time_calls(call(1), call(batch), batch, opts, (enqueue(1), enqueue(batch)))
     blas = cn.info()["blas"]
     cpu_note = f"BLAS {blas['name'].split(',')[0]}, {blas['threads'] or '?'} threads"
     precision = cn.float32_precision() if dtype == "float32" else dtype
@@ -231,8 +240,9 @@ def _jobs(args: argparse.Namespace, opts: Options, cache_dir: str) -> list[dict]
     for name in args.models:
         for device in _devices(args.device):
             on_gpu = device != "cpu"
-            compiled = args.compile == "on" or (args.compile == "auto" and on_gpu)
-            impls = [OURS] + ([OURS_COMPILED] if compiled else [])
+            compiled = args.compile in ("on", "only") or (args.compile == "auto" and on_gpu)
+            impls = (([] if args.compile == "only" else [OURS])
+                     + ([OURS_COMPILED] if compiled else []))
             peers = args.peers or ("torch,torch.compile" if on_gpu else "torch,onnxruntime")
             peers = [] if peers == "none" else [p for p in peers.split(",") if p]
             unknown = sorted(set(peers) - set(PEERS))
@@ -297,9 +307,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", default=None,
                    help=f"comma list from {', '.join(PEERS)}, or none (default: torch,onnxruntime "
                         "on the CPU; torch,torch.compile (CUDA graphs) on a GPU)")
-    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+    p.add_argument("--compile", choices=("auto", "on", "off", "only"), default="auto",
                    help="also measure candle_nn under mx.compile (auto: on GPUs only; on the CPU "
-                        "it is slower and its first call compiles C++ for seconds)")
+                        "it is slower and its first call compiles C++ for seconds); only: "
+                        "candle_nn under mx.compile alone, without its eager row")
     p.add_argument("--precision", choices=("exact", "tf32"), default="exact",
                    help="float32 on GPUs, for ours and PyTorch alike (default exact)")
     p.add_argument("--rounds", type=int, default=1,

@@ -119,16 +119,38 @@ def _profiled(run: Callable[[], Any], iters: int) -> dict:
         return analyse(path, iters)
 
 
-def profile_calls(single: Callable[[], Any], batched: Callable[[], Any],
-                  iters: int = 10) -> dict:
-    """``{"bs1": stats, "batch": stats}`` (see :func:`analyse`) for two synchronous callables;
+Enqueue = Callable[[], Callable[[], Any]]
+
+
+def host_ms(enqueue: Enqueue, iters: int = 10) -> float:
+    """Median host time of one forward, ms: ``enqueue()`` builds and launches the forward without
+    waiting for the GPU and returns a function that waits for it (called after the clock stops)."""
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        wait = enqueue()
+        samples.append(time.perf_counter() - start)
+        wait()
+    return _median_ms(samples)
+
+
+def profile_calls(single: Callable[[], Any], batched: Callable[[], Any], iters: int = 10,
+                  enqueue: tuple[Enqueue, Enqueue] | None = None) -> dict:
+    """``{"bs1": stats, "batch": stats}`` (see :func:`analyse`) for two synchronous callables,
+    with ``host_ms`` (see :func:`host_ms`) when their ``enqueue`` counterparts are given;
     ``candle-nn-bench`` records these in its JSON when ``CANDLE_NN_BENCH_TRACE=1``."""
-    out = {}
-    for key, call, n in (("bs1", single, iters), ("batch", batched, max(3, iters // 2))):
+    # Host times first: measured after a CUPTI trace in the same process, they came out above the
+    # untraced wall time on the H100 (PyTorch eager, MobileSAM encoder float16: 14.3 vs 7.3 ms).
+    hosts = [host_ms(fn, max(iters, 10)) for fn in enqueue] if enqueue is not None else [None] * 2
+    out: dict[str, dict] = {}
+    for host, (key, call, n) in zip(hosts, (("bs1", single, iters),
+                                            ("batch", batched, max(3, iters // 2)))):
         try:
             out[key] = _profiled(call, n)
         except Exception as exc:  # the timings stand without a trace
             out[key] = {"trace_error": f"{type(exc).__name__}: {exc}"[:300]}
+        if host is not None:
+            out[key]["host_ms"] = host
     return out
 
 
@@ -213,20 +235,65 @@ def _line(row: dict) -> str:
                 f"ERROR {row['error']}")
     if "busy_ms" not in row:
         return (f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} "
-                f"wall {row['wall_ms']:8.3f}  host {row['host_ms']:7.3f}  "
+                f"wall {row['wall_ms']:8.3f}  host {row.get('host_ms', float('nan')):7.3f}  "
                 f"({row.get('trace_error')})")
     idle = row["wall_ms"] - row["busy_ms"]
     cats = ", ".join(f"{k} {v:.0%}" for k, v in list(row["categories"].items())[:4])
     return (f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} "
             f"wall {row['wall_ms']:8.3f}  busy {row['busy_ms']:8.3f}  idle {idle:7.3f}  "
-            f"host {row['host_ms']:7.3f}  kernels {row['kernels']:6.0f} | {cats}")
+            f"host {row.get('host_ms', float('nan')):7.3f}  kernels {row['kernels']:6.0f} | {cats}")
+
+
+def bench_rows(report: dict) -> list[dict]:
+    """The trace rows (as this tool's own) of a ``candle-nn-bench --json`` report measured with
+    ``CANDLE_NN_BENCH_TRACE=1``: one per implementation, dtype and batch (1 and the throughput
+    batch), ``wall_ms`` being the benchmark's median for that batch."""
+    rows = []
+    for r in report["results"]:
+        for key, batch, wall in (("bs1", 1, r.get("median_ms")),
+                                 ("batch", r.get("batch"), r.get("batch_median_ms"))):
+            stats = r.get("trace", {}).get(key)
+            if r["status"] == "ok" and stats:
+                rows.append({"model": r["model"], "dtype": r["dtype"], "batch": batch,
+                             "side": r["impl"], "wall_ms": wall, **stats})
+    return rows
+
+
+def markdown(rows: list[dict], top: int = 2) -> str:
+    """A Markdown table of trace rows: wall, GPU busy, idle share, host, launches, where the GPU
+    time goes (categories) and the costliest kernels."""
+    lines = ["| model | dtype | batch | implementation | wall ms | GPU busy ms | idle | host ms "
+             "| kernels | GPU time by kind | costliest kernels |", "|" + "---|" * 11]
+    for row in rows:
+        if "busy_ms" not in row:
+            continue
+        cats = ", ".join(f"{k} {v:.0%}" for k, v in list(row["categories"].items())[:3])
+        kernels = "; ".join(f"`{k['name'][:60]}` {k['share']:.0%}" for k in row["top"][:top])
+        host = row.get("host_ms")
+        lines.append(f"| {row['model']} | {row['dtype']} | {row['batch']} | {row['side']} "
+                     f"| {row['wall_ms']:.2f} | {row['busy_ms']:.2f} "
+                     f"| {1 - row['busy_ms'] / row['wall_ms']:.0%} "
+                     f"| {'-' if host is None else format(host, '.2f')} | {row['kernels']:.0f} "
+                     f"| {cats} | {kernels} |")
+    return "\n".join(lines) + "\n"
+
+
+def _print(row: dict) -> None:
+    print(_line(row), flush=True)
+    if "top" in row:
+        for k in row["top"][:5]:
+            print(f"      {k['ms']:8.4f} ms {k['share']:5.1%} x{k['calls']:<5.0f} {k['name']}")
+        print("      api: " + "; ".join(f"{a['name']} {a['ms']:.3f} ms x{a['calls']:.0f}"
+                                    for a in row["api"][:3]), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_gpu_trace",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--side", required=True,
-                   choices=("ours", "ours+mx.compile", "torch", "torch.compile"))
+    p.add_argument("--report", nargs="+", metavar="JSON",
+                   help="trace nothing: print the trace rows of saved candle-nn-bench --json runs "
+                        "(made with CANDLE_NN_BENCH_TRACE=1), then a Markdown table")
+    p.add_argument("--side", choices=("ours", "ours+mx.compile", "torch", "torch.compile"))
     p.add_argument("--models", nargs="+", default=["resnet50", "yolov8n", "mobilesam-encoder"],
                    choices=sorted(MODELS))
     p.add_argument("--dtypes", default="float32,float16")
@@ -234,6 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=10, help="forwards per trace (default 10)")
     p.add_argument("--json", help="append the rows to this JSON-lines file")
     args = p.parse_args(argv)
+    if args.report:
+        rows = [row for path in args.report for row in bench_rows(json.load(open(path)))]
+        for row in rows:
+            _print(row)
+        print(markdown(rows))
+        return 0
+    if args.side is None:
+        p.error("--side is required (or --report)")
     rows = []
     with tempfile.TemporaryDirectory(prefix="candle-nn-trace-") as cache_dir:
         for name in args.models:
@@ -253,14 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                         lines = [s for s in str(exc).strip().splitlines() if s.strip()]
                         row["error"] = f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300]
                     rows.append(row)
-                    print(_line(row), flush=True)
-                    if "top" in row:
-                        for k in row["top"][:5]:
-                            print(f"      {k['ms']:8.4f} ms {k['share']:5.1%} "
-                                  f"x{k['calls']:<5.0f} {k['name']}")
-                        api = "; ".join(f"{a['name']} {a['ms']:.3f} ms x{a['calls']:.0f}"
-                                        for a in row["api"][:3])
-                        print("      api: " + api, flush=True)
+                    _print(row)
                     if args.json:
                         with open(args.json, "a") as f:
                             f.write(json.dumps(row) + "\n")

@@ -140,3 +140,16 @@ def test_device_names_use_candle_nns_parser_and_keep_absent_gpus() -> None:
     assert bench._devices("cpu,CUDA,gpu:1,metal") == ["cpu", "gpu:0", "gpu:1"]
     with pytest.raises(SystemExit, match=r"unknown device kind 'tpu'.*\(or 'all'\)"):
         bench._devices("cpu,tpu")
+
+
+@pytest.mark.parametrize("choice,impls", [("only", ["candle_nn+mx.compile"]),
+                                          ("on", ["candle_nn", "candle_nn+mx.compile"]),
+                                          ("off", ["candle_nn"])])
+def test_compile_choice_picks_our_rows(choice, impls) -> None:
+    """--compile only: candle_nn under mx.compile without its eager row (a short GPU table)."""
+    from benchmarks.bench_timing import Options
+
+    args = bench._parser().parse_args(["--models", "resnet18", "--device", "cpu", "--peers",
+                                       "none", "--compile", choice])
+    jobs = bench._jobs(args, Options(), "/nowhere")
+    assert [j["impl"] for j in jobs] == impls
