@@ -79,7 +79,7 @@ def test_torch_peer_traces_host_time_when_asked(monkeypatch):
     from benchmarks.bench_timing import Options
 
     monkeypatch.setenv("CANDLE_NN_BENCH_TRACE", "1")
-    tiny = BenchModel("tiny", (8, 8), 2, None, "candle_nn", lambda vb: None,
+    tiny = BenchModel("tiny", (8, 8), 2, None, lambda vb: None,
                       lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()))
     row = bench_peers.run_torch(tiny, "cpu", "float32", Options.quick())
     assert row["status"] == "ok", row
