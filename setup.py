@@ -50,7 +50,8 @@ def _cmdclass() -> dict:
             # editable installs: the module (or the error note) goes next to candle_nn's sources
             for ext in self.extensions:
                 built = Path(self.get_ext_fullpath(ext.name))
-                package_dir = Path(self.get_finalized_command("build_py").get_package_dir("candle_nn"))
+                build_py = self.get_finalized_command("build_py")
+                package_dir = Path(build_py.get_package_dir("candle_nn"))
                 for name in (built.name, ERROR_FILE):
                     (package_dir / name).unlink(missing_ok=True)
                     if (built.parent / name).exists():

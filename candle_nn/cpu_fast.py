@@ -70,7 +70,7 @@ def set_enabled(flag: bool) -> None:
 
 
 def native_applies(dtype: mx.Dtype) -> bool:
-    """True when the compiled kernels take an op of ``dtype``: :func:`applies` and they are loaded."""
+    """True when the compiled kernels take an op of ``dtype``: :func:`applies`, and loaded."""
     return cpu_native.module() is not None and applies(dtype)
 
 
@@ -119,7 +119,7 @@ def exp_f32(x: mx.array) -> mx.array:
 silu_f32 = mx.compile(lambda x: x / (1.0 + exp_f32(-x)))
 
 
-# -- the compiled kernels (cpu_native.py), with the pure-MLX paths as fallback ----------------------
+# -- the compiled kernels (cpu_native.py), with the pure-MLX paths as fallback ---------------------
 # act codes of candle_nn._cpu_kernels.bias_act
 _ACT_CODES = {None: 0, "identity": 0, "relu": 1, "silu": 2, "swish": 2, "gelu": 3, "gelu_erf": 3}
 
@@ -177,7 +177,7 @@ def gelu(x: mx.array) -> mx.array:
 
 
 def softmax_last(x: mx.array) -> mx.array | None:
-    """float32 softmax over the last axis by the compiled kernel; ``None`` where it does not apply."""
+    """float32 softmax over the last axis by the compiled kernel; ``None`` where it cannot."""
     if not native_applies(x.dtype) or x.ndim == 0:
         return None
     cpu_native.sync_threads()

@@ -58,7 +58,7 @@ def test_kernels_are_loaded_when_installed() -> None:
         else required == "1"
     assert status.loaded is NATIVE
     if must:
-        assert status.loaded, f"candle_nn was installed by pip but its C++ kernels are not: {status}"
+        assert status.loaded, f"installed by pip, yet the C++ kernels are not loaded: {status}"
         assert status.threads and status.threads >= 1
         assert "CPU kernels (C++): loaded" in str(cn.info())
     else:
