@@ -27,22 +27,19 @@ from .activation import (  # noqa: E402
     ACTIVATIONS, Activation, gelu, gelu_tanh, relu, sigmoid, silu, softmax,
 )
 from .attention import scaled_dot_product_attention  # noqa: E402
-from .batch_norm import BatchNorm2d, batch_norm  # noqa: E402
+from .batch_norm import BatchNorm2d  # noqa: E402
 from .checkpoint import save_safetensors, state_dict  # noqa: E402
-from .conv import (  # noqa: E402
-    Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, conv2d, conv2d_no_bias,
-    conv_transpose2d,
-)
+from .conv import Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig  # noqa: E402
 from .device import Device  # noqa: E402
-from .embedding import Embedding, embedding  # noqa: E402
+from .embedding import Embedding  # noqa: E402
 from .errors import (  # noqa: E402
     CandleNNError, DeviceMismatchError, DeviceUnavailableError, DTypeError, ImageError,
     MissingTensorError, ShapeMismatchError, WeightsFileError,
 )
 from .init import Init  # noqa: E402
 from .inputs import check_image_batch, model_dtype  # noqa: E402
-from .layer_norm import LayerNorm, LayerNorm2d, LayerNormConfig, layer_norm, rms_norm  # noqa: E402
-from .linear import Linear, linear, linear_b, linear_no_bias  # noqa: E402
+from .layer_norm import LayerNorm, LayerNorm2d, LayerNormConfig  # noqa: E402
+from .linear import Linear  # noqa: E402
 from .module import Module, Sequential, check_same_device, seq  # noqa: E402
 from .pooling import AvgPool2d, MaxPool2d, avg_pool2d, max_pool2d  # noqa: E402
 from .precision import float32_precision, set_float32_precision  # noqa: E402
@@ -61,10 +58,9 @@ __all__ = [
     "LayerNorm", "LayerNorm2d", "LayerNormConfig", "Linear", "MaxPool2d", "MissingTensorError",
     "Module", "Sequential", "ShapeMismatchError", "TensorSource", "VarBuilder", "VarMap",
     "WeightsFileError",
-    "avg_pool2d", "batch_norm", "check_image_batch", "check_same_device", "check_weights_path",
-    "conv2d", "conv2d_no_bias", "conv_transpose2d", "embedding", "float32_precision", "gelu",
-    "gelu_tanh", "info", "layer_norm", "linear", "linear_b", "linear_no_bias", "max_pool2d",
-    "model_dtype", "open_safetensors", "read_tensor", "relu", "rms_norm", "save_safetensors",
+    "avg_pool2d", "check_image_batch", "check_same_device", "check_weights_path",
+    "float32_precision", "gelu", "gelu_tanh", "info", "max_pool2d", "model_dtype",
+    "open_safetensors", "read_tensor", "relu", "save_safetensors",
     "scaled_dot_product_attention", "seq", "set_float32_precision", "sigmoid", "silu",
     "softmax", "state_dict", "upsample_bilinear2d", "upsample_nearest2d",
 ]

@@ -131,17 +131,17 @@ class Conv2d(Module):
                           dilation=_pair(c.dilation), groups=c.groups)
         return y + self.bias if "bias" in self else y
 
-    def fold_batch_norm(self, bn: "BatchNorm2d") -> "Conv2d":  # noqa: F821 (circular type)
+    def absorb_bn(self, bn: "BatchNorm2d") -> "Conv2d":  # noqa: F821 (circular type)
         """A new Conv2d equal to ``bn(self(x))`` (inference), with the BN folded in."""
         from .batch_norm import BatchNorm2d
 
         if not isinstance(bn, BatchNorm2d):
-            raise TypeError(f"fold_batch_norm expects a BatchNorm2d, not {type(bn).__name__}")
-        check_same_device("Conv2d.fold_batch_norm", self.device, bn.device, "the Conv2d",
+            raise TypeError(f"absorb_bn expects a BatchNorm2d, not {type(bn).__name__}")
+        check_same_device("Conv2d.absorb_bn", self.device, bn.device, "the Conv2d",
                           "the BatchNorm2d")
         if bn.weight.shape[0] != self.out_channels:
             raise ShapeMismatchError(
-                f"Conv2d.fold_batch_norm: the BatchNorm2d has {bn.weight.shape[0]} channels, "
+                f"Conv2d.absorb_bn: the BatchNorm2d has {bn.weight.shape[0]} channels, "
                 f"the Conv2d {self.out_channels} output channels"
             )
         with self.on_device():
@@ -157,18 +157,6 @@ class Conv2d(Module):
         for vm in self.__dict__.get("_varmaps", ()):
             vm.track(folded)
         return folded
-
-
-def conv2d(in_channels: int, out_channels: int, kernel_size: int, config: Conv2dConfig,
-           vb: VarBuilder) -> Conv2d:
-    """candle's ``conv2d``: with bias."""
-    return Conv2d.load(vb, in_channels, out_channels, kernel_size, config, bias=True)
-
-
-def conv2d_no_bias(in_channels: int, out_channels: int, kernel_size: int, config: Conv2dConfig,
-                   vb: VarBuilder) -> Conv2d:
-    """candle's ``conv2d_no_bias``."""
-    return Conv2d.load(vb, in_channels, out_channels, kernel_size, config, bias=False)
 
 
 @dataclass(frozen=True)
@@ -278,9 +266,3 @@ def _crop_transposed(y: mx.array, padding: tuple[int, int],
     if extra_h or extra_w:
         y = mx.pad(y, [(0, 0), (0, extra_h), (0, extra_w), (0, 0)])
     return y[:, ph:full_h - ph + oh, pw:full_w - pw + ow, :]
-
-
-def conv_transpose2d(in_channels: int, out_channels: int, kernel_size: int,
-                     config: ConvTranspose2dConfig, vb: VarBuilder) -> ConvTranspose2d:
-    """candle's ``conv_transpose2d``: with bias."""
-    return ConvTranspose2d.load(vb, in_channels, out_channels, kernel_size, config, bias=True)

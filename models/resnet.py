@@ -54,7 +54,7 @@ def conv_bn(vb: VarBuilder, conv: str, bn: str, in_channels: int, out_channels: 
     """``vb.conv`` (no bias, "same" padding) with ``vb.bn`` folded in."""
     config = Conv2dConfig(padding=kernel_size // 2, stride=stride)
     layer = Conv2d.load(vb.pp(conv), in_channels, out_channels, kernel_size, config, bias=False)
-    return layer.fold_batch_norm(BatchNorm2d.load(vb.pp(bn), out_channels))
+    return layer.absorb_bn(BatchNorm2d.load(vb.pp(bn), out_channels))
 
 
 class ResidualBlock(Module):

@@ -26,9 +26,9 @@ class ConvBlock(cn.Module):
     @classmethod
     def load(cls, vb: cn.VarBuilder, c1: int, c2: int, k: int, stride: int = 1) -> "ConvBlock":
         config = cn.Conv2dConfig(padding=k // 2, stride=stride)
-        conv = cn.conv2d_no_bias(c1, c2, k, config, vb.pp("conv"))
-        bn = cn.batch_norm(c2, BN_EPS, vb.pp("bn"))
-        return cls(conv.fold_batch_norm(bn))
+        conv = cn.Conv2d.load(vb.pp("conv"), c1, c2, k, config, bias=False)
+        bn = cn.BatchNorm2d.load(vb.pp("bn"), c2, BN_EPS)
+        return cls(conv.absorb_bn(bn))
 
     def forward(self, x: mx.array) -> mx.array:
         return cn.silu(self.conv(x))

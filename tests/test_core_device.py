@@ -113,7 +113,7 @@ class Probe(cn.Module):
 
     def __init__(self, vb: cn.VarBuilder) -> None:
         super().__init__(vb.device)
-        self.fc = cn.linear_no_bias(4, 3, vb.pp("fc"))
+        self.fc = cn.Linear.load(vb.pp("fc"), 4, 3, bias=False)
         self.seen: list[tuple[mx.Device, mx.Stream]] = []
 
     def forward(self, x: mx.array) -> mx.array:
@@ -187,7 +187,7 @@ def linear_on(device: cn.Device, seed: int = 0) -> cn.Linear:
     r = np.random.default_rng(seed)
     t = {"weight": r.standard_normal((4, 4)).astype(np.float32),
          "bias": r.standard_normal(4).astype(np.float32)}
-    return cn.linear(4, 4, cn.VarBuilder.from_tensors(t, device=device))
+    return cn.Linear.load(cn.VarBuilder.from_tensors(t, device=device), 4, 4)
 
 
 def assert_mismatch_message(info, op: str) -> None:
@@ -233,7 +233,7 @@ def test_attribute_assignment_across_devices_raises(two_devices):
     class Model(cn.Module):
         def __init__(self, vb: cn.VarBuilder) -> None:
             super().__init__(vb.device)
-            self.fc = cn.linear(4, 4, vb)
+            self.fc = cn.Linear.load(vb, 4, 4)
 
         def forward(self, x):
             return self.fc(x)
@@ -254,7 +254,7 @@ def test_attribute_assignment_across_devices_raises(two_devices):
         class Mixed(cn.Module):
             def __init__(self) -> None:
                 super().__init__(cpu)
-                self.fc = cn.linear(4, 4, cn.VarBuilder.from_tensors(t, device=gpu))
+                self.fc = cn.Linear.load(cn.VarBuilder.from_tensors(t, device=gpu), 4, 4)
         Mixed()
     assert_mismatch_message(info, "Mixed.fc")
     model.head = linear_on(cpu)  # same device: fine
@@ -275,8 +275,8 @@ def test_stateless_container_may_not_straddle_two_devices(two_devices):
     """A Module built with device=None used to accept children of two devices silently."""
     cpu, gpu = two_devices
     eye = {"weight": np.eye(2, dtype=np.float32)}
-    on_cpu = cn.linear_no_bias(2, 2, cn.VarBuilder.from_tensors(eye, device=cpu))
-    on_gpu = cn.linear_no_bias(2, 2, cn.VarBuilder.from_tensors(eye, device=gpu))
+    on_cpu = cn.Linear.load(cn.VarBuilder.from_tensors(eye, device=cpu), 2, 2, bias=False)
+    on_gpu = cn.Linear.load(cn.VarBuilder.from_tensors(eye, device=gpu), 2, 2, bias=False)
 
     class Container(cn.Module):
         def forward(self, x):

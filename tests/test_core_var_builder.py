@@ -162,7 +162,7 @@ def test_from_tensors_with_numpy_and_mlx_arrays():
     assert vb.get((4,), "idx", integer=True).dtype == mx.int32
     assert vb.shape("lin.weight") == (3, 4) and vb.contains("idx")
     assert vb.from_tensors(tensors, dtype="f16").get(None, "lin.weight").dtype == mx.float16
-    layer = cn.linear(4, 3, vb.pp("lin"))
+    layer = cn.Linear.load(vb.pp("lin"), 4, 3)
     np.testing.assert_allclose(np.array(layer(mx.array(np.eye(4, dtype=np.float32)))),
                                w64.T.astype(np.float32) + 1, rtol=1e-6)
 
@@ -259,7 +259,7 @@ class Tiny(cn.Module):
         self.conv = cn.Conv2d.load(vb.pp("conv"), 3, 4, 3, cn.Conv2dConfig(padding=1))
         self.bn = cn.BatchNorm2d.load(vb.pp("bn"), 4)
         self.ln = cn.LayerNorm.load(vb.pp("ln"), 4)
-        self.fc = cn.linear(4, 2, vb.pp("fc"))
+        self.fc = cn.Linear.load(vb.pp("fc"), 4, 2)
 
     def forward(self, x: mx.array) -> mx.array:
         return self.fc(self.ln(cn.relu(self.bn(self.conv(x)))).mean(axis=(1, 2)))
@@ -351,7 +351,7 @@ def test_float64_numpy_tensors_load_on_every_device(device, dtype):
     w, b = r.standard_normal((6, 5)), r.standard_normal(6)  # float64, as NumPy makes them
     x = r.standard_normal((3, 5)).astype(np.float32)
     vb = cn.VarBuilder.from_tensors({"fc.weight": w, "fc.bias": b}, device=device, dtype=dtype)
-    fc = cn.linear(5, 6, vb.pp("fc"))
+    fc = cn.Linear.load(vb.pp("fc"), 5, 6)
     assert fc.weight.dtype == dtype and fc.bias.dtype == dtype
     y = fc(mx.array(x).astype(dtype))
     mx.eval(y)

@@ -46,7 +46,7 @@ def conv2d_bn(vb: VarBuilder, in_channels: int, out_channels: int, kernel_size: 
               config: Conv2dConfig = Conv2dConfig()) -> Conv2d:
     """MobileSAM's ``Conv2d_BN``: ``c`` (no bias) then ``bn`` (eps 1e-5), folded into one Conv2d."""
     conv = Conv2d.load(vb.pp("c"), in_channels, out_channels, kernel_size, config, bias=False)
-    return conv.fold_batch_norm(cn.BatchNorm2d.load(vb.pp("bn"), out_channels, 1e-5))
+    return conv.absorb_bn(cn.BatchNorm2d.load(vb.pp("bn"), out_channels, 1e-5))
 
 
 class PatchEmbed(Module):
