@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from candle_nn import (BatchNorm2d, Conv2d, Conv2dConfig, Linear, Module, ShapeMismatchError,
-                       VarBuilder, WeightsFileError, check_image_batch, max_pool2d, relu)
+from candle_nn import (Conv2d, Conv2dConfig, Linear, Module, ShapeMismatchError, VarBuilder,
+                       WeightsFileError, check_image_batch, max_pool2d, relu)
 
 import mlx.core as mx  # noqa: I001  (after candle_nn: it preloads the fast CPU BLAS)
 
@@ -51,10 +51,10 @@ STAGE_WIDTHS = (64, 128, 256, 512)
 
 def conv_bn(vb: VarBuilder, conv: str, bn: str, in_channels: int, out_channels: int,
             kernel_size: int, stride: int = 1) -> Conv2d:
-    """``vb.conv`` (no bias, "same" padding) with ``vb.bn`` folded in."""
+    """``vb.conv`` (no bias, "same" padding) with ``vb.bn`` absorbed."""
     config = Conv2dConfig(padding=kernel_size // 2, stride=stride)
-    layer = Conv2d.load(vb.pp(conv), in_channels, out_channels, kernel_size, config, bias=False)
-    return layer.absorb_bn(BatchNorm2d.load(vb.pp(bn), out_channels))
+    return Conv2d.load_with_bn(vb, in_channels, out_channels, kernel_size, config,
+                               conv=conv, bn=bn)
 
 
 class ResidualBlock(Module):

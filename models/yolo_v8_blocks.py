@@ -26,9 +26,7 @@ class ConvBlock(cn.Module):
     @classmethod
     def load(cls, vb: cn.VarBuilder, c1: int, c2: int, k: int, stride: int = 1) -> "ConvBlock":
         config = cn.Conv2dConfig(padding=k // 2, stride=stride)
-        conv = cn.Conv2d.load(vb.pp("conv"), c1, c2, k, config, bias=False)
-        bn = cn.BatchNorm2d.load(vb.pp("bn"), c2, BN_EPS)
-        return cls(conv.absorb_bn(bn))
+        return cls(cn.Conv2d.load_with_bn(vb, c1, c2, k, config, eps=BN_EPS))
 
     def forward(self, x: mx.array) -> mx.array:
         return cn.silu(self.conv(x))

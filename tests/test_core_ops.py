@@ -355,6 +355,25 @@ def test_batch_norm_folds_into_conv(device, conv_bias):
     close(bn(conv(mx.array(x))), ref)
 
 
+@pytest.mark.parametrize("eps", [1e-5, 1e-3])
+def test_load_with_bn_reads_a_conv_and_its_batch_norm_as_one_conv(device, eps):
+    """The shared conv + BatchNorm helper (ResNet, YOLOv8, TinyViT): a bias-free conv and the
+    BatchNorm after it, under names of the caller's choice, absorbed into one Conv2d; saving it
+    writes both layers' candle names again."""
+    r = rng(11)
+    t = {f"m.norm.{k}": v for k, v in bn_tensors(r, 6).items()}
+    t["m.c.weight"] = randn(r, 6, 3, 3, 3)
+    cfg = cn.Conv2dConfig(padding=1)
+    layer = cn.Conv2d.load_with_bn(vb_of(t, device).pp("m"), 3, 6, 3, cfg, conv="c", bn="norm",
+                                   eps=eps)
+    assert layer.device == device and layer.config == cfg and "bias" in layer
+    x = randn(r, 2, 7, 5, 3)
+    ref = ref_bn(ref_conv2d(x, t["m.c.weight"], None, padding=1),
+                 {k[7:]: v for k, v in t.items() if k.startswith("m.norm.")}, eps)
+    close(layer(mx.array(x)), ref)
+    assert set(cn.state_dict(layer)) == set(t)
+
+
 def conv_on(device: cn.Device) -> cn.Conv2d:
     w = np.random.default_rng(2).standard_normal((4, 2, 3, 3)).astype(np.float32)
     return cn.Conv2d.load(cn.VarBuilder.from_tensors({"weight": w}, device=device), 2, 4, 3,

@@ -44,9 +44,8 @@ TINY_VIT_CONFIGS: dict[str, TinyViTConfig] = {
 
 def conv2d_bn(vb: VarBuilder, in_channels: int, out_channels: int, kernel_size: int,
               config: Conv2dConfig = Conv2dConfig()) -> Conv2d:
-    """MobileSAM's ``Conv2d_BN``: ``c`` (no bias) then ``bn`` (eps 1e-5), folded into one Conv2d."""
-    conv = Conv2d.load(vb.pp("c"), in_channels, out_channels, kernel_size, config, bias=False)
-    return conv.absorb_bn(cn.BatchNorm2d.load(vb.pp("bn"), out_channels, 1e-5))
+    """MobileSAM's ``Conv2d_BN``: ``c`` (no bias) then ``bn`` (eps 1e-5), one Conv2d."""
+    return Conv2d.load_with_bn(vb, in_channels, out_channels, kernel_size, config, conv="c")
 
 
 class PatchEmbed(Module):
