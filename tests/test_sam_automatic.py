@@ -24,8 +24,7 @@ import candle_nn as cn
 from _mobile_sam_reference import import_mobile_sam, reference_records
 from _sam_decoder_stand_in import install_on_ours
 from conftest import DEVICES, FIXTURES, fixture_dir
-from candle_nn_models.segment_anything import (ImageEncoderViT, Sam, SamAutomaticMaskGenerator,
-                                               ViTConfig)
+from candle_nn_models.segment_anything import Sam, SamAutomaticMaskGenerator, ViTConfig
 from candle_nn_models.segment_anything import amg
 
 BOX_TOL = 2  # px: a logit within float32 noise of 0 moves an edge by one pixel
@@ -138,12 +137,10 @@ def test_vit_encoder_matches_mobile_sam(mobile_sam, small_bike, tmp_path):
     one global) and seeded random weights for the whole model, ours vs MobileSAM's ``Sam`` built
     with the same ViT, on the same safetensors file."""
     varmap = cn.VarMap()
-    Sam(cn.VarBuilder.from_varmap(varmap, seed=3, device="cpu"),
-        ImageEncoderViT(cn.VarBuilder.from_varmap(varmap, seed=3, device="cpu").pp(
-            "image_encoder"), SMALL_VIT))
+    Sam.load(cn.VarBuilder.from_varmap(varmap, seed=3, device="cpu"), SMALL_VIT)
     varmap.save(tmp_path / "vit.safetensors")
     vb = cn.VarBuilder.from_safetensors(tmp_path / "vit.safetensors", device="cpu")
-    ours_sam = Sam(vb, ImageEncoderViT(vb.pp("image_encoder"), SMALL_VIT))
+    ours_sam = Sam.load(vb, SMALL_VIT)
 
     settings = dict(points_per_side=3, pred_iou_thresh=0.0, stability_score_thresh=0.0,
                     box_nms_thresh=1.0)

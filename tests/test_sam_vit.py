@@ -89,7 +89,7 @@ def reference_encoder(t, x, cfg: ViTConfig):
 def small_weights():
     """Every tensor of the small encoder, random (also LayerNorms, rel-pos tables, pos_embed)."""
     varmap = cn.VarMap()
-    ImageEncoderViT(cn.VarBuilder.from_varmap(varmap, device="cpu"), SMALL)
+    ImageEncoderViT.load(cn.VarBuilder.from_varmap(varmap, device="cpu"), SMALL)
     rng = np.random.default_rng(0)
     return {name: (rng.normal(size=v.shape) * 0.2).astype(np.float32)
             for name, v in varmap.all_vars().items()}
@@ -98,7 +98,7 @@ def small_weights():
 def test_vit_encoder_matches_numpy_reference(small_weights, device):
     size = SMALL.img_size
     x = np.random.default_rng(1).normal(size=(2, size, size, 3)).astype(np.float32)
-    encoder = ImageEncoderViT(cn.VarBuilder.from_tensors(small_weights, device=device), SMALL)
+    encoder = ImageEncoderViT.load(cn.VarBuilder.from_tensors(small_weights, device=device), SMALL)
     y = np.array(encoder(mx.array(x)))
     ref = reference_encoder({k: v.astype(np.float64) for k, v in small_weights.items()},
                             x.astype(np.float64), SMALL)
