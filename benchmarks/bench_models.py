@@ -135,7 +135,7 @@ _POINT = (580.0 * 1024 / 800, 240.0 * 1024 / 800)  # the fixture's prompt, in 10
 def _sam_encoder_ours(vb: "VarBuilder") -> Forward:
     from candle_nn_models.segment_anything import Sam
 
-    return Sam.load_tiny(vb).image_encoder
+    return Sam.load(vb).image_encoder
 
 
 def _sam_encoder_torch() -> Any:
@@ -170,7 +170,7 @@ def _sam_decoder_ours(vb: "VarBuilder") -> Forward:
         def forward(self, embeddings: "mx.array", coords: "mx.array", labels: "mx.array") -> Any:
             return self.sam(embeddings, (coords, labels), multimask_output=True)
 
-    return PromptDecode(Sam.load_tiny(vb))
+    return PromptDecode(Sam.load(vb))
 
 
 def _sam_decoder_torch() -> Any:

@@ -193,18 +193,3 @@ def infer_variant(vb: VarBuilder, name: str = "the weights") -> tuple[str, int |
     raise WeightsFileError(f"{name} holds a ResNet with {kind} blocks {blocks} per "
                            "stage, which is none of resnet18/34/50/101/152")
 
-
-def _variant_loader(variant: str):
-    def load(vb: VarBuilder, num_classes: int | None = 1000) -> ResNet:
-        return ResNet.load(vb, variant, num_classes)
-
-    load.__name__ = variant
-    load.__doc__ = f"{variant} from ``vb`` (``num_classes=None``: headless)."
-    return load
-
-
-resnet18 = _variant_loader("resnet18")
-resnet34 = _variant_loader("resnet34")
-resnet50 = _variant_loader("resnet50")
-resnet101 = _variant_loader("resnet101")
-resnet152 = _variant_loader("resnet152")

@@ -195,7 +195,7 @@ class SamBatch(BatchModel):
         registry_model = "mobile_sam" if variant == "tiny" else "sam"
         vb = VarBuilder.from_safetensors(
             resolve_weights(registry_model, variant, self.options.weights), device=device)
-        sam = Sam.load_tiny(vb) if variant == "tiny" else Sam.load_vit(vb, variant)
+        sam = Sam.load(vb, variant)
         self.predictor = SamPredictor(sam)
 
     def predict(self, inputs, extras, sizes_hw):

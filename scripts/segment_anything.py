@@ -243,7 +243,7 @@ def _main(argv: Sequence[str] | None) -> int:
             registry_model = "mobile_sam" if args.model == "tiny" else "sam"
             weights = resolve_weights(registry_model, args.model, args.weights)
             vb = VarBuilder.from_safetensors(weights, device=device)
-            sam = Sam.load_tiny(vb) if args.model == "tiny" else Sam.load_vit(vb, args.model)
+            sam = Sam.load(vb, args.model)
             sam.image_encoder.set_compiled(compile_choice(args.compile))
             sam.mask_threshold = args.threshold
             batch.doc["model"] = args.model

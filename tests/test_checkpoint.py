@@ -14,7 +14,7 @@ from mlx.utils import tree_flatten, tree_map
 
 import candle_nn as cn
 from conftest import fixture_dir
-from candle_nn_models.resnet import resnet18
+from candle_nn_models.resnet import ResNet
 from candle_nn_models.segment_anything import Sam
 from candle_nn_models.yolo_v8 import YoloV8
 
@@ -96,7 +96,8 @@ def test_varmap_save_refuses_after_training_and_names_the_right_call(tmp_path):
 
 def test_varmap_save_refuses_for_a_trained_bn_folded_model(tmp_path):
     varmap = cn.VarMap()
-    model = resnet18(cn.VarBuilder.from_varmap(varmap, seed=0, device="cpu"), num_classes=4)
+    model = ResNet.load(cn.VarBuilder.from_varmap(varmap, seed=0, device="cpu"), "resnet18",
+                        num_classes=4)
     varmap.save(tmp_path / "init.safetensors")
     model.update(tree_map(lambda p: p * 2, model.parameters()))
     with pytest.raises(cn.WeightsFileError, match="save_safetensors"):
@@ -106,7 +107,7 @@ def test_varmap_save_refuses_for_a_trained_bn_folded_model(tmp_path):
 def test_trained_resnet18_round_trips_with_its_batch_norms_folded(tmp_path):
     vb = cn.VarBuilder.from_safetensors(fixture_dir("resnet18") / "weights.safetensors",
                                         device="cpu")
-    model = resnet18(vb)
+    model = ResNet.load(vb, "resnet18")
     x = mx.random.normal((2, 64, 64, 3), key=mx.random.key(1))
     target = mx.array([3, 7])
     before = model(x)
@@ -125,7 +126,7 @@ def test_trained_resnet18_round_trips_with_its_batch_norms_folded(tmp_path):
     assert mx.array_equal(written["conv1.weight"], model.stem.weight.transpose(0, 3, 1, 2))
 
     reloaded_vb = cn.VarBuilder.from_safetensors(path, device="cpu")
-    reloaded = resnet18(reloaded_vb)
+    reloaded = ResNet.load(reloaded_vb, "resnet18")
     assert reloaded_vb.accessed() == set(written)
     assert mx.array_equal(reloaded(x), after)
 
@@ -144,12 +145,12 @@ def test_changed_yolov8n_round_trips(tmp_path):
 
 
 def test_changed_mobile_sam_round_trips(tmp_path):
-    model = Sam.load_tiny(cn.VarBuilder.from_safetensors(
+    model = Sam.load(cn.VarBuilder.from_safetensors(
         fixture_dir("mobile_sam") / "weights.safetensors", device="cpu"))
     model.update(tree_map(lambda p: p * 1.01 + 1e-3, model.parameters()))
     path = tmp_path / "sam.safetensors"
     cn.save_safetensors(model, path)
-    reloaded = Sam.load_tiny(cn.VarBuilder.from_safetensors(path, device="cpu"))
+    reloaded = Sam.load(cn.VarBuilder.from_safetensors(path, device="cpu"))
     ours, theirs = dict(tree_flatten(model.parameters())), dict(tree_flatten(reloaded.parameters()))
     assert ours.keys() == theirs.keys()
     assert all(mx.array_equal(ours[k], theirs[k]) for k in ours)

@@ -122,7 +122,7 @@ def real_reference(mobile_sam, weights, bike):
 
 @pytest.mark.parametrize("device", DEVICES, ids=[str(d) for d in DEVICES])
 def test_fixture_weights_match_mobile_sam(device, weights, bike, real_reference):
-    sam = Sam.load_tiny(cn.VarBuilder.from_safetensors(weights, device=device))
+    sam = Sam.load(cn.VarBuilder.from_safetensors(weights, device=device))
     ours = SamAutomaticMaskGenerator(sam, **REAL).generate(bike)
     worst = compare_records(ours, real_reference, f"fixture weights {device}")
     assert 5 <= worst["count"] < 27  # 3x3 points x 3 masks, some dropped by each threshold
@@ -172,7 +172,7 @@ def stand_in_reference(mobile_sam, weights, small_bike):
 
 @pytest.fixture(scope="module", params=DEVICES, ids=[str(d) for d in DEVICES])
 def stand_in_sam(request, weights):
-    sam = Sam.load_tiny(cn.VarBuilder.from_safetensors(weights, device=request.param))
+    sam = Sam.load(cn.VarBuilder.from_safetensors(weights, device=request.param))
     return sam, install_on_ours(sam)
 
 
@@ -325,7 +325,7 @@ def test_nms_matches_reference_nms(mobile_sam):
 
 # -- the contract's checks --------------------------------------------------------------------
 def test_bad_arguments(weights):
-    sam = Sam.load_tiny(cn.VarBuilder.from_safetensors(weights, device="cpu"))
+    sam = Sam.load(cn.VarBuilder.from_safetensors(weights, device="cpu"))
     with pytest.raises(ValueError, match="exactly one"):
         SamAutomaticMaskGenerator(sam, points_per_side=None)
     with pytest.raises(ValueError, match="exactly one"):

@@ -118,7 +118,7 @@ def test_rel_pos_table_resize_is_linear_interpolation():
 def test_vit_b_tensor_names_and_shapes():
     """ViT-B reads candle's names: windowed blocks have 27-row rel-pos tables, global ones 127."""
     vb = cn.VarBuilder.from_varmap(cn.VarMap(), device="cpu")
-    sam = Sam.load_vit(vb, "vit_b")
+    sam = Sam.load(vb, "vit_b")
     names = vb.accessed()
     assert "image_encoder.pos_embed" in names and "image_encoder.patch_embed.proj.weight" in names
     assert vb.shape("image_encoder.blocks.0.attn.rel_pos_h") == (27, 64)

@@ -77,14 +77,6 @@ class Sam(Module):
                                     num_multimask_outputs=3, iou_head_depth=3,
                                     iou_head_hidden_dim=256))
 
-    @classmethod
-    def load_tiny(cls, vb: VarBuilder) -> "Sam":
-        return cls.load(vb, "tiny")
-
-    @classmethod
-    def load_vit(cls, vb: VarBuilder, variant: str = "vit_b") -> "Sam":
-        return cls.load(vb, variant)
-
     # -- image side ------------------------------------------------------------------------------
     def preprocess(self, pixels: mx.array) -> mx.array:
         """Normalise ``(B, h, w, 3)`` RGB values in 0..255 and zero-pad bottom/right to 1024².
