@@ -20,11 +20,14 @@ from candle_nn.init import Const, Kaiming, Normal, Uniform, calculate_gain, fans
 class TwoLayers(cn.Module):
     """Two Linear layers of the same shape and a conv: the candle Metal bug gave equal biases."""
 
-    def __init__(self, vb: cn.VarBuilder) -> None:
-        super().__init__(vb.device)
-        self.a = cn.Linear.load(vb.pp("a"), 16, 16)
-        self.b = cn.Linear.load(vb.pp("b"), 16, 16)
-        self.conv = cn.Conv2d.load(vb.pp("conv"), 8, 16, 3)
+    def __init__(self, a: cn.Linear, b: cn.Linear, conv: cn.Conv2d) -> None:
+        super().__init__(a.device)
+        self.a, self.b, self.conv = a, b, conv
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder) -> "TwoLayers":
+        return cls(cn.Linear.load(vb.pp("a"), 16, 16), cn.Linear.load(vb.pp("b"), 16, 16),
+                   cn.Conv2d.load(vb.pp("conv"), 8, 16, 3))
 
     def forward(self, x: mx.array) -> mx.array:
         return self.b(self.a(x))
@@ -33,7 +36,7 @@ class TwoLayers(cn.Module):
 def init_values(seed: int, device: cn.Device | None = None,
                 dtype: mx.Dtype = mx.float32) -> dict[str, np.ndarray]:
     varmap = cn.VarMap()
-    TwoLayers(cn.VarBuilder.from_varmap(varmap, seed=seed, device=device or cn.Device.cpu(),
+    TwoLayers.load(cn.VarBuilder.from_varmap(varmap, seed=seed, device=device or cn.Device.cpu(),
                                         dtype=dtype))
     return {k: np.array(v.astype(mx.float32)) for k, v in varmap.all_vars().items()}
 
