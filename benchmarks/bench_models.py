@@ -79,9 +79,9 @@ def _have(module: str) -> bool:
 # -- ResNet -------------------------------------------------------------------------------------------
 def _resnet_ours(variant: str) -> Callable[["VarBuilder"], Forward]:
     def build(vb: "VarBuilder") -> Forward:
-        from candle_nn_models.resnet import ResNet
+        from candle_nn_models.weights.spec import build_model
 
-        return ResNet.load(vb, variant, num_classes=1000)
+        return build_model("resnet", variant, vb, num_classes=1000)
     return build
 
 
@@ -96,9 +96,9 @@ def _resnet_torch(variant: str) -> Callable[[], Any]:
 # -- YOLOv8 -------------------------------------------------------------------------------------------
 def _yolo_ours(size: str) -> Callable[["VarBuilder"], Forward]:
     def build(vb: "VarBuilder") -> Forward:
-        from candle_nn_models.yolo_v8 import YoloV8
+        from candle_nn_models.weights.spec import build_model
 
-        return YoloV8.load(vb, variant=size, num_classes=80)
+        return build_model("yolo_v8", size, vb, num_classes=80)
     return build
 
 
@@ -132,10 +132,14 @@ def _yolo_torch(size: str) -> Callable[[], Any]:
 _POINT = (580.0 * 1024 / 800, 240.0 * 1024 / 800)  # the fixture's prompt, in 1024-pixel space
 
 
-def _sam_encoder_ours(vb: "VarBuilder") -> Forward:
-    from candle_nn_models.segment_anything import Sam
+def _mobile_sam(vb: "VarBuilder") -> Any:
+    from candle_nn_models.weights.spec import build_model
 
-    return Sam.load(vb).image_encoder
+    return build_model("mobile_sam", "tiny", vb)
+
+
+def _sam_encoder_ours(vb: "VarBuilder") -> Forward:
+    return _mobile_sam(vb).image_encoder
 
 
 def _sam_encoder_torch() -> Any:
@@ -170,7 +174,7 @@ def _sam_decoder_ours(vb: "VarBuilder") -> Forward:
         def forward(self, embeddings: "mx.array", coords: "mx.array", labels: "mx.array") -> Any:
             return self.sam(embeddings, (coords, labels), multimask_output=True)
 
-    return PromptDecode(Sam.load(vb))
+    return PromptDecode(_mobile_sam(vb))
 
 
 def _sam_decoder_torch() -> Any:
