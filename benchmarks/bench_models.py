@@ -76,13 +76,19 @@ def _have(module: str) -> bool:
         return False
 
 
-# -- ResNet -------------------------------------------------------------------------------------------
-def _resnet_ours(variant: str) -> Callable[["VarBuilder"], Forward]:
-    def build(vb: "VarBuilder") -> Forward:
+def _ours(model: str, variant: str, **counts: int) -> Callable[["VarBuilder"], Any]:
+    """Our ``model``/``variant`` (names of ``candle_nn_models.weights.SPECS``), built the way
+    every tool builds it: ``weights.build_model``."""
+    def build(vb: "VarBuilder") -> Any:
         from candle_nn_models.weights.spec import build_model
 
-        return build_model("resnet", variant, vb, num_classes=1000)
+        return build_model(model, variant, vb, **counts)
     return build
+
+
+# -- ResNet -------------------------------------------------------------------------------------------
+def _resnet_ours(variant: str) -> Callable[["VarBuilder"], Forward]:
+    return _ours("resnet", variant, num_classes=1000)
 
 
 def _resnet_torch(variant: str) -> Callable[[], Any]:
@@ -95,11 +101,7 @@ def _resnet_torch(variant: str) -> Callable[[], Any]:
 
 # -- YOLOv8 -------------------------------------------------------------------------------------------
 def _yolo_ours(size: str) -> Callable[["VarBuilder"], Forward]:
-    def build(vb: "VarBuilder") -> Forward:
-        from candle_nn_models.weights.spec import build_model
-
-        return build_model("yolo_v8", size, vb, num_classes=80)
-    return build
+    return _ours("yolo_v8", size, num_classes=80)
 
 
 def _yolo_torch(size: str) -> Callable[[], Any]:
@@ -132,10 +134,7 @@ def _yolo_torch(size: str) -> Callable[[], Any]:
 _POINT = (580.0 * 1024 / 800, 240.0 * 1024 / 800)  # the fixture's prompt, in 1024-pixel space
 
 
-def _mobile_sam(vb: "VarBuilder") -> Any:
-    from candle_nn_models.weights.spec import build_model
-
-    return build_model("mobile_sam", "tiny", vb)
+_mobile_sam = _ours("mobile_sam", "tiny")
 
 
 def _sam_encoder_ours(vb: "VarBuilder") -> Forward:
