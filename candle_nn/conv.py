@@ -42,7 +42,8 @@ class _Conv(Module):
 
     Config: type
 
-    def __init__(self, weight: mx.array, bias: mx.array | None = None, config=None, *,
+    def __init__(self, weight: mx.array, bias: mx.array | None = None,
+                 config: "Conv2dConfig | ConvTranspose2dConfig | None" = None, *,
                  device: Device) -> None:
         super().__init__(device)
         self.config = self.Config() if config is None else config
