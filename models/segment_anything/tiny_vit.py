@@ -241,6 +241,7 @@ class BasicLayer(Module):
     """A stage of TinyViT blocks, then (except for the last stage) patch merging to ``out``."""
 
     def __init__(self, blocks: list[TinyViTBlock], downsample: PatchMerging | None) -> None:
+        """``downsample``: ``None`` for the last stage, which keeps its resolution and width."""
         super().__init__(blocks[0].device)
         self.blocks = blocks
         if downsample is not None:
