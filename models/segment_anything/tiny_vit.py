@@ -68,8 +68,8 @@ class PatchEmbed(Module):
 
 
 class ThreeConvs(Module):
-    """1x1 conv, 3x3 depthwise conv, 1x1 conv (``conv1`` … ``conv3``, each conv-BN), with GELU
-    between: the body of :class:`MBConv` and of :class:`PatchMerging`."""
+    """What :class:`MBConv` and :class:`PatchMerging` hold: a 1x1 conv, a 3x3 depthwise conv and
+    a 1x1 conv (``conv1`` … ``conv3``, each conv-BN)."""
 
     def __init__(self, conv1: Conv2d, conv2: Conv2d, conv3: Conv2d) -> None:
         super().__init__(conv1.device)
@@ -83,9 +83,6 @@ class ThreeConvs(Module):
                              Conv2dConfig(padding=1, stride=stride, groups=hidden)),
                    conv2d_bn(vb.pp("conv3"), hidden, out, 1))
 
-    def forward(self, x: mx.array) -> mx.array:
-        return self.conv3(cn.gelu(self.conv2(cn.gelu(self.conv1(x)))))
-
 
 class MBConv(ThreeConvs):
     """Inverted residual: 1x1 expand, 3x3 depthwise, 1x1 project, residual, GELU. Shape kept."""
@@ -96,7 +93,8 @@ class MBConv(ThreeConvs):
         return super().load(vb, dim, dim * expand_ratio, dim)  # type: ignore[return-value]
 
     def forward(self, x: mx.array) -> mx.array:
-        return cn.gelu(x + super().forward(x))
+        y = self.conv3(cn.gelu(self.conv2(cn.gelu(self.conv1(x)))))
+        return cn.gelu(x + y)
 
 
 class PatchMerging(ThreeConvs):
@@ -109,6 +107,9 @@ class PatchMerging(ThreeConvs):
     def load(cls, vb: VarBuilder, dim: int, out: int) -> "PatchMerging":  # type: ignore[override]
         stride = 1 if out in (320, 448, 576) else 2  # MobileSAM keeps 64x64 for the last stage
         return super().load(vb, dim, out, out, stride)  # type: ignore[return-value]
+
+    def forward(self, x: mx.array) -> mx.array:
+        return self.conv3(cn.gelu(self.conv2(cn.gelu(self.conv1(x)))))
 
 
 class ConvLayer(Module):
