@@ -83,13 +83,13 @@ class ViTAttention(Module):
     @classmethod
     def load(cls, vb: VarBuilder, dim: int, num_heads: int, input_size: tuple[int, int],
              qkv_bias: bool = True, use_rel_pos: bool = True) -> "ViTAttention":
-        rel_pos = None
+        qkv = Linear.load(vb.pp("qkv"), dim, 3 * dim, bias=qkv_bias)
+        proj, rel_pos = Linear.load(vb.pp("proj"), dim, dim), None
         if use_rel_pos:
             (h, w), head_dim, zero = input_size, dim // num_heads, cn.Init.const(0.0)
             rel_pos = (vb.get((2 * h - 1, head_dim), "rel_pos_h", zero),
                        vb.get((2 * w - 1, head_dim), "rel_pos_w", zero))
-        return cls(Linear.load(vb.pp("qkv"), dim, 3 * dim, bias=qkv_bias),
-                   Linear.load(vb.pp("proj"), dim, dim), num_heads, rel_pos)
+        return cls(qkv, proj, num_heads, rel_pos)
 
     def rel_pos_bias(self, q: mx.array, h: int, w: int) -> mx.array:
         """``(B, heads, h*w, h*w)`` additive bias from unscaled queries ``(B, heads, h*w, hd)``."""

@@ -72,16 +72,14 @@ class MaskDecoder(Module):
     def load(cls, vb: VarBuilder, transformer_dim: int = 256, num_multimask_outputs: int = 3,
              iou_head_depth: int = 3, iou_head_hidden_dim: int = 256) -> "MaskDecoder":
         d, tokens = transformer_dim, num_multimask_outputs + 1
-        up = ConvTranspose2dConfig(stride=2)
-        upscaling = (ConvTranspose2d.load(vb.pp("output_upscaling.0"), d, d // 4, 2, up),
-                     LayerNorm2d.load(vb.pp("output_upscaling.1"), d // 4),
-                     ConvTranspose2d.load(vb.pp("output_upscaling.3"), d // 4, d // 8, 2, up))
-        mlps = vb.pp("output_hypernetworks_mlps")
+        up, mlps = ConvTranspose2dConfig(stride=2), vb.pp("output_hypernetworks_mlps")
         return cls(TwoWayTransformer.load(vb.pp("transformer"), depth=2, dim=d, num_heads=8,
                                           mlp_dim=2048),
                    Embedding.load(vb.pp("iou_token"), 1, d),
                    Embedding.load(vb.pp("mask_tokens"), tokens, d),
-                   upscaling,
+                   (ConvTranspose2d.load(vb.pp("output_upscaling.0"), d, d // 4, 2, up),
+                    LayerNorm2d.load(vb.pp("output_upscaling.1"), d // 4),
+                    ConvTranspose2d.load(vb.pp("output_upscaling.3"), d // 4, d // 8, 2, up)),
                    [MlpHead.load(mlps.pp(i), d, d, d // 8, 3) for i in range(tokens)],
                    MlpHead.load(vb.pp("iou_prediction_head"), d, iou_head_hidden_dim, tokens,
                                 iou_head_depth))

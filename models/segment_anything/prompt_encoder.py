@@ -93,18 +93,18 @@ class PromptEncoder(Module):
              input_image_size: tuple[int, int] = (1024, 1024),
              mask_in_chans: int = 16) -> "PromptEncoder":
         stride2, down = Conv2dConfig(stride=2), vb.pp("mask_downscaling")
-        mask_downscaling = (Conv2d.load(down.pp(0), 1, mask_in_chans // 4, 2, stride2),
-                            LayerNorm2d.load(down.pp(1), mask_in_chans // 4),
-                            Conv2d.load(down.pp(3), mask_in_chans // 4, mask_in_chans, 2, stride2),
-                            LayerNorm2d.load(down.pp(4), mask_in_chans),
-                            Conv2d.load(down.pp(6), mask_in_chans, embed_dim, 1))
         points = vb.pp("point_embeddings")
         return cls(PositionEmbeddingRandom.load(vb.pp("pe_layer"), embed_dim // 2),
                    [Embedding.load(points.pp(i), 1, embed_dim)
                     for i in range(NUM_POINT_EMBEDDINGS)],
                    Embedding.load(vb.pp("not_a_point_embed"), 1, embed_dim),
                    Embedding.load(vb.pp("no_mask_embed"), 1, embed_dim),
-                   mask_downscaling, image_embedding_size, input_image_size)
+                   (Conv2d.load(down.pp(0), 1, mask_in_chans // 4, 2, stride2),
+                    LayerNorm2d.load(down.pp(1), mask_in_chans // 4),
+                    Conv2d.load(down.pp(3), mask_in_chans // 4, mask_in_chans, 2, stride2),
+                    LayerNorm2d.load(down.pp(4), mask_in_chans),
+                    Conv2d.load(down.pp(6), mask_in_chans, embed_dim, 1)),
+                   image_embedding_size, input_image_size)
 
     def get_dense_pe(self) -> mx.array:
         """Positional encoding of the image embedding grid, NHWC ``(1, 64, 64, embed_dim)``."""

@@ -291,13 +291,13 @@ class TinyViT(Module):
                                  f"choose one of {sorted(TINY_VIT_CONFIGS)}")
             variant = TINY_VIT_CONFIGS[variant]
         c, dims = variant, variant.embed_dims
+        patch_embed = PatchEmbed.load(vb.pp("patch_embed"), IN_CHANNELS, dims[0])
         layers: list[Module] = [ConvLayer.load(vb.pp("layers.0"), dims[0], dims[1], c.depths[0])]
         for i in range(1, len(dims)):
             out = dims[i + 1] if i + 1 < len(dims) else None
             layers.append(BasicLayer.load(vb.pp("layers").pp(i), dims[i], c.depths[i],
                                           c.num_heads[i], c.window_sizes[i], out))
-        return cls(PatchEmbed.load(vb.pp("patch_embed"), IN_CHANNELS, dims[0]), layers,
-                   Neck.load(vb.pp("neck"), dims[-1], NECK_CHANNELS))
+        return cls(patch_embed, layers, Neck.load(vb.pp("neck"), dims[-1], NECK_CHANNELS))
 
     def forward(self, x: mx.array) -> mx.array:
         x = self.patch_embed(x)
