@@ -87,7 +87,7 @@ def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_di
     missing = model.ours_available()
     if missing:
         return result(impl, model, device, dtype, status="unavailable", reason=missing)
-    import candle_nn as cn  # before mlx: picks the CPU BLAS
+    import candle_nn as cn
     import mlx.core as mx
 
     if opts.threads:

@@ -136,7 +136,7 @@ def _median_ms(samples: list[float]) -> float:
 
 def trace_ours(model: BenchModel, dtype: str, batch: int, compiled: bool, iters: int,
                cache_dir: str) -> dict:
-    import candle_nn as cn  # noqa: F401  (before mlx: precision policy, BLAS)
+    import candle_nn  # noqa: F401  (the import-time policy, before mlx: candle_nn/_startup.py)
     import mlx.core as mx
 
     from benchmarks.bench import load_ours, ours_inputs

@@ -40,9 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from candle_nn import CandleNNError, Device, VarBuilder, WeightsFileError  # before mlx: BLAS choice
-from candle_nn import model_dtype
-import mlx.core as mx  # noqa: I001
+from candle_nn import CandleNNError, Device, VarBuilder, WeightsFileError, model_dtype
+import mlx.core as mx
 import numpy as np
 
 from candle_nn_models.coco import COCO_SKELETON, coco_class_names

@@ -26,9 +26,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import candle_nn as cn  # before mlx: BLAS choice
+import candle_nn as cn
 from candle_nn import ImageError
-import mlx.core as mx  # noqa: I001
+import mlx.core as mx
 import numpy as np
 
 from candle_nn_models.letterbox import letterbox

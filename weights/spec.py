@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from candle_nn import CandleNNError, Device, Module, TensorSource, VarBuilder
+import mlx.core as mx
+
 from candle_nn_models.resnet import VARIANTS as RESNET_VARIANTS
 from candle_nn_models.resnet import ResNet
 from candle_nn_models.segment_anything import MOBILE_SAM_ENCODERS, VIT_CONFIGS, Sam
 from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Pose
-import mlx.core as mx  # noqa: I001  (after candle_nn, which picks the BLAS)
 
 Shape = tuple[int, ...]
 

@@ -14,10 +14,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from candle_nn import CandleNNError
 import mlx.core as mx
 import numpy as np
-
-from candle_nn import CandleNNError
 
 from .predictor import SamPredictor
 from .sam import IMAGE_EMBEDDING_SIZE, PROMPT_EMBED_DIM

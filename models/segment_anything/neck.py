@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import mlx.core as mx
-
 from candle_nn import Conv2d, Conv2dConfig, LayerNorm2d, Module, VarBuilder
+import mlx.core as mx
 
 
 class Neck(Module):

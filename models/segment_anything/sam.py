@@ -8,10 +8,9 @@ original-image pixels, use :class:`~candle_nn_models.segment_anything.predictor.
 
 from __future__ import annotations
 
-import mlx.core as mx
-
 import candle_nn as cn
 from candle_nn import Module, VarBuilder
+import mlx.core as mx
 
 from .image_encoder import VIT_CONFIGS, ImageEncoderViT, ViTConfig
 from .mask_decoder import MaskDecoder

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import mlx.core as mx
-import numpy as np
-
 import candle_nn as cn
 from candle_nn import Conv2d, Conv2dConfig, LayerNorm, Linear, Module, VarBuilder
+import mlx.core as mx
+import numpy as np
 
 from .neck import Neck
 
