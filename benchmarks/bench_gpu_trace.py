@@ -79,7 +79,8 @@ def analyse(trace_path: str, iters: int, top: int = 8) -> dict:
         name = e.get("name", "?")
         per_name[name][0] += float(e.get("dur", 0))
         per_name[name][1] += 1
-        per_cat[_category(name) if e["cat"] == "kernel" else "copy/layout"] += float(e.get("dur", 0))
+        category = _category(name) if e["cat"] == "kernel" else "copy/layout"
+        per_cat[category] += float(e.get("dur", 0))
     total = sum(v[0] for v in per_name.values()) or 1.0
     api: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for e in runtime:
@@ -89,9 +90,10 @@ def analyse(trace_path: str, iters: int, top: int = 8) -> dict:
         "kernels": sum(1 for e in gpu if e["cat"] == "kernel") / iters,
         "kernel_sum_ms": total / iters / 1e3,
         "busy_ms": busy / iters / 1e3,
-        "categories": {k: round(v / total, 3) for k, v in sorted(per_cat.items(), key=lambda kv: -kv[1])},
-        "top": [{"name": _short(k), "ms": round(v[0] / iters / 1e3, 4), "share": round(v[0] / total, 3),
-                 "calls": v[1] / iters}
+        "categories": {k: round(v / total, 3)
+                       for k, v in sorted(per_cat.items(), key=lambda kv: -kv[1])},
+        "top": [{"name": _short(k), "ms": round(v[0] / iters / 1e3, 4),
+                 "share": round(v[0] / total, 3), "calls": v[1] / iters}
                 for k, v in sorted(per_name.items(), key=lambda kv: -kv[1][0])[:top]],
         "api": [{"name": k, "ms": round(v[0] / iters / 1e3, 4), "calls": v[1] / iters}
                 for k, v in sorted(api.items(), key=lambda kv: -kv[1][0])[:5]],
@@ -162,7 +164,8 @@ def trace_ours(model: BenchModel, dtype: str, batch: int, compiled: bool, iters:
         stats = _profiled(lambda: mx.eval(fn(*x)), iters)
     except Exception as exc:  # the timings above still stand
         stats = {"trace_error": f"{type(exc).__name__}: {exc}"[:300]}
-    return {"wall_ms": _median_ms(walls), "host_ms": _median_ms([a + b for a, b in zip(builds, submits)]),
+    return {"wall_ms": _median_ms(walls),
+            "host_ms": _median_ms([a + b for a, b in zip(builds, submits)]),
             "host_build_ms": _median_ms(builds), "host_submit_ms": _median_ms(submits), **stats}
 
 
@@ -206,10 +209,12 @@ def trace_torch(model: BenchModel, dtype: str, batch: int, compiled: bool, iters
 
 def _line(row: dict) -> str:
     if "error" in row:
-        return f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} ERROR {row['error']}"
+        return (f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} "
+                f"ERROR {row['error']}")
     if "busy_ms" not in row:
         return (f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} "
-                f"wall {row['wall_ms']:8.3f}  host {row['host_ms']:7.3f}  ({row.get('trace_error')})")
+                f"wall {row['wall_ms']:8.3f}  host {row['host_ms']:7.3f}  "
+                f"({row.get('trace_error')})")
     idle = row["wall_ms"] - row["busy_ms"]
     cats = ", ".join(f"{k} {v:.0%}" for k, v in list(row["categories"].items())[:4])
     return (f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} "
@@ -245,15 +250,17 @@ def main(argv: list[str] | None = None) -> int:
                             row.update(trace_torch(MODELS[name], dtype, batch,
                                                    args.side == "torch.compile", iters))
                     except Exception as exc:  # one failing configuration must not sink the run
-                        lines = [l for l in str(exc).strip().splitlines() if l.strip()]
+                        lines = [s for s in str(exc).strip().splitlines() if s.strip()]
                         row["error"] = f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300]
                     rows.append(row)
                     print(_line(row), flush=True)
                     if "top" in row:
                         for k in row["top"][:5]:
-                            print(f"      {k['ms']:8.4f} ms {k['share']:5.1%} x{k['calls']:<5.0f} {k['name']}")
-                        print("      api: " + "; ".join(f"{a['name']} {a['ms']:.3f} ms x{a['calls']:.0f}"
-                                                    for a in row["api"][:3]), flush=True)
+                            print(f"      {k['ms']:8.4f} ms {k['share']:5.1%} "
+                                  f"x{k['calls']:<5.0f} {k['name']}")
+                        api = "; ".join(f"{a['name']} {a['ms']:.3f} ms x{a['calls']:.0f}"
+                                        for a in row["api"][:3])
+                        print("      api: " + api, flush=True)
                     if args.json:
                         with open(args.json, "a") as f:
                             f.write(json.dumps(row) + "\n")

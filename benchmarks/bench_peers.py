@@ -158,7 +158,6 @@ def run_onnxruntime(model: BenchModel, device: str, dtype: str, opts: Options) -
     reason = _torch_unavailable(model, "exporting to ONNX needs torch", "export needs")
     if reason:
         return result(impl, model, device, dtype, status="unavailable", reason=reason)
-    torch = _torch()
     if dtype != "float32":
         return result(impl, model, device, dtype, status="unavailable",
                       reason="benchmarked in float32 only")

@@ -64,7 +64,8 @@ def time_calls(single: Callable[[], Any], batched: Callable[[], Any], batch: int
     batch_times = _timed(batched, opts)
     batch_s = statistics.median(batch_times)
     trace = {}
-    if os.environ.get("CANDLE_NN_BENCH_TRACE"):  # GPU kernel/idle split (benchmarks/bench_gpu_trace.py)
+    # GPU kernel/idle split (benchmarks/bench_gpu_trace.py)
+    if os.environ.get("CANDLE_NN_BENCH_TRACE"):
         from benchmarks.bench_gpu_trace import profile_calls
 
         trace = {"trace": profile_calls(single, batched)}

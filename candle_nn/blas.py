@@ -111,7 +111,8 @@ def _bundled_reference_blas() -> str | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     for location in spec.submodule_search_locations:
-        found = sorted(glob.glob(os.path.join(os.path.dirname(location), "mlx*.libs", "libblas*.so*")))
+        pattern = os.path.join(os.path.dirname(location), "mlx*.libs", "libblas*.so*")
+        found = sorted(glob.glob(pattern))
         if found:
             return found[0]
     return None
@@ -270,7 +271,7 @@ def _bind(spec: str, target: str) -> tuple[ctypes.CDLL, str, str]:
     return lib, source, copy
 
 
-# -- public API -------------------------------------------------------------------------------------
+# -- public API ------------------------------------------------------------------------------------
 def preload() -> BlasStatus:
     """Bind an optimized CBLAS to MLX before MLX loads (idempotent; see the module docstring).
 

@@ -72,7 +72,8 @@ def test_info_names_the_blas_in_use(available) -> None:
                     reason="ngsolve-openblas is a dependency on Linux x86_64 only")
 def test_a_plain_install_gives_the_pip_openblas() -> None:
     """`pip install -e .` alone (no apt) gives MLX an optimized BLAS: pyproject's ngsolve-openblas,
-    loaded with NumPy's gfortran runtime where the system has none. Same as `python -m candle_nn`."""
+    loaded with NumPy's gfortran runtime where the system has none. Same as
+    `python -m candle_nn`."""
     done = subprocess.run([sys.executable, "-m", "candle_nn"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300,
                           env={k: v for k, v in os.environ.items()
@@ -108,7 +109,8 @@ import candle_nn.blas as b, candle_nn.blas_copy as c, json
 b._loader_finds = lambda soname: soname != "libgfortran.so.5"
 lib, source, copy = b._bind(b._pip_openblas()[0], b._bundled_reference_blas())
 print(json.dumps({"runtimes": b._gfortran_runtimes(),
-                  "needed": c._run("--print-needed", copy).split(), "soname": c.soname(copy), "sgemm": hasattr(lib, "cblas_sgemm")}))
+                  "needed": c._run("--print-needed", copy).split(), "soname": c.soname(copy),
+                  "sgemm": hasattr(lib, "cblas_sgemm")}))
 """
     result, _ = _python(code, CANDLE_NN_BLAS="off")
     assert "mlx_cpu.libs" in result["runtimes"][0], result  # MLX's own: its LAPACK loads it too
@@ -123,15 +125,17 @@ def test_cli_warns_once_when_the_blas_is_slow(setting: str) -> None:
     weights = fixture_dir("resnet18") / "weights.safetensors"
     env = {k: v for k, v in os.environ.items() if k not in ("CANDLE_NN_BLAS", "LD_PRELOAD")}
     env["CANDLE_NN_BLAS"] = setting
-    done = subprocess.run([sys.executable, "-m", "candle_nn_models.scripts.resnet", "--device", "cpu", "--image",
-                           str(FIXTURES / "images" / "bike.jpg"), "--weights", str(weights)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "candle_nn_models.scripts.resnet", "--device",
+                           "cpu", "--image", str(FIXTURES / "images" / "bike.jpg"),
+                           "--weights", str(weights)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     warnings_ = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
     report, _ = _python(REPORT, CANDLE_NN_BLAS=setting)
     if setting == "off" or report["blas"]["state"] == "reference":
         assert len(warnings_) == 1, done.stderr
         assert "reference BLAS" in warnings_[0] and "slower" in warnings_[0]
-        assert "fix: unset CANDLE_NN_BLAS" in warnings_[0] if setting == "off" else "fix: " in warnings_[0]
+        fix = "fix: unset CANDLE_NN_BLAS" if setting == "off" else "fix: "
+        assert fix in warnings_[0]
     else:
         assert warnings_ == [], done.stderr
     assert done.returncode == 0 and "bike.jpg:" in done.stdout, done.stderr

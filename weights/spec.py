@@ -41,15 +41,6 @@ class RecordingSource(TensorSource):
         self.requested: dict[str, Shape] = {}
         self.metadata = {}
 
-    def names(self) -> list[str]:
-        return []
-
-    def contains(self, path: str) -> bool:
-        return False
-
-    def shape(self, path: str) -> Shape:
-        raise self.missing(path)
-
     def fetch(self, path, shape, init, dtype):
         if shape is None:
             raise self.missing(path)
