@@ -64,13 +64,19 @@ def _have(module: str) -> bool:
         return False
 
 
+def _ours(model: str, variant: str, **counts: int) -> Callable[["VarBuilder"], Any]:
+    """Our ``model``/``variant`` (names of ``candle_nn_models.weights.SPECS``), built the way
+    every tool builds it: ``weights.build_model``."""
+    def build(vb: "VarBuilder") -> Any:
+        from candle_nn_models.weights.spec import build_model
+
+        return build_model(model, variant, vb, **counts)
+    return build
+
+
 # -- ResNet ----------------------------------------------------------------------------------------
 def _resnet_ours(variant: str) -> Callable[["VarBuilder"], Forward]:
-    def build(vb: "VarBuilder") -> Forward:
-        from candle_nn_models.resnet import ResNet
-
-        return ResNet.load(vb, variant, num_classes=1000)
-    return build
+    return _ours("resnet", variant, num_classes=1000)
 
 
 def _resnet_torch(variant: str) -> Callable[[], Any]:
@@ -83,11 +89,7 @@ def _resnet_torch(variant: str) -> Callable[[], Any]:
 
 # -- YOLOv8 ----------------------------------------------------------------------------------------
 def _yolo_ours(size: str) -> Callable[["VarBuilder"], Forward]:
-    def build(vb: "VarBuilder") -> Forward:
-        from candle_nn_models.yolo_v8 import YoloV8
-
-        return YoloV8.load(vb, variant=size, num_classes=80)
-    return build
+    return _ours("yolo_v8", size, num_classes=80)
 
 
 def _yolo_torch(size: str) -> Callable[[], Any]:
@@ -120,10 +122,11 @@ def _yolo_torch(size: str) -> Callable[[], Any]:
 _POINT = (580.0 * 1024 / 800, 240.0 * 1024 / 800)  # the fixture's prompt, in 1024-pixel space
 
 
-def _sam_encoder_ours(vb: "VarBuilder") -> Forward:
-    from candle_nn_models.segment_anything import Sam
+_mobile_sam = _ours("mobile_sam", "tiny")
 
-    return Sam.load_tiny(vb).image_encoder
+
+def _sam_encoder_ours(vb: "VarBuilder") -> Forward:
+    return _mobile_sam(vb).image_encoder
 
 
 def _sam_encoder_torch() -> Any:
@@ -159,7 +162,7 @@ def _sam_decoder_ours(vb: "VarBuilder") -> Forward:
         def forward(self, embeddings: "mx.array", coords: "mx.array", labels: "mx.array") -> Any:
             return self.sam(embeddings, (coords, labels), multimask_output=True)
 
-    return PromptDecode(Sam.load_tiny(vb))
+    return PromptDecode(_mobile_sam(vb))
 
 
 def _sam_decoder_torch() -> Any:

@@ -17,22 +17,19 @@ from .activation import (
     ACTIVATIONS, Activation, gelu, gelu_tanh, relu, sigmoid, silu, softmax,
 )
 from .attention import scaled_dot_product_attention
-from .batch_norm import BatchNorm2d, batch_norm
+from .batch_norm import BatchNorm2d
 from .checkpoint import save_safetensors, state_dict
-from .conv import (
-    Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, conv2d, conv2d_no_bias,
-    conv_transpose2d,
-)
+from .conv import Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig
 from .device import Device
-from .embedding import Embedding, embedding
+from .embedding import Embedding
 from .errors import (
     CandleNNError, DeviceMismatchError, DeviceUnavailableError, DTypeError, ImageError,
     MissingTensorError, ShapeMismatchError, WeightsFileError,
 )
 from .init import Init
 from .inputs import check_image_batch, model_dtype
-from .layer_norm import LayerNorm, LayerNorm2d, LayerNormConfig, layer_norm, rms_norm
-from .linear import Linear, linear, linear_b, linear_no_bias
+from .layer_norm import LayerNorm, LayerNorm2d, LayerNormConfig
+from .linear import Linear
 from .module import Module, Sequential, check_same_device, seq
 from .pooling import AvgPool2d, MaxPool2d, avg_pool2d, max_pool2d
 from .precision import float32_precision, set_float32_precision
@@ -51,10 +48,9 @@ __all__ = [
     "LayerNorm", "LayerNorm2d", "LayerNormConfig", "Linear", "MaxPool2d", "MissingTensorError",
     "Module", "Sequential", "ShapeMismatchError", "TensorSource", "VarBuilder", "VarMap",
     "WeightsFileError",
-    "avg_pool2d", "batch_norm", "check_image_batch", "check_same_device", "check_weights_path",
-    "conv2d", "conv2d_no_bias", "conv_transpose2d", "embedding", "float32_precision", "gelu",
-    "gelu_tanh", "info", "layer_norm", "linear", "linear_b", "linear_no_bias", "max_pool2d",
-    "model_dtype", "open_safetensors", "read_tensor", "relu", "rms_norm", "save_safetensors",
+    "avg_pool2d", "check_image_batch", "check_same_device", "check_weights_path",
+    "float32_precision", "gelu", "gelu_tanh", "info", "max_pool2d", "model_dtype",
+    "open_safetensors", "read_tensor", "relu", "save_safetensors",
     "scaled_dot_product_attention", "seq", "set_float32_precision", "sigmoid", "silu",
     "softmax", "state_dict", "upsample_bilinear2d", "upsample_nearest2d",
 ]

@@ -18,7 +18,7 @@ class BatchNorm2d(Module):
         eps: added to the variance (PyTorch's default 1e-5; YOLOv8 uses 1e-3).
 
     Input ``(N, H, W, C)`` (or any ``(..., C)``) → same shape. Fold it into the preceding
-    convolution with :meth:`Conv2d.fold_batch_norm` to save one pass over the activations.
+    convolution with :meth:`Conv2d.absorb_bn` to save one pass over the activations.
     """
 
     def __init__(self, running_mean: mx.array, running_var: mx.array, weight: mx.array,
@@ -54,8 +54,3 @@ class BatchNorm2d(Module):
     def forward(self, x: mx.array) -> mx.array:
         scale, shift = self.scale_shift()
         return x * scale.astype(x.dtype) + shift.astype(x.dtype)
-
-
-def batch_norm(num_features: int, eps: float, vb: VarBuilder) -> BatchNorm2d:
-    """candle's ``batch_norm``."""
-    return BatchNorm2d.load(vb, num_features, eps)

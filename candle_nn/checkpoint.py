@@ -7,7 +7,7 @@ candle's names and in candle's layouts — conv ``(O, I/groups, kH, kW)``, trans
 
 Names: each layer built by ``Layer.load(vb, ...)`` writes under the VarBuilder path it was read
 from (``Module.weights_prefix``); other parameters under their parent's prefix and attribute
-path. **BatchNorms folded into a convolution at load** (``Conv2d.fold_batch_norm``, as ResNet and
+path. **BatchNorms folded into a convolution at load** (``Conv2d.absorb_bn``, as ResNet and
 YOLOv8 do) cannot be split again: such a conv writes its *folded* weight as ``<conv>.weight`` and
 an identity BatchNorm under the BatchNorm's names (``running_mean`` 0, ``running_var`` 1 - eps,
 ``weight`` 1) whose ``bias`` carries the folded shift (or, for a conv with its own bias, the conv

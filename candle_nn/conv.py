@@ -17,6 +17,7 @@ import mlx.core as mx
 
 from . import cpu_fast, cuda_kernels
 from .activation import bias_act
+from .batch_norm import BatchNorm2d
 from .checkpoint import check_conv_layout
 from .device import Device
 from .errors import ShapeMismatchError
@@ -36,25 +37,35 @@ class Conv2dConfig:
     groups: int = 1
 
 
-class Conv2d(Module):
+class _Conv(Module):
+    """What both convolutions hold: an MLX-layout ``weight``, an optional ``bias``
+    ``(out_channels,)`` and a config (``None``: the class's default ``Config()``)."""
+
+    Config: type
+
+    def __init__(self, weight: mx.array, bias: mx.array | None = None,
+                 config: "Conv2dConfig | ConvTranspose2dConfig | None" = None, *,
+                 device: Device) -> None:
+        super().__init__(device)
+        self.config = self.Config() if config is None else config
+        self.weight = weight
+        if bias is not None:
+            self.bias = bias
+
+
+class Conv2d(_Conv):
     """2-D convolution.
 
     Args:
         weight: ``(out_channels, kH, kW, in_channels / groups)`` (MLX layout).
         bias: ``(out_channels,)`` or ``None``.
-        config: padding / stride / dilation / groups.
+        config: padding / stride / dilation / groups (:class:`Conv2dConfig`).
         device: where the weights live and the forward runs.
 
     Input ``(N, H, W, in_channels)`` → output ``(N, H', W', out_channels)``.
     """
 
-    def __init__(self, weight: mx.array, bias: mx.array | None = None,
-                 config: Conv2dConfig = Conv2dConfig(), *, device: Device) -> None:
-        super().__init__(device)
-        self.config = config
-        self.weight = weight
-        if bias is not None:
-            self.bias = bias
+    Config = Conv2dConfig
 
     @classmethod
     def load(cls, vb: VarBuilder, in_channels: int, out_channels: int,
@@ -81,6 +92,16 @@ class Conv2d(Module):
         with mx.stream(vb.device.stream):
             weight = mx.contiguous(weight.transpose(0, 2, 3, 1))
         return cls(weight, b, config, device=vb.device).loaded_from(vb)
+
+    @classmethod
+    def load_with_bn(cls, vb: VarBuilder, in_channels: int, out_channels: int,
+                     kernel_size: "int | tuple[int, int]", config: Conv2dConfig = Conv2dConfig(),
+                     *, conv: str = "conv", bn: str = "bn", eps: float = 1e-5) -> "Conv2d":
+        """A conv without bias at ``vb.pp(conv)`` followed by a :class:`BatchNorm2d` at
+        ``vb.pp(bn)`` (``eps``), loaded as one Conv2d with the BatchNorm absorbed
+        (:meth:`absorb_bn`; inference only). The checkpoint keeps both layers' names."""
+        layer = cls.load(vb.pp(conv), in_channels, out_channels, kernel_size, config, bias=False)
+        return layer.absorb_bn(BatchNorm2d.load(vb.pp(bn), out_channels, eps))
 
     def candle_tensors(self, prefix: str) -> dict[str, mx.array]:
         """``weight`` ``(O, I/groups, kH, kW)`` and ``bias`` under ``prefix``; a conv with a
@@ -146,17 +167,16 @@ class Conv2d(Module):
         return bias_act(y, bias, activation, residual,
                         residual_after_activation=residual_after_activation)
 
-    def fold_batch_norm(self, bn: "BatchNorm2d") -> "Conv2d":  # noqa: F821 (circular type)
-        """A new Conv2d equal to ``bn(self(x))`` (inference), with the BN folded in."""
-        from .batch_norm import BatchNorm2d
-
+    def absorb_bn(self, bn: BatchNorm2d) -> "Conv2d":
+        """A new Conv2d equal to ``bn(self(x))`` (inference), with the BN folded in (candle's
+        ``Conv2d::absorb_bn``)."""
         if not isinstance(bn, BatchNorm2d):
-            raise TypeError(f"fold_batch_norm expects a BatchNorm2d, not {type(bn).__name__}")
-        check_same_device("Conv2d.fold_batch_norm", self.device, bn.device, "the Conv2d",
+            raise TypeError(f"absorb_bn expects a BatchNorm2d, not {type(bn).__name__}")
+        check_same_device("Conv2d.absorb_bn", self.device, bn.device, "the Conv2d",
                           "the BatchNorm2d")
         if bn.weight.shape[0] != self.out_channels:
             raise ShapeMismatchError(
-                f"Conv2d.fold_batch_norm: the BatchNorm2d has {bn.weight.shape[0]} channels, "
+                f"Conv2d.absorb_bn: the BatchNorm2d has {bn.weight.shape[0]} channels, "
                 f"the Conv2d {self.out_channels} output channels"
             )
         with self.on_device():
@@ -174,18 +194,6 @@ class Conv2d(Module):
         return folded
 
 
-def conv2d(in_channels: int, out_channels: int, kernel_size: int, config: Conv2dConfig,
-           vb: VarBuilder) -> Conv2d:
-    """candle's ``conv2d``: with bias."""
-    return Conv2d.load(vb, in_channels, out_channels, kernel_size, config, bias=True)
-
-
-def conv2d_no_bias(in_channels: int, out_channels: int, kernel_size: int, config: Conv2dConfig,
-                   vb: VarBuilder) -> Conv2d:
-    """candle's ``conv2d_no_bias``."""
-    return Conv2d.load(vb, in_channels, out_channels, kernel_size, config, bias=False)
-
-
 @dataclass(frozen=True)
 class ConvTranspose2dConfig:
     """Padding, output padding, stride and dilation (as PyTorch's ConvTranspose2d)."""
@@ -196,25 +204,19 @@ class ConvTranspose2dConfig:
     dilation: "int | tuple[int, int]" = 1
 
 
-class ConvTranspose2d(Module):
+class ConvTranspose2d(_Conv):
     """2-D transposed convolution (groups = 1).
 
     Args:
         weight: ``(out_channels, kH, kW, in_channels)`` (MLX layout).
         bias: ``(out_channels,)`` or ``None``.
+        config: padding / output padding / stride / dilation (:class:`ConvTranspose2dConfig`).
 
     Input ``(N, H, W, in_channels)`` → output ``(N, H', W', out_channels)`` with
     ``H' = (H - 1) * stride - 2 * padding + dilation * (kH - 1) + output_padding + 1``.
     """
 
-    def __init__(self, weight: mx.array, bias: mx.array | None = None,
-                 config: ConvTranspose2dConfig = ConvTranspose2dConfig(), *,
-                 device: Device) -> None:
-        super().__init__(device)
-        self.config = config
-        self.weight = weight
-        if bias is not None:
-            self.bias = bias
+    Config = ConvTranspose2dConfig
 
     @classmethod
     def load(cls, vb: VarBuilder, in_channels: int, out_channels: int,
@@ -294,9 +296,3 @@ def _crop_transposed(y: mx.array, padding: tuple[int, int],
     if extra_h or extra_w:
         y = mx.pad(y, [(0, 0), (0, extra_h), (0, extra_w), (0, 0)])
     return y[:, ph:full_h - ph + oh, pw:full_w - pw + ow, :]
-
-
-def conv_transpose2d(in_channels: int, out_channels: int, kernel_size: int,
-                     config: ConvTranspose2dConfig, vb: VarBuilder) -> ConvTranspose2d:
-    """candle's ``conv_transpose2d``: with bias."""
-    return ConvTranspose2d.load(vb, in_channels, out_channels, kernel_size, config, bias=True)

@@ -33,8 +33,3 @@ class Embedding(Module):
 
     def forward(self, ids: mx.array) -> mx.array:
         return mx.take(self.weight, ids, axis=0)
-
-
-def embedding(num_embeddings: int, dim: int, vb: VarBuilder) -> Embedding:
-    """candle's ``embedding``."""
-    return Embedding.load(vb, num_embeddings, dim)

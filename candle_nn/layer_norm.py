@@ -60,16 +60,6 @@ class LayerNorm(Module):
         return mx.fast.rms_norm(x, w, self.config.eps)
 
 
-def layer_norm(size: int, config: "LayerNormConfig | float", vb: VarBuilder) -> LayerNorm:
-    """candle's ``layer_norm``."""
-    return LayerNorm.load(vb, size, config)
-
-
-def rms_norm(size: int, eps: float, vb: VarBuilder) -> LayerNorm:
-    """candle's ``rms_norm``: LayerNorm without mean removal."""
-    return LayerNorm.load(vb, size, LayerNormConfig(eps=eps, remove_mean=False))
-
-
 class LayerNorm2d(LayerNorm):
     """SAM's LayerNorm2d: normalise each pixel over its channels.
 

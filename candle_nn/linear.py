@@ -65,17 +65,3 @@ class Linear(Module):
         y = mx.addmm(self.bias, x, self.weight.T) if "bias" in self else x @ self.weight.T
         return bias_act(y, None, activation)
 
-
-def linear(in_features: int, out_features: int, vb: VarBuilder) -> Linear:
-    """candle's ``linear``: a Linear with bias loaded from ``vb``."""
-    return Linear.load(vb, in_features, out_features, bias=True)
-
-
-def linear_no_bias(in_features: int, out_features: int, vb: VarBuilder) -> Linear:
-    """candle's ``linear_no_bias``."""
-    return Linear.load(vb, in_features, out_features, bias=False)
-
-
-def linear_b(in_features: int, out_features: int, bias: bool, vb: VarBuilder) -> Linear:
-    """candle's ``linear_b``: bias optional."""
-    return Linear.load(vb, in_features, out_features, bias=bias)

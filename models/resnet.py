@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from candle_nn import (BatchNorm2d, Conv2d, Conv2dConfig, Linear, Module, ShapeMismatchError,
-                       VarBuilder, WeightsFileError, check_image_batch, max_pool2d)
+from candle_nn import (Conv2d, Conv2dConfig, Linear, Module, ShapeMismatchError, VarBuilder,
+                       WeightsFileError, check_image_batch, max_pool2d)
 import mlx.core as mx
 
 
@@ -50,10 +50,10 @@ STAGE_WIDTHS = (64, 128, 256, 512)
 
 def conv_bn(vb: VarBuilder, conv: str, bn: str, in_channels: int, out_channels: int,
             kernel_size: int, stride: int = 1) -> Conv2d:
-    """``vb.conv`` (no bias, "same" padding) with ``vb.bn`` folded in."""
+    """``vb.conv`` (no bias, "same" padding) with ``vb.bn`` absorbed."""
     config = Conv2dConfig(padding=kernel_size // 2, stride=stride)
-    layer = Conv2d.load(vb.pp(conv), in_channels, out_channels, kernel_size, config, bias=False)
-    return layer.fold_batch_norm(BatchNorm2d.load(vb.pp(bn), out_channels))
+    return Conv2d.load_with_bn(vb, in_channels, out_channels, kernel_size, config,
+                               conv=conv, bn=bn)
 
 
 class ResidualBlock(Module):
@@ -190,18 +190,3 @@ def infer_variant(vb: VarBuilder, name: str = "the weights") -> tuple[str, int |
     raise WeightsFileError(f"{name} holds a ResNet with {kind} blocks {blocks} per "
                            "stage, which is none of resnet18/34/50/101/152")
 
-
-def _variant_loader(variant: str):
-    def load(vb: VarBuilder, num_classes: int | None = 1000) -> ResNet:
-        return ResNet.load(vb, variant, num_classes)
-
-    load.__name__ = variant
-    load.__doc__ = f"{variant} from ``vb`` (``num_classes=None``: headless)."
-    return load
-
-
-resnet18 = _variant_loader("resnet18")
-resnet34 = _variant_loader("resnet34")
-resnet50 = _variant_loader("resnet50")
-resnet101 = _variant_loader("resnet101")
-resnet152 = _variant_loader("resnet152")

@@ -26,9 +26,7 @@ class ConvBlock(cn.Module):
     @classmethod
     def load(cls, vb: cn.VarBuilder, c1: int, c2: int, k: int, stride: int = 1) -> "ConvBlock":
         config = cn.Conv2dConfig(padding=k // 2, stride=stride)
-        conv = cn.conv2d_no_bias(c1, c2, k, config, vb.pp("conv"))
-        bn = cn.batch_norm(c2, BN_EPS, vb.pp("bn"))
-        return cls(conv.fold_batch_norm(bn))
+        return cls(cn.Conv2d.load_with_bn(vb, c1, c2, k, config, eps=BN_EPS))
 
     def forward(self, x: mx.array, residual: mx.array | None = None) -> mx.array:
         """``silu(conv(x))``, plus ``residual`` when given (one fused pass on the CPU)."""

@@ -24,7 +24,7 @@ def _branch(vb: cn.VarBuilder, c_in: int, c_mid: int, c_out: int) -> cn.Sequenti
     """``0``: 3×3 ConvBlock, ``1``: 3×3 ConvBlock, ``2``: 1×1 conv with bias."""
     return cn.seq([ConvBlock.load(vb.pp(0), c_in, c_mid, 3),
                    ConvBlock.load(vb.pp(1), c_mid, c_mid, 3),
-                   cn.conv2d(c_mid, c_out, 1, cn.Conv2dConfig(), vb.pp(2))])
+                   cn.Conv2d.load(vb.pp(2), c_mid, c_out, 1, cn.Conv2dConfig())])
 
 
 def make_anchors(sizes: list[tuple[int, int]], strides: tuple[int, ...] = STRIDES,
@@ -57,7 +57,7 @@ class Dfl(cn.Module):
 
     @classmethod
     def load(cls, vb: cn.VarBuilder, bins: int = REG_MAX) -> "Dfl":
-        return cls(cn.conv2d_no_bias(bins, 1, 1, cn.Conv2dConfig(), vb.pp("conv")), bins)
+        return cls(cn.Conv2d.load(vb.pp("conv"), bins, 1, 1, cn.Conv2dConfig(), bias=False), bins)
 
     def forward(self, x: mx.array) -> mx.array:
         n, a, _ = x.shape

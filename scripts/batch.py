@@ -23,6 +23,7 @@ from candle_nn import CandleNNError, Device, DeviceUnavailableError
 from candle_nn.blas import warn_if_slow_cpu
 from candle_nn_models.scripts.common import prepare_out_dir, run_main
 from candle_nn_models.scripts.yolo_v8 import _fraction, _size
+from candle_nn_models.weights.spec import SPECS
 
 MODELS = ("resnet", "yolo_v8", "yolo_v8_pose", "segment_anything")
 EXTRA_HINT = "pip install 'candle-nn-mlx[batch]'"
@@ -43,9 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="safetensors in candle's layout, reachable at this path on every "
                              "node (default: candle's published checkpoint from the Hugging Face "
                              "hub, fetched by each node)")
+    variants = " / ".join(", ".join(SPECS[family].variants)
+                          for family in ("resnet", "yolo_v8", "mobile_sam", "sam"))
     parser.add_argument("--variant", default=None,
-                        help="resnet18..152 / n..x / tiny, vit_b, vit_l, vit_h (default: what "
-                             "--weights holds; SAM: tiny)")
+                        help=f"{variants} (default: what --weights holds; SAM: "
+                             f"{SPECS['mobile_sam'].variants[0]})")
     parser.add_argument("--device", choices=("cpu", "gpu"), default=None,
                         help="where the actors run the model (default: gpu when there are GPUs)")
     parser.add_argument("--batch-size", type=int, default=None,

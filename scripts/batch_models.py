@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from candle_nn import CandleNNError, Device, VarBuilder
+from candle_nn import CandleNNError, Device
 import mlx.core as mx
 import numpy as np
 import pyarrow as pa
@@ -185,18 +185,13 @@ class SamBatch(BatchModel):
         return padded, {"input_h": h, "input_w": w}
 
     def load(self, device):
-        from candle_nn_models.scripts.segment_anything import MODELS
-        from candle_nn_models.weights.registry import resolve_weights
+        from candle_nn_models.scripts.segment_anything import MODELS, load_sam
 
-        variant = self.options.variant or "tiny"
+        variant = self.options.variant or MODELS[0]
         if variant not in MODELS:
             raise CandleNNError(f"--variant {variant}: segment_anything is one of "
                                 f"{', '.join(MODELS)}")
-        registry_model = "mobile_sam" if variant == "tiny" else "sam"
-        vb = VarBuilder.from_safetensors(
-            resolve_weights(registry_model, variant, self.options.weights), device=device)
-        sam = Sam.load_tiny(vb) if variant == "tiny" else Sam.load_vit(vb, variant)
-        self.predictor = SamPredictor(sam)
+        self.predictor = SamPredictor(load_sam(variant, self.options.weights, device)[0])
 
     def predict(self, inputs, extras, sizes_hw):
         from pycocotools import mask as mask_utils

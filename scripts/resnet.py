@@ -28,6 +28,7 @@ from candle_nn_models.scripts.common import (add_device_argument, add_input_argu
 from candle_nn_models.scripts.common import compile_choice
 from candle_nn_models.weights.metadata import WeightsMetadata
 from candle_nn_models.weights.registry import resolve_weights
+from candle_nn_models.weights.spec import build_model
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +61,7 @@ def load_classifier(weights: str | None, variant: str | None,
     names = WeightsMetadata.from_dict(vb.metadata).names
     if not names or len(names) != num_classes:
         names = list(class_names()) if num_classes == 1000 else [str(i) for i in range(num_classes)]
-    return ResNet.load(vb, found, num_classes), names, path
+    return build_model("resnet", found, vb, num_classes=num_classes), names, path
 
 
 def classify(model: ResNet, batch: Batch, paths: Sequence[Path], names: Sequence[str],

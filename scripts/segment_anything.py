@@ -34,7 +34,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from candle_nn import CandleNNError, VarBuilder
+from candle_nn import CandleNNError, Device, VarBuilder
 from candle_nn_models.segment_anything import Sam, SamPredictor
 from candle_nn_models.segment_anything.embedding_file import (read_image_embedding,
                                                               save_image_embedding)
@@ -49,9 +49,20 @@ from candle_nn_models.scripts.sam_everything import (add_everything_arguments, m
                                                      segment_everything)
 from candle_nn_models.scripts.sam_outputs import mask_json, overlay_masks
 from candle_nn_models.weights.registry import resolve_weights
+from candle_nn_models.weights.spec import SPECS, build_model
 
 POSITIVE, NEGATIVE, BOX = (0, 220, 0), (230, 0, 0), (255, 200, 0)
-MODELS = ("tiny", "vit_b", "vit_l", "vit_h")
+# --model: MobileSAM's encoders, then SAM's (the registry's variants: tiny, vit_b, vit_l, vit_h)
+FAMILIES = ("mobile_sam", "sam")
+MODELS = tuple(variant for family in FAMILIES for variant in SPECS[family].variants)
+
+
+def load_sam(variant: str, weights: "str | None", device: Device) -> tuple[Sam, Path]:
+    """SAM with the ``variant`` encoder (one of :data:`MODELS`) from ``weights`` (default: the
+    published file), built through the registry; and the weights file."""
+    family = next(f for f in FAMILIES if variant in SPECS[f].variants)
+    path = resolve_weights(family, variant, weights)
+    return build_model(family, variant, VarBuilder.from_safetensors(path, device=device)), path
 
 
 class PromptError(CandleNNError):
@@ -182,9 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--embedding", default=None, metavar="FILE",
                        help="use the encoder output saved with --save-embedding for this image "
                             "(no encoder run; one image)")
-    parser.add_argument("--model", default="tiny", choices=MODELS,
-                        help="tiny: MobileSAM's TinyViT-5M (default); vit_b/vit_l/vit_h: the "
-                             "original SAM's ViT encoder")
+    parser.add_argument("--model", default=MODELS[0], choices=MODELS,
+                        help=f"{'/'.join(SPECS['mobile_sam'].variants)}: MobileSAM's TinyViT-5M "
+                             f"(default); {'/'.join(SPECS['sam'].variants)}: the original SAM's "
+                             "ViT encoder")
     parser.add_argument("--weights", default=None,
                         help="safetensors file with candle's tensor names (default: candle's "
                              "published file for --model from the Hugging Face hub: "
@@ -230,10 +242,7 @@ def _main(argv: Sequence[str] | None) -> int:
                                 f"but {len(paths)} images were given")
         if paths:
             device = parse_device(args.device, args.verbose)
-            registry_model = "mobile_sam" if args.model == "tiny" else "sam"
-            weights = resolve_weights(registry_model, args.model, args.weights)
-            vb = VarBuilder.from_safetensors(weights, device=device)
-            sam = Sam.load_tiny(vb) if args.model == "tiny" else Sam.load_vit(vb, args.model)
+            sam, weights = load_sam(args.model, args.weights, device)
             sam.image_encoder.set_compiled(compile_choice(args.compile))
             sam.mask_threshold = args.threshold
             batch.doc["model"] = args.model

@@ -281,7 +281,7 @@ def test_sam_rows_equal_the_predictor(ray_runtime, folder, tmp_path, capsys):
     assert_complete(rows, picked)
     row = next(r for r in rows if r["error"] is None)
 
-    predictor = SamPredictor(Sam.load_tiny(cn.VarBuilder.from_safetensors(
+    predictor = SamPredictor(Sam.load(cn.VarBuilder.from_safetensors(
         weights("mobile_sam"), device="cpu")))
     predictor.set_image(load_rgb(picked[0]))
     assert row["point_xy"] == [400.0, 278.0]  # the centre of 800x556

@@ -14,7 +14,7 @@ from mlx.utils import tree_flatten, tree_map
 
 import candle_nn as cn
 from conftest import fixture_dir
-from candle_nn_models.resnet import resnet18
+from candle_nn_models.resnet import ResNet
 from candle_nn_models.segment_anything import Sam
 from candle_nn_models.yolo_v8 import YoloV8
 
@@ -23,16 +23,22 @@ class Small(cn.Module):
     """Every layer kind that has a candle layout: conv (3→8 3x3: the same shape in MLX's and
     candle's layouts), grouped conv, transposed conv, BatchNorm, LayerNorm, Embedding, Linear."""
 
-    def __init__(self, vb: cn.VarBuilder) -> None:
-        super().__init__(vb.device)
-        self.conv = cn.Conv2d.load(vb.pp("conv"), 3, 8, 3, cn.Conv2dConfig(padding=1))
-        self.grouped = cn.Conv2d.load(vb.pp("grouped"), 8, 8, 3, cn.Conv2dConfig(padding=1,
-                                                                                 groups=2))
-        self.bn = cn.BatchNorm2d.load(vb.pp("bn"), 8)
-        self.up = cn.ConvTranspose2d.load(vb.pp("up"), 8, 4, 2, cn.ConvTranspose2dConfig(stride=2))
-        self.norm = cn.LayerNorm.load(vb.pp("norm"), 4)
-        self.embed = cn.Embedding.load(vb.pp("embed"), 10, 4)
-        self.head = cn.Linear.load(vb.pp("head"), 4, 10)
+    def __init__(self, conv: cn.Conv2d, grouped: cn.Conv2d, bn: cn.BatchNorm2d,
+                 up: cn.ConvTranspose2d, norm: cn.LayerNorm, embed: cn.Embedding,
+                 head: cn.Linear) -> None:
+        super().__init__(conv.device)
+        self.conv, self.grouped, self.bn, self.up = conv, grouped, bn, up
+        self.norm, self.embed, self.head = norm, embed, head
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder) -> "Small":
+        return cls(cn.Conv2d.load(vb.pp("conv"), 3, 8, 3, cn.Conv2dConfig(padding=1)),
+                   cn.Conv2d.load(vb.pp("grouped"), 8, 8, 3, cn.Conv2dConfig(padding=1, groups=2)),
+                   cn.BatchNorm2d.load(vb.pp("bn"), 8),
+                   cn.ConvTranspose2d.load(vb.pp("up"), 8, 4, 2,
+                                           cn.ConvTranspose2dConfig(stride=2)),
+                   cn.LayerNorm.load(vb.pp("norm"), 4), cn.Embedding.load(vb.pp("embed"), 10, 4),
+                   cn.Linear.load(vb.pp("head"), 4, 10))
 
     def forward(self, x: mx.array, ids: mx.array) -> mx.array:
         y = self.up(cn.relu(self.bn(self.grouped(cn.relu(self.conv(x))))))
@@ -62,7 +68,7 @@ def _metadata(path) -> dict:
 
 def test_trained_small_model_round_trips_in_candle_layout(tmp_path):
     varmap = cn.VarMap()
-    model = Small(cn.VarBuilder.from_varmap(varmap, seed=3, device="cpu"))
+    model = Small.load(cn.VarBuilder.from_varmap(varmap, seed=3, device="cpu"))
     initial = model(X, IDS)
     _sgd_step(model, lambda m: nn.losses.cross_entropy(m(X, IDS), IDS).mean())
     trained = model(X, IDS)
@@ -80,13 +86,13 @@ def test_trained_small_model_round_trips_in_candle_layout(tmp_path):
     assert mx.array_equal(written["up.weight"], model.up.weight.transpose(3, 0, 1, 2))
     assert set(written) == set(varmap)  # the names the model was built from
 
-    reloaded = Small(cn.VarBuilder.from_safetensors(path, device="cpu"))
+    reloaded = Small.load(cn.VarBuilder.from_safetensors(path, device="cpu"))
     assert mx.array_equal(reloaded(X, IDS), trained)
 
 
 def test_varmap_save_refuses_after_training_and_names_the_right_call(tmp_path):
     varmap = cn.VarMap()
-    model = Small(cn.VarBuilder.from_varmap(varmap, seed=3, device="cpu"))
+    model = Small.load(cn.VarBuilder.from_varmap(varmap, seed=3, device="cpu"))
     varmap.save(tmp_path / "init.safetensors")  # untrained: the VarMap is the model
     _sgd_step(model, lambda m: nn.losses.cross_entropy(m(X, IDS), IDS).mean())
     with pytest.raises(cn.WeightsFileError, match=r"candle_nn\.save_safetensors\(model, path\)"):
@@ -96,7 +102,8 @@ def test_varmap_save_refuses_after_training_and_names_the_right_call(tmp_path):
 
 def test_varmap_save_refuses_for_a_trained_bn_folded_model(tmp_path):
     varmap = cn.VarMap()
-    model = resnet18(cn.VarBuilder.from_varmap(varmap, seed=0, device="cpu"), num_classes=4)
+    model = ResNet.load(cn.VarBuilder.from_varmap(varmap, seed=0, device="cpu"), "resnet18",
+                        num_classes=4)
     varmap.save(tmp_path / "init.safetensors")
     model.update(tree_map(lambda p: p * 2, model.parameters()))
     with pytest.raises(cn.WeightsFileError, match="save_safetensors"):
@@ -106,7 +113,7 @@ def test_varmap_save_refuses_for_a_trained_bn_folded_model(tmp_path):
 def test_trained_resnet18_round_trips_with_its_batch_norms_folded(tmp_path):
     vb = cn.VarBuilder.from_safetensors(fixture_dir("resnet18") / "weights.safetensors",
                                         device="cpu")
-    model = resnet18(vb)
+    model = ResNet.load(vb, "resnet18")
     x = mx.random.normal((2, 64, 64, 3), key=mx.random.key(1))
     target = mx.array([3, 7])
     before = model(x)
@@ -125,7 +132,7 @@ def test_trained_resnet18_round_trips_with_its_batch_norms_folded(tmp_path):
     assert mx.array_equal(written["conv1.weight"], model.stem.weight.transpose(0, 3, 1, 2))
 
     reloaded_vb = cn.VarBuilder.from_safetensors(path, device="cpu")
-    reloaded = resnet18(reloaded_vb)
+    reloaded = ResNet.load(reloaded_vb, "resnet18")
     assert reloaded_vb.accessed() == set(written)
     assert mx.array_equal(reloaded(x), after)
 
@@ -144,12 +151,12 @@ def test_changed_yolov8n_round_trips(tmp_path):
 
 
 def test_changed_mobile_sam_round_trips(tmp_path):
-    model = Sam.load_tiny(cn.VarBuilder.from_safetensors(
+    model = Sam.load(cn.VarBuilder.from_safetensors(
         fixture_dir("mobile_sam") / "weights.safetensors", device="cpu"))
     model.update(tree_map(lambda p: p * 1.01 + 1e-3, model.parameters()))
     path = tmp_path / "sam.safetensors"
     cn.save_safetensors(model, path)
-    reloaded = Sam.load_tiny(cn.VarBuilder.from_safetensors(path, device="cpu"))
+    reloaded = Sam.load(cn.VarBuilder.from_safetensors(path, device="cpu"))
     ours, theirs = dict(tree_flatten(model.parameters())), dict(tree_flatten(reloaded.parameters()))
     assert ours.keys() == theirs.keys()
     assert all(mx.array_equal(ours[k], theirs[k]) for k in ours)
@@ -157,18 +164,18 @@ def test_changed_mobile_sam_round_trips(tmp_path):
 
 def test_mlx_save_weights_file_is_refused_when_shapes_coincide(tmp_path):
     """3→8 3x3 conv: (8, 3, 3, 3) in both layouts; MLX's writer gives the file away."""
-    model = Small(cn.VarBuilder.from_varmap(cn.VarMap(), seed=1, device="cpu"))
+    model = Small.load(cn.VarBuilder.from_varmap(cn.VarMap(), seed=1, device="cpu"))
     path = tmp_path / "mlx.safetensors"
     model.save_weights(str(path))
     with pytest.raises(cn.WeightsFileError,
                        match=r"'conv\.weight' comes from a file written by "
                              r"MLX .* candle_nn\.save_safetensors\(model, path\)"):
-        Small(cn.VarBuilder.from_safetensors(path, device="cpu"))
+        Small.load(cn.VarBuilder.from_safetensors(path, device="cpu"))
 
 
 def test_mlx_layout_is_refused_by_shape(tmp_path):
     """Grouped conv (8, 3, 3, 4) and transposed conv (4, 2, 2, 8) in MLX's layout."""
-    model = Small(cn.VarBuilder.from_varmap(cn.VarMap(), seed=1, device="cpu"))
+    model = Small.load(cn.VarBuilder.from_varmap(cn.VarMap(), seed=1, device="cpu"))
     tensors = cn.state_dict(model)
     for name, mlx_value in (("grouped.weight", model.grouped.weight),
                             ("up.weight", model.up.weight)):
@@ -177,20 +184,20 @@ def test_mlx_layout_is_refused_by_shape(tmp_path):
         cn.checkpoint.write_safetensors(path, bad)  # even with our marker: shapes decide
         with pytest.raises(cn.WeightsFileError, match=rf"'{name}' has shape .*MLX's \(O, kH, kW, "
                                                       r"I\) layout"):
-            Small(cn.VarBuilder.from_safetensors(path, device="cpu"))
+            Small.load(cn.VarBuilder.from_safetensors(path, device="cpu"))
 
 
 def test_candle_layout_files_of_other_writers_still_load(tmp_path):
     """candle's own files (safetensors' writer, no metadata) and marked MLX-written files load."""
     from safetensors.numpy import save_file
 
-    model = Small(cn.VarBuilder.from_varmap(cn.VarMap(), seed=1, device="cpu"))
+    model = Small.load(cn.VarBuilder.from_varmap(cn.VarMap(), seed=1, device="cpu"))
     tensors = {k: np.array(v) for k, v in cn.state_dict(model).items()}
     save_file(tensors, str(tmp_path / "st.safetensors"))
     mx.save_safetensors(str(tmp_path / "marked.safetensors"), cn.state_dict(model),
                         metadata={"candle_nn.layout": "candle"})
     for name in ("st.safetensors", "marked.safetensors"):
-        again = Small(cn.VarBuilder.from_safetensors(tmp_path / name, device="cpu"))
+        again = Small.load(cn.VarBuilder.from_safetensors(tmp_path / name, device="cpu"))
         assert mx.array_equal(again(X, IDS), model(X, IDS))
     # and the published-layout fixture (no metadata; stem conv 3→16 3x3, ambiguous) loads as is
     YoloV8.load(cn.VarBuilder.from_safetensors(fixture_dir("yolov8n") / "weights.safetensors",

@@ -118,10 +118,14 @@ def test_gpu_index_beyond_count_is_unavailable():
 class Probe(cn.Module):
     """Records the default device and stream in force while its forward runs."""
 
-    def __init__(self, vb: cn.VarBuilder) -> None:
-        super().__init__(vb.device)
-        self.fc = cn.linear_no_bias(4, 3, vb.pp("fc"))
+    def __init__(self, fc: cn.Linear) -> None:
+        super().__init__(fc.device)
+        self.fc = fc
         self.seen: list[tuple[mx.Device, mx.Stream]] = []
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder) -> "Probe":
+        return cls(cn.Linear.load(vb.pp("fc"), 4, 3, bias=False))
 
     def forward(self, x: mx.array) -> mx.array:
         device = mx.default_device()
@@ -134,7 +138,7 @@ def probe_weights() -> dict[str, np.ndarray]:
 
 
 def test_forward_runs_on_the_module_stream(device):
-    model = Probe(cn.VarBuilder.from_tensors(probe_weights(), device=device))
+    model = Probe.load(cn.VarBuilder.from_tensors(probe_weights(), device=device))
     x = np.ones((2, 4), np.float32)
     y = model(mx.array(x))
     assert model.seen == [(device.mx_device, device.stream)]
@@ -148,12 +152,12 @@ def test_cpu_module_runs_on_cpu_while_default_device_is_gpu():
     previous = mx.default_device()
     mx.set_default_device(mx.gpu)
     try:
-        model = Probe(cn.VarBuilder.from_tensors(probe_weights(), device="cpu"))
+        model = Probe.load(cn.VarBuilder.from_tensors(probe_weights(), device="cpu"))
         y = model(mx.array(np.ones((2, 4), np.float32)))
         mx.eval(y)
         assert model.seen == [(mx.Device(mx.cpu, 0), cn.Device.cpu().stream)]
         assert mx.default_device() == mx.Device(mx.gpu, 0)  # restored after the call
-        gpu_model = Probe(cn.VarBuilder.from_tensors(probe_weights(), device="gpu"))
+        gpu_model = Probe.load(cn.VarBuilder.from_tensors(probe_weights(), device="gpu"))
         mx.set_default_device(mx.cpu)
         gpu_model(mx.array(np.ones((2, 4), np.float32)))
         assert gpu_model.seen == [(mx.Device(mx.gpu, 0), cn.Device.gpu().stream)]
@@ -165,7 +169,7 @@ def test_cpu_module_uses_its_stream_not_the_current_one():
     """Whatever stream is current at call time (here a fresh CPU stream), the forward runs on the
     module's device stream and the caller's stream is restored afterwards."""
     other = mx.new_stream(mx.cpu)
-    model = Probe(cn.VarBuilder.from_tensors(probe_weights(), device="cpu"))
+    model = Probe.load(cn.VarBuilder.from_tensors(probe_weights(), device="cpu"))
     with mx.stream(other):
         model(mx.array(np.ones((1, 4), np.float32)))
         assert mx.default_stream(mx.default_device()) == other
@@ -194,7 +198,7 @@ def linear_on(device: cn.Device, seed: int = 0) -> cn.Linear:
     r = np.random.default_rng(seed)
     t = {"weight": r.standard_normal((4, 4)).astype(np.float32),
          "bias": r.standard_normal(4).astype(np.float32)}
-    return cn.linear(4, 4, cn.VarBuilder.from_tensors(t, device=device))
+    return cn.Linear.load(cn.VarBuilder.from_tensors(t, device=device), 4, 4)
 
 
 def assert_mismatch_message(info, op: str) -> None:
@@ -238,15 +242,15 @@ def test_attribute_assignment_across_devices_raises(two_devices):
     cpu, gpu = two_devices
 
     class Model(cn.Module):
-        def __init__(self, vb: cn.VarBuilder) -> None:
-            super().__init__(vb.device)
-            self.fc = cn.linear(4, 4, vb)
+        def __init__(self, fc: cn.Linear) -> None:
+            super().__init__(fc.device)
+            self.fc = fc
 
         def forward(self, x):
             return self.fc(x)
 
     t = {"weight": np.eye(4, dtype=np.float32), "bias": np.zeros(4, np.float32)}
-    model = Model(cn.VarBuilder.from_tensors(t, device=cpu))
+    model = Model(cn.Linear.load(cn.VarBuilder.from_tensors(t, device=cpu), 4, 4))
     with pytest.raises(cn.DeviceMismatchError) as info:
         model.head = linear_on(gpu)
     assert_mismatch_message(info, "Model.head")
@@ -261,7 +265,7 @@ def test_attribute_assignment_across_devices_raises(two_devices):
         class Mixed(cn.Module):
             def __init__(self) -> None:
                 super().__init__(cpu)
-                self.fc = cn.linear(4, 4, cn.VarBuilder.from_tensors(t, device=gpu))
+                self.fc = cn.Linear.load(cn.VarBuilder.from_tensors(t, device=gpu), 4, 4)
         Mixed()
     assert_mismatch_message(info, "Mixed.fc")
     model.head = linear_on(cpu)  # same device: fine
@@ -282,8 +286,8 @@ def test_stateless_container_may_not_straddle_two_devices(two_devices):
     """A Module built with device=None used to accept children of two devices silently."""
     cpu, gpu = two_devices
     eye = {"weight": np.eye(2, dtype=np.float32)}
-    on_cpu = cn.linear_no_bias(2, 2, cn.VarBuilder.from_tensors(eye, device=cpu))
-    on_gpu = cn.linear_no_bias(2, 2, cn.VarBuilder.from_tensors(eye, device=gpu))
+    on_cpu = cn.Linear.load(cn.VarBuilder.from_tensors(eye, device=cpu), 2, 2, bias=False)
+    on_gpu = cn.Linear.load(cn.VarBuilder.from_tensors(eye, device=gpu), 2, 2, bias=False)
 
     class Container(cn.Module):
         def forward(self, x):

@@ -20,11 +20,14 @@ from candle_nn.init import Const, Kaiming, Normal, Uniform, calculate_gain, fans
 class TwoLayers(cn.Module):
     """Two Linear layers of the same shape and a conv: the candle Metal bug gave equal biases."""
 
-    def __init__(self, vb: cn.VarBuilder) -> None:
-        super().__init__(vb.device)
-        self.a = cn.linear(16, 16, vb.pp("a"))
-        self.b = cn.linear(16, 16, vb.pp("b"))
-        self.conv = cn.Conv2d.load(vb.pp("conv"), 8, 16, 3)
+    def __init__(self, a: cn.Linear, b: cn.Linear, conv: cn.Conv2d) -> None:
+        super().__init__(a.device)
+        self.a, self.b, self.conv = a, b, conv
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder) -> "TwoLayers":
+        return cls(cn.Linear.load(vb.pp("a"), 16, 16), cn.Linear.load(vb.pp("b"), 16, 16),
+                   cn.Conv2d.load(vb.pp("conv"), 8, 16, 3))
 
     def forward(self, x: mx.array) -> mx.array:
         return self.b(self.a(x))
@@ -33,7 +36,7 @@ class TwoLayers(cn.Module):
 def init_values(seed: int, device: cn.Device | None = None,
                 dtype: mx.Dtype = mx.float32) -> dict[str, np.ndarray]:
     varmap = cn.VarMap()
-    TwoLayers(cn.VarBuilder.from_varmap(varmap, seed=seed, device=device or cn.Device.cpu(),
+    TwoLayers.load(cn.VarBuilder.from_varmap(varmap, seed=seed, device=device or cn.Device.cpu(),
                                         dtype=dtype))
     return {k: np.array(v.astype(mx.float32)) for k, v in varmap.all_vars().items()}
 
@@ -97,7 +100,7 @@ def test_variable_key_depends_on_seed_and_full_path():
 def test_prefix_is_part_of_the_stream():
     def bias(prefix: str) -> np.ndarray:
         varmap = cn.VarMap()
-        cn.linear(4, 4, cn.VarBuilder.from_varmap(varmap, seed=0, device="cpu").pp(prefix))
+        cn.Linear.load(cn.VarBuilder.from_varmap(varmap, seed=0, device="cpu").pp(prefix), 4, 4)
         return np.array(varmap[f"{prefix}.bias"])
 
     assert not np.array_equal(bias("x"), bias("y"))
@@ -199,7 +202,7 @@ def fresh(build, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def test_linear_defaults_as_candle():
-    v = fresh(lambda vb: cn.linear(400, 300, vb))
+    v = fresh(lambda vb: cn.Linear.load(vb, 400, 300))
     bound = 1 / math.sqrt(400)
     assert np.abs(v["bias"]).max() <= bound and np.abs(v["bias"]).max() > 0.98 * bound
     assert v["weight"].std() == pytest.approx(math.sqrt(2 / 400), rel=0.01)  # Kaiming normal

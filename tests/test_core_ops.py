@@ -139,16 +139,16 @@ def test_linear(device, bias):
     r = rng(1)
     w, b, x = randn(r, 24, 40), randn(r, 24), randn(r, 3, 5, 40)
     tensors = {"fc.weight": w, "fc.bias": b} if bias else {"fc.weight": w}
-    layer = (cn.linear if bias else cn.linear_no_bias)(40, 24, vb_of(tensors, device).pp("fc"))
+    layer = cn.Linear.load(vb_of(tensors, device).pp("fc"), 40, 24, bias=bias)
     assert layer.device == device and ("bias" in layer) == bias
     ref = f64(x) @ f64(w).T + (f64(b) if bias else 0.0)
     close(layer(mx.array(x)), ref)
 
 
-def test_linear_b_without_bias_ignores_a_stored_bias(device):
+def test_linear_without_bias_ignores_a_stored_bias(device):
     r = rng(2)
     tensors = {"weight": randn(r, 4, 6), "bias": randn(r, 4)}
-    layer = cn.linear_b(6, 4, False, vb_of(tensors, device))
+    layer = cn.Linear.load(vb_of(tensors, device), 6, 4, bias=False)
     x = randn(r, 2, 6)
     close(layer(mx.array(x)), f64(x) @ f64(tensors["weight"]).T)
 
@@ -193,8 +193,8 @@ def test_conv2d(device, case, bias):
 def test_conv2d_helpers_and_group_check(device):
     r = rng(3)
     vb = vb_of({"c.weight": randn(r, 4, 2, 3, 3), "c.bias": randn(r, 4)}, device)
-    assert "bias" in cn.conv2d(2, 4, 3, cn.Conv2dConfig(), vb.pp("c"))
-    assert "bias" not in cn.conv2d_no_bias(2, 4, 3, cn.Conv2dConfig(), vb.pp("c"))
+    assert "bias" in cn.Conv2d.load(vb.pp("c"), 2, 4, 3, cn.Conv2dConfig())
+    assert "bias" not in cn.Conv2d.load(vb.pp("c"), 2, 4, 3, cn.Conv2dConfig(), bias=False)
     with pytest.raises(cn.ShapeMismatchError, match="groups=3"):
         cn.Conv2d.load(vb.pp("c"), 2, 4, 3, cn.Conv2dConfig(groups=3))
 
@@ -237,7 +237,7 @@ def test_conv_transpose2d_helper_without_stored_bias_fails(device):
     r = rng(4)
     vb = vb_of({"weight": randn(r, 2, 3, 2, 2)}, device)
     with pytest.raises(cn.MissingTensorError, match="bias"):
-        cn.conv_transpose2d(2, 3, 2, cn.ConvTranspose2dConfig(stride=2), vb)
+        cn.ConvTranspose2d.load(vb, 2, 3, 2, cn.ConvTranspose2dConfig(stride=2))
     layer = cn.ConvTranspose2d.load(vb, 2, 3, 2, cn.ConvTranspose2dConfig(stride=2), bias=False)
     x = randn(r, 1, 3, 3, 2)
     close(layer(mx.array(x)), ref_conv_transpose2d(x, vb.get(None, "weight"), None, stride=2))
@@ -304,7 +304,7 @@ def test_layer_norm(device, kind):
         layer = cn.LayerNorm.load(vb, d, cn.LayerNormConfig(affine=False))
         ref = ref_layer_norm(x, None, None, eps)
     elif kind == "rms":
-        layer = cn.rms_norm(d, eps, vb)
+        layer = cn.LayerNorm.load(vb, d, cn.LayerNormConfig(eps=eps, remove_mean=False))
         ref = ref_layer_norm(x, w, None, eps, remove_mean=False)
         assert "bias" not in layer
     elif kind == "rms_not_affine":
@@ -312,7 +312,7 @@ def test_layer_norm(device, kind):
         ref = ref_layer_norm(x, None, None, eps, remove_mean=False)
     else:
         eps = 0.5  # large enough to matter
-        layer, ref = cn.layer_norm(d, eps, vb), ref_layer_norm(x, w, b, eps)
+        layer, ref = cn.LayerNorm.load(vb, d, eps), ref_layer_norm(x, w, b, eps)
     close(layer(mx.array(x)), ref)
 
 
@@ -340,7 +340,7 @@ def test_batch_norm2d(device, eps):
     r = rng(9)
     t = bn_tensors(r, 6)
     x = randn(r, 2, 4, 5, 6)
-    close(cn.batch_norm(6, eps, vb_of(t, device))(mx.array(x)), ref_bn(x, t, eps))
+    close(cn.BatchNorm2d.load(vb_of(t, device), 6, eps)(mx.array(x)), ref_bn(x, t, eps))
 
 
 @pytest.mark.parametrize("conv_bias", [True, False], ids=["bias", "no_bias"])
@@ -352,7 +352,7 @@ def test_batch_norm_folds_into_conv(device, conv_bias):
     cfg = cn.Conv2dConfig(padding=1, stride=2)
     conv = cn.Conv2d.load(vb.pp("conv"), 4, 8, 3, cfg, bias=conv_bias)
     bn = cn.BatchNorm2d.load(vb.pp("bn"), 8)
-    folded = conv.fold_batch_norm(bn)
+    folded = conv.absorb_bn(bn)
     assert folded.device == device and "bias" in folded and folded.config == cfg
     x = randn(r, 2, 9, 9, 4)
     conv_ref = ref_conv2d(x, t["conv.weight"], t["conv.bias"] if conv_bias else None,
@@ -360,6 +360,25 @@ def test_batch_norm_folds_into_conv(device, conv_bias):
     ref = ref_bn(conv_ref, {k[3:]: v for k, v in t.items() if k.startswith("bn.")}, 1e-5)
     close(folded(mx.array(x)), ref)
     close(bn(conv(mx.array(x))), ref)
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-3])
+def test_load_with_bn_reads_a_conv_and_its_batch_norm_as_one_conv(device, eps):
+    """The shared conv + BatchNorm helper (ResNet, YOLOv8, TinyViT): a bias-free conv and the
+    BatchNorm after it, under names of the caller's choice, absorbed into one Conv2d; saving it
+    writes both layers' candle names again."""
+    r = rng(11)
+    t = {f"m.norm.{k}": v for k, v in bn_tensors(r, 6).items()}
+    t["m.c.weight"] = randn(r, 6, 3, 3, 3)
+    cfg = cn.Conv2dConfig(padding=1)
+    layer = cn.Conv2d.load_with_bn(vb_of(t, device).pp("m"), 3, 6, 3, cfg, conv="c", bn="norm",
+                                   eps=eps)
+    assert layer.device == device and layer.config == cfg and "bias" in layer
+    x = randn(r, 2, 7, 5, 3)
+    ref = ref_bn(ref_conv2d(x, t["m.c.weight"], None, padding=1),
+                 {k[7:]: v for k, v in t.items() if k.startswith("m.norm.")}, eps)
+    close(layer(mx.array(x)), ref)
+    assert set(cn.state_dict(layer)) == set(t)
 
 
 def conv_on(device: cn.Device) -> cn.Conv2d:
@@ -375,29 +394,29 @@ def bn_on(device: cn.Device, channels: int = 4) -> cn.BatchNorm2d:
     return cn.BatchNorm2d.load(cn.VarBuilder.from_tensors(t, device=device), channels)
 
 
-def test_fold_batch_norm_of_another_device_raises(two_devices):
+def test_absorb_bn_of_another_device_raises(two_devices):
     cpu, gpu = two_devices
     conv, bn = conv_on(cpu), bn_on(gpu)  # (no op runs on the fake GPU)
     with pytest.raises(cn.DeviceMismatchError) as info:
-        conv.fold_batch_norm(bn)
+        conv.absorb_bn(bn)
     msg = str(info.value)
-    assert "Conv2d.fold_batch_norm" in msg and "cpu" in msg and "gpu:0" in msg and ".to(" in msg
+    assert "Conv2d.absorb_bn" in msg and "cpu" in msg and "gpu:0" in msg and ".to(" in msg
 
 
-def test_fold_batch_norm_checks_channels_and_type():
+def test_absorb_bn_checks_channels_and_type():
     cpu = cn.Device.cpu()
     conv, bn1 = conv_on(cpu), bn_on(cpu, channels=1)  # would broadcast silently over 4 channels
     with pytest.raises(cn.ShapeMismatchError, match="1 channels.*4 output channels"):
-        conv.fold_batch_norm(bn1)
+        conv.absorb_bn(bn1)
     with pytest.raises(TypeError, match="BatchNorm2d"):
-        conv.fold_batch_norm(cn.LayerNorm(None, None, device=cpu))
+        conv.absorb_bn(cn.LayerNorm(None, None, device=cpu))
 
 
 # -- embedding, sequential -----------------------------------------------------------------------
 def test_embedding(device):
     r = rng(11)
     table = randn(r, 10, 7)
-    emb = cn.embedding(10, 7, vb_of({"emb.weight": table}, device).pp("emb"))
+    emb = cn.Embedding.load(vb_of({"emb.weight": table}, device).pp("emb"), 10, 7)
     ids = np.array([[0, 9, 3], [3, 3, 1]], dtype=np.int32)
     close(emb(mx.array(ids)), f64(table)[ids])
     assert emb.embeddings.shape == (10, 7)
@@ -407,7 +426,8 @@ def test_sequential(device):
     r = rng(12)
     t = {"0.weight": randn(r, 16, 8), "0.bias": randn(r, 16), "2.weight": randn(r, 4, 16)}
     vb = vb_of(t, device)
-    model = cn.seq([cn.linear(8, 16, vb.pp(0)), cn.relu, cn.linear_no_bias(16, 4, vb.pp(2)),
+    model = cn.seq([cn.Linear.load(vb.pp(0), 8, 16), cn.relu,
+                    cn.Linear.load(vb.pp(2), 16, 4, bias=False),
                     cn.Activation("silu")])
     assert model.device == device and len(model) == 4
     x = randn(r, 3, 8)
@@ -537,7 +557,7 @@ def test_scaled_dot_product_attention(device, mask_kind):
 def test_linear_on_a_vector(device):
     r = rng(17)
     w, b, x = randn(r, 5, 3), randn(r, 5), randn(r, 3)
-    layer = cn.linear(3, 5, vb_of({"weight": w, "bias": b}, device))
+    layer = cn.Linear.load(vb_of({"weight": w, "bias": b}, device), 3, 5)
     close(layer(mx.array(x)), f64(w) @ f64(x) + f64(b))
 
 
@@ -555,10 +575,10 @@ def test_half_precision_layers_keep_their_dtype(device, dtype):
     t.update({f"bn.{k}": v for k, v in bn_tensors(r, 4).items()})
     vb = cn.VarBuilder.from_tensors(t, dtype=dtype, device=device)
     assert vb.dtype == dtype
-    fc = cn.linear(6, 8, vb.pp("fc"))
+    fc = cn.Linear.load(vb.pp("fc"), 6, 8)
     conv = cn.Conv2d.load(vb.pp("conv"), 3, 4, 3, cn.Conv2dConfig(padding=1))
     bn = cn.BatchNorm2d.load(vb.pp("bn"), 4)
-    folded = conv.fold_batch_norm(bn)
+    folded = conv.absorb_bn(bn)
     up = cn.ConvTranspose2d.load(vb.pp("up"), 4, 2, 2, cn.ConvTranspose2dConfig(stride=2))
     ln = cn.LayerNorm.load(vb.pp("ln"), 4)
     emb = cn.Embedding.load(vb.pp("emb"), 5, 4)

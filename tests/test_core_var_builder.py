@@ -162,7 +162,7 @@ def test_from_tensors_with_numpy_and_mlx_arrays():
     assert vb.get((4,), "idx", integer=True).dtype == mx.int32
     assert vb.shape("lin.weight") == (3, 4) and vb.contains("idx")
     assert vb.from_tensors(tensors, dtype="f16").get(None, "lin.weight").dtype == mx.float16
-    layer = cn.linear(4, 3, vb.pp("lin"))
+    layer = cn.Linear.load(vb.pp("lin"), 4, 3)
     np.testing.assert_allclose(np.array(layer(mx.array(np.eye(4, dtype=np.float32)))),
                                w64.T.astype(np.float32) + 1, rtol=1e-6)
 
@@ -254,12 +254,16 @@ def test_errors_share_the_candle_nn_base():
 
 # -- VarMap --------------------------------------------------------------------------------------
 class Tiny(cn.Module):
-    def __init__(self, vb: cn.VarBuilder) -> None:
-        super().__init__(vb.device)
-        self.conv = cn.Conv2d.load(vb.pp("conv"), 3, 4, 3, cn.Conv2dConfig(padding=1))
-        self.bn = cn.BatchNorm2d.load(vb.pp("bn"), 4)
-        self.ln = cn.LayerNorm.load(vb.pp("ln"), 4)
-        self.fc = cn.linear(4, 2, vb.pp("fc"))
+    def __init__(self, conv: cn.Conv2d, bn: cn.BatchNorm2d, ln: cn.LayerNorm,
+                 fc: cn.Linear) -> None:
+        super().__init__(conv.device)
+        self.conv, self.bn, self.ln, self.fc = conv, bn, ln, fc
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder) -> "Tiny":
+        return cls(cn.Conv2d.load(vb.pp("conv"), 3, 4, 3, cn.Conv2dConfig(padding=1)),
+                   cn.BatchNorm2d.load(vb.pp("bn"), 4), cn.LayerNorm.load(vb.pp("ln"), 4),
+                   cn.Linear.load(vb.pp("fc"), 4, 2))
 
     def forward(self, x: mx.array) -> mx.array:
         return self.fc(self.ln(cn.relu(self.bn(self.conv(x)))).mean(axis=(1, 2)))
@@ -268,7 +272,7 @@ class Tiny(cn.Module):
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
 def test_varmap_save_then_from_safetensors_is_bit_exact(tmp_path, dtype):
     varmap = cn.VarMap()
-    Tiny(cn.VarBuilder.from_varmap(varmap, dtype=dtype, seed=7))
+    Tiny.load(cn.VarBuilder.from_varmap(varmap, dtype=dtype, seed=7))
     assert len(varmap) == 10 and "conv.weight" in varmap
     assert varmap["conv.weight"].shape == (4, 3, 3, 3)  # stored in candle layout
     path = tmp_path / "tiny.safetensors"
@@ -284,19 +288,19 @@ def test_varmap_save_then_from_safetensors_is_bit_exact(tmp_path, dtype):
     # and the reloaded model computes the same thing
     x = mx.array(np.random.default_rng(3).standard_normal((1, 5, 5, 3)).astype(np.float32))
     x = x.astype(dtype)
-    a = Tiny(cn.VarBuilder.from_varmap(varmap, dtype=dtype, seed=7, device="cpu"))(x)
-    b = Tiny(vb)(x)
+    a = Tiny.load(cn.VarBuilder.from_varmap(varmap, dtype=dtype, seed=7, device="cpu"))(x)
+    b = Tiny.load(vb)(x)
     np.testing.assert_array_equal(bits(a), bits(b))
 
 
 def test_varmap_load_replaces_values_and_checks_shapes(tmp_path):
     src = cn.VarMap()
-    Tiny(cn.VarBuilder.from_varmap(src, seed=1))
+    Tiny.load(cn.VarBuilder.from_varmap(src, seed=1))
     path = tmp_path / "a.safetensors"
     src.save(path)
 
     dst = cn.VarMap()
-    Tiny(cn.VarBuilder.from_varmap(dst, seed=2))
+    Tiny.load(cn.VarBuilder.from_varmap(dst, seed=2))
     assert not np.array_equal(np.array(dst["fc.weight"]), np.array(src["fc.weight"]))
     dst.load(path)
     for name in src:
@@ -351,7 +355,7 @@ def test_float64_numpy_tensors_load_on_every_device(device, dtype):
     w, b = r.standard_normal((6, 5)), r.standard_normal(6)  # float64, as NumPy makes them
     x = r.standard_normal((3, 5)).astype(np.float32)
     vb = cn.VarBuilder.from_tensors({"fc.weight": w, "fc.bias": b}, device=device, dtype=dtype)
-    fc = cn.linear(5, 6, vb.pp("fc"))
+    fc = cn.Linear.load(vb.pp("fc"), 5, 6)
     assert fc.weight.dtype == dtype and fc.bias.dtype == dtype
     y = fc(mx.array(x).astype(dtype))
     mx.eval(y)

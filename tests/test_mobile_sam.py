@@ -40,7 +40,7 @@ def device(request) -> cn.Device:
 @pytest.fixture(scope="module")
 def model(fixture, device):
     """Sam + predictor on ``device`` with the fixture's embedding set (one counted encoder run)."""
-    sam = Sam.load_tiny(cn.VarBuilder.from_safetensors(fixture.weights, device=device))
+    sam = Sam.load(cn.VarBuilder.from_safetensors(fixture.weights, device=device))
     calls = []
     encoder_forward = sam.image_encoder.forward
 
@@ -113,7 +113,7 @@ def test_embedding_is_computed_once(fixture, model):
 
 def test_set_image_runs_encoder_once(fixture, model):
     """set_image preprocesses and encodes exactly once; predict() calls reuse the embedding."""
-    sam = Sam.load_tiny(cn.VarBuilder.from_safetensors(fixture.weights, device=model.device))
+    sam = Sam.load(cn.VarBuilder.from_safetensors(fixture.weights, device=model.device))
     embedding = model.predictor.get_image_embedding()
     inputs = []
     sam.image_encoder.forward = lambda x: inputs.append(x) or embedding  # stub: no 1024² run

@@ -139,13 +139,13 @@ def coco_decode(rle: dict) -> np.ndarray:
 
 
 def no_encoder(monkeypatch):
-    """Sam.load_tiny whose image encoder fails if it runs."""
+    """Sam.load whose image encoder fails if it runs."""
     from candle_nn_models.segment_anything import Sam
 
-    load = Sam.load_tiny.__func__
+    original = Sam.load.__func__
 
-    def load_tiny(cls, vb):
-        sam = load(cls, vb)
+    def load(cls, vb, encoder="tiny"):
+        sam = original(cls, vb, encoder)
 
         def forbidden(x):
             raise AssertionError("the image encoder ran")
@@ -153,7 +153,7 @@ def no_encoder(monkeypatch):
         sam.image_encoder.forward = forbidden
         return sam
 
-    monkeypatch.setattr(Sam, "load_tiny", classmethod(load_tiny))
+    monkeypatch.setattr(Sam, "load", classmethod(load))
 
 
 def test_saved_embedding_gives_the_same_masks_without_the_encoder(capsys, tmp_path, monkeypatch,
@@ -210,16 +210,16 @@ def test_everything_writes_overlay_pngs_and_coco_json(capsys, tmp_path, monkeypa
     from _sam_decoder_stand_in import install_on_ours
     from candle_nn_models.segment_anything import Sam, SamAutomaticMaskGenerator
 
-    load = Sam.load_tiny.__func__
+    original = Sam.load.__func__
     models = []
 
-    def load_tiny(cls, vb):
-        sam = load(cls, vb)
+    def load(cls, vb, encoder="tiny"):
+        sam = original(cls, vb, encoder)
         install_on_ours(sam)
         models.append(sam)
         return sam
 
-    monkeypatch.setattr(Sam, "load_tiny", classmethod(load_tiny))
+    monkeypatch.setattr(Sam, "load", classmethod(load))
     small = tmp_path / "small.png"
     rgb = np.asarray(Image.open(IMAGE).convert("RGB").resize((160, 111), Image.BILINEAR))
     Image.fromarray(rgb).save(small)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import candle_nn as cn
-from candle_nn_models.resnet import resnet18
+from candle_nn_models.resnet import ResNet
 from candle_nn_models.segment_anything import Sam
 from candle_nn_models.yolo_v8 import YoloV8
 
@@ -20,12 +20,13 @@ def models() -> dict[str, tuple]:
         return cn.VarBuilder.from_varmap(cn.VarMap(), seed=0, device="cpu", dtype=dtype)
 
     return {
-        "ResNet": (resnet18(vb(), num_classes=10), (1, 32, 32, 3),
+        "ResNet": (ResNet.load(vb(), "resnet18", num_classes=10), (1, 32, 32, 3),
                    "candle_nn_models.imagenet.preprocess"),
         "YoloV8": (YoloV8.load(vb(), "n", 80), (1, 64, 64, 3), "letterbox"),
-        "Sam.embed": (lambda x, m=Sam.load_tiny(vb()): m.embed(x), (1, 1024, 1024, 3),
+        "Sam.embed": (lambda x, m=Sam.load(vb()): m.embed(x), (1, 1024, 1024, 3),
                       "Sam.preprocess"),
-        "ResNet-f16": (resnet18(vb("float16"), num_classes=10), (1, 32, 32, 3), None),
+        "ResNet-f16": (ResNet.load(vb("float16"), "resnet18", num_classes=10), (1, 32, 32, 3),
+                       None),
         "YoloV8-f16": (YoloV8.load(vb("float16"), "n", 80), (1, 64, 64, 3), None),
     }
 
@@ -82,7 +83,7 @@ def test_errors_are_candle_nn_errors_and_valid_input_runs(models):
 
 
 def test_sam_preprocess_gives_the_models_dtype():
-    sam = Sam.load_tiny(cn.VarBuilder.from_varmap(cn.VarMap(), seed=0, device="cpu",
+    sam = Sam.load(cn.VarBuilder.from_varmap(cn.VarMap(), seed=0, device="cpu",
                                                   dtype="float16"))
     x = sam.preprocess(mx.zeros((1, 16, 16, 3), dtype=mx.uint8))
     assert x.dtype == mx.float16 and x.shape == (1, 1024, 1024, 3)

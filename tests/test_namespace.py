@@ -246,3 +246,91 @@ def test_the_wheel_beside_a_user_folder_with_its_own_models(wheel, tmp_path) -> 
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "bearskin" in proc.stdout  # the fixture weights are random (README)
     assert (user / "models" / "__init__.py").read_text() == USER_PACKAGE.format(name="models")
+
+
+# -- layering: candle_nn <- models <- weights <- scripts / benchmarks ------------------------------
+LAYERS = {"candle_nn": 0, "models": 1, "weights": 2, "scripts": 3}
+INSTALLED_AS = {"candle_nn": "candle_nn", "models": "candle_nn_models",
+                "weights": "candle_nn_models.weights", "scripts": "candle_nn_models.scripts"}
+
+
+def _layer_of(module: str) -> str | None:
+    """The repository folder a module name belongs to (None: not ours, or the harness)."""
+    for folder in ("scripts", "weights", "models", "candle_nn"):  # the longest names first
+        name = INSTALLED_AS[folder]
+        if module == name or module.startswith(name + "."):
+            return folder
+    return None
+
+
+def _package_of(path: Path, folder: str) -> str:
+    """The installed package of a file of the repository's ``folder``."""
+    return ".".join([INSTALLED_AS[folder], *path.relative_to(ROOT / folder).parent.parts])
+
+
+def _imported_modules(path: Path, package: str) -> list[tuple[int, str, list[str]]]:
+    """``(line, absolute module, imported names)`` of every import in ``path`` (relative ones
+    resolved against its installed ``package``), including ``import_module("...")`` strings."""
+    package = package.split(".")
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [a.name for a in node.names]
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.append((node.lineno, module, names))
+            found += [(node.lineno, f"{module}.{n}", []) for n in names]  # `from pkg import mod`
+        elif (isinstance(node, ast.Call) and node.args
+              and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module",
+                                                                              "find_spec")
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            found.append((node.lineno, node.args[0].value, []))
+    return found
+
+
+def test_the_import_graph_is_one_way() -> None:
+    """candle_nn imports nothing of the models, models nothing of weights/ or scripts/, weights/
+    nothing of scripts/ (issue 14 item 3); lazy imports inside functions count too."""
+    bad = []
+    for folder, rank in LAYERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for line, module, _ in _imported_modules(path, _package_of(path, folder)):
+                target = _layer_of(module)
+                if target is not None and LAYERS[target] > rank:
+                    bad.append(f"{path.relative_to(ROOT)}:{line}: {folder} imports {module} "
+                               f"({target})")
+    assert not bad, "\n".join(bad)
+
+
+def test_nothing_outside_candle_nn_imports_its_private_names() -> None:
+    """models/, weights/ and scripts/ use candle_nn's public API (what they need is exported, e.g.
+    TensorSource for weights/spec.py's recording VarBuilder source), never `_private` names."""
+    bad = []
+    for folder in ("models", "weights", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for line, module, names in _imported_modules(path, _package_of(path, folder)):
+                if _layer_of(module) == "candle_nn":
+                    private = [n for n in [*module.split("."), *names] if n.startswith("_")]
+                    if private:
+                        bad.append(f"{path.relative_to(ROOT)}:{line}: {module} {private}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_layering_check_sees_a_violation(tmp_path) -> None:
+    """The checker itself: an upward import, a relative one and a lazy one are each found."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from .weights import spec\n"
+                     "def f():\n    import candle_nn_models.scripts.common\n"
+                     "import importlib\nimportlib.import_module('candle_nn_models.weights.cli')\n"
+                     "from candle_nn.var_builder import _private\n")
+    found = _imported_modules(probe, "candle_nn_models")  # as if it were models/probe.py
+    layers = {(m, _layer_of(m)) for _, m, _ in found}
+    assert ("candle_nn_models.weights.spec", "weights") in layers
+    assert ("candle_nn_models.scripts.common", "scripts") in layers
+    assert ("candle_nn_models.weights.cli", "weights") in layers
+    assert [names for _, m, names in found if m == "candle_nn.var_builder"] == [["_private"]]

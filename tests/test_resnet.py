@@ -12,7 +12,7 @@ from conftest import assert_matches, nchw_to_nhwc
 
 import candle_nn as cn
 from candle_nn_models.imagenet import class_names, preprocess, preprocess_batch
-from candle_nn_models.resnet import VARIANTS, ResidualBlock, ResNet, infer_variant, resnet50
+from candle_nn_models.resnet import VARIANTS, ResidualBlock, ResNet, infer_variant
 
 # torchvision 0.29.1's parameter counts (its weights' "num_params": numel over
 # model.parameters(), 1000 classes; BatchNorm running stats are buffers, not parameters).
@@ -121,7 +121,7 @@ def test_every_depth_reads_torchvision_names_runs_and_is_recognised(variant):
 
 def test_headless_model_returns_pooled_features():
     vb = cn.VarBuilder.from_varmap(cn.VarMap(), seed=2, device="cpu")
-    model = resnet50(vb, num_classes=None)
+    model = ResNet.load(vb, "resnet50", num_classes=None)
     assert model.num_classes is None
     assert model(mx.zeros((1, 64, 64, 3))).shape == (1, 2048)
     assert not any(name.startswith("fc.") for name in vb.accessed())

@@ -25,8 +25,7 @@ import candle_nn as cn
 from _mobile_sam_reference import import_mobile_sam, reference_records
 from _sam_decoder_stand_in import install_on_ours
 from conftest import DEVICES, FIXTURES, fixture_dir
-from candle_nn_models.segment_anything import (ImageEncoderViT, Sam, SamAutomaticMaskGenerator,
-                                               ViTConfig)
+from candle_nn_models.segment_anything import Sam, SamAutomaticMaskGenerator, ViTConfig
 from candle_nn_models.segment_anything import amg
 
 BOX_TOL = 2  # px: a logit within float32 noise of 0 moves an edge by one pixel
@@ -124,7 +123,7 @@ def real_reference(mobile_sam, weights, bike):
 
 @pytest.mark.parametrize("device", DEVICES, ids=[str(d) for d in DEVICES])
 def test_fixture_weights_match_mobile_sam(device, weights, bike, real_reference):
-    sam = Sam.load_tiny(cn.VarBuilder.from_safetensors(weights, device=device))
+    sam = Sam.load(cn.VarBuilder.from_safetensors(weights, device=device))
     ours = SamAutomaticMaskGenerator(sam, **REAL).generate(bike)
     worst = compare_records(ours, real_reference, f"fixture weights {device}")
     assert 5 <= worst["count"] < 27  # 3x3 points x 3 masks, some dropped by each threshold
@@ -139,12 +138,10 @@ def test_vit_encoder_matches_mobile_sam(mobile_sam, small_bike, tmp_path):
     one global) and seeded random weights for the whole model, ours vs MobileSAM's ``Sam`` built
     with the same ViT, on the same safetensors file."""
     varmap = cn.VarMap()
-    Sam(cn.VarBuilder.from_varmap(varmap, seed=3, device="cpu"),
-        ImageEncoderViT(cn.VarBuilder.from_varmap(varmap, seed=3, device="cpu").pp(
-            "image_encoder"), SMALL_VIT))
+    Sam.load(cn.VarBuilder.from_varmap(varmap, seed=3, device="cpu"), SMALL_VIT)
     varmap.save(tmp_path / "vit.safetensors")
     vb = cn.VarBuilder.from_safetensors(tmp_path / "vit.safetensors", device="cpu")
-    ours_sam = Sam(vb, ImageEncoderViT(vb.pp("image_encoder"), SMALL_VIT))
+    ours_sam = Sam.load(vb, SMALL_VIT)
 
     settings = dict(points_per_side=3, pred_iou_thresh=0.0, stability_score_thresh=0.0,
                     box_nms_thresh=1.0)
@@ -176,7 +173,7 @@ def stand_in_reference(mobile_sam, weights, small_bike):
 
 @pytest.fixture(scope="module", params=DEVICES, ids=[str(d) for d in DEVICES])
 def stand_in_sam(request, weights):
-    sam = Sam.load_tiny(cn.VarBuilder.from_safetensors(weights, device=request.param))
+    sam = Sam.load(cn.VarBuilder.from_safetensors(weights, device=request.param))
     return sam, install_on_ours(sam)
 
 
@@ -329,7 +326,7 @@ def test_nms_matches_reference_nms(mobile_sam):
 
 # -- the contract's checks --------------------------------------------------------------------
 def test_bad_arguments(weights):
-    sam = Sam.load_tiny(cn.VarBuilder.from_safetensors(weights, device="cpu"))
+    sam = Sam.load(cn.VarBuilder.from_safetensors(weights, device="cpu"))
     with pytest.raises(ValueError, match="exactly one"):
         SamAutomaticMaskGenerator(sam, points_per_side=None)
     with pytest.raises(ValueError, match="exactly one"):

@@ -89,7 +89,7 @@ def reference_encoder(t, x, cfg: ViTConfig):
 def small_weights():
     """Every tensor of the small encoder, random (also LayerNorms, rel-pos tables, pos_embed)."""
     varmap = cn.VarMap()
-    ImageEncoderViT(cn.VarBuilder.from_varmap(varmap, device="cpu"), SMALL)
+    ImageEncoderViT.load(cn.VarBuilder.from_varmap(varmap, device="cpu"), SMALL)
     rng = np.random.default_rng(0)
     return {name: (rng.normal(size=v.shape) * 0.2).astype(np.float32)
             for name, v in varmap.all_vars().items()}
@@ -98,7 +98,7 @@ def small_weights():
 def test_vit_encoder_matches_numpy_reference(small_weights, device):
     size = SMALL.img_size
     x = np.random.default_rng(1).normal(size=(2, size, size, 3)).astype(np.float32)
-    encoder = ImageEncoderViT(cn.VarBuilder.from_tensors(small_weights, device=device), SMALL)
+    encoder = ImageEncoderViT.load(cn.VarBuilder.from_tensors(small_weights, device=device), SMALL)
     y = np.array(encoder(mx.array(x)))
     ref = reference_encoder({k: v.astype(np.float64) for k, v in small_weights.items()},
                             x.astype(np.float64), SMALL)
@@ -118,7 +118,7 @@ def test_rel_pos_table_resize_is_linear_interpolation():
 def test_vit_b_tensor_names_and_shapes():
     """ViT-B reads candle's names: windowed blocks have 27-row rel-pos tables, global ones 127."""
     vb = cn.VarBuilder.from_varmap(cn.VarMap(), device="cpu")
-    sam = Sam.load_vit(vb, "vit_b")
+    sam = Sam.load(vb, "vit_b")
     names = vb.accessed()
     assert "image_encoder.pos_embed" in names and "image_encoder.patch_embed.proj.weight" in names
     assert vb.shape("image_encoder.blocks.0.attn.rel_pos_h") == (27, 64)

@@ -27,7 +27,7 @@ MODELS = {
     "resnet18": ("fc.weight", lambda vb: ResNet.load(vb, "resnet18", 1000), resnet_cli.main, []),
     "yolov8n": ("head.cv3.0.2.weight", lambda vb: YoloV8.load(vb, "n", 80), yolo_cli.main,
                 ["--size", "320"]),
-    "mobile_sam": ("mask_decoder.iou_token.weight", Sam.load_tiny, sam_cli.main,
+    "mobile_sam": ("mask_decoder.iou_token.weight", Sam.load, sam_cli.main,
                    ["--point", "0.5,0.5"]),
 }
 

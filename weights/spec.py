@@ -24,7 +24,7 @@ import mlx.core as mx
 
 from candle_nn_models.resnet import VARIANTS as RESNET_VARIANTS
 from candle_nn_models.resnet import ResNet
-from candle_nn_models.segment_anything import VIT_CONFIGS, Sam, TinyViT
+from candle_nn_models.segment_anything import MOBILE_SAM_ENCODERS, VIT_CONFIGS, Sam
 from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Pose
 
 Shape = tuple[int, ...]
@@ -94,16 +94,8 @@ def _load_yolo_pose(vb: VarBuilder, variant: str, num_keypoints: int, num_classe
     return YoloV8Pose.load(vb, variant, num_keypoints, num_classes)
 
 
-# MobileSAM's published name for its encoder ("vit_t" in MobileSAM) -> the TinyViT config.
-MOBILE_SAM_ENCODERS = {"tiny": "5m"}
-
-
-def _load_mobile_sam(vb: VarBuilder, variant: str) -> Module:
-    return Sam(vb, TinyViT.load(vb.pp("image_encoder"), MOBILE_SAM_ENCODERS[variant]))
-
-
 def _load_sam(vb: VarBuilder, variant: str) -> Module:
-    return Sam.load_vit(vb, variant)
+    return Sam.load(vb, variant)
 
 
 _YOLO_CLASSES = "head.cv3.0.2.weight"
@@ -116,7 +108,7 @@ SPECS: dict[str, ModelSpec] = {s.model: s for s in (
     ModelSpec("yolo_v8_pose", tuple(MULTIPLES), _load_yolo_pose,
               (Count("num_keypoints", "head.cv4.0.2.weight", 3, 17),
                Count("num_classes", _YOLO_CLASSES, 1, 1))),
-    ModelSpec("mobile_sam", tuple(MOBILE_SAM_ENCODERS), _load_mobile_sam),
+    ModelSpec("mobile_sam", tuple(MOBILE_SAM_ENCODERS), _load_sam),
     ModelSpec("sam", tuple(VIT_CONFIGS), _load_sam),
 )}
 

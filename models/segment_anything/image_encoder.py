@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import candle_nn as cn
-from candle_nn import Conv2d, Conv2dConfig, LayerNorm, LayerNorm2d, Linear, Module, VarBuilder
+from candle_nn import Conv2d, Conv2dConfig, LayerNorm, Linear, Module, VarBuilder
 import mlx.core as mx
 import numpy as np
 
+from .neck import Neck
 from .transformer import MlpBlock
 
 
@@ -64,21 +65,30 @@ class ViTAttention(Module):
     """Multi-head attention over an ``(B, H, W, dim)`` grid with decomposed relative positions.
 
     Tensors: ``qkv`` (``dim → 3 dim``, q/k/v each split into heads), ``proj``, and
-    ``rel_pos_h`` / ``rel_pos_w`` ``(2 * size - 1, head_dim)`` for the ``input_size`` grid.
+    ``rel_pos_h`` / ``rel_pos_w`` ``(2 * size - 1, head_dim)`` for the ``input_size`` grid
+    (``rel_pos=None``: no relative positions).
     """
 
-    def __init__(self, vb: VarBuilder, dim: int, num_heads: int, input_size: tuple[int, int],
-                 qkv_bias: bool = True, use_rel_pos: bool = True) -> None:
-        super().__init__(vb.device)
+    def __init__(self, qkv: Linear, proj: Linear, num_heads: int,
+                 rel_pos: tuple[mx.array, mx.array] | None = None) -> None:
+        super().__init__(qkv.device)
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.qkv = Linear.load(vb.pp("qkv"), dim, 3 * dim, bias=qkv_bias)
-        self.proj = Linear.load(vb.pp("proj"), dim, dim)
-        self.use_rel_pos = use_rel_pos
+        self.head_dim = proj.out_features // num_heads
+        self.qkv, self.proj = qkv, proj
+        self.use_rel_pos = rel_pos is not None
+        if rel_pos is not None:
+            self.rel_pos_h, self.rel_pos_w = rel_pos
+
+    @classmethod
+    def load(cls, vb: VarBuilder, dim: int, num_heads: int, input_size: tuple[int, int],
+             qkv_bias: bool = True, use_rel_pos: bool = True) -> "ViTAttention":
+        qkv = Linear.load(vb.pp("qkv"), dim, 3 * dim, bias=qkv_bias)
+        proj, rel_pos = Linear.load(vb.pp("proj"), dim, dim), None
         if use_rel_pos:
-            h, w = input_size
-            self.rel_pos_h = vb.get((2 * h - 1, self.head_dim), "rel_pos_h", cn.Init.const(0.0))
-            self.rel_pos_w = vb.get((2 * w - 1, self.head_dim), "rel_pos_w", cn.Init.const(0.0))
+            (h, w), head_dim, zero = input_size, dim // num_heads, cn.Init.const(0.0)
+            rel_pos = (vb.get((2 * h - 1, head_dim), "rel_pos_h", zero),
+                       vb.get((2 * w - 1, head_dim), "rel_pos_w", zero))
+        return cls(qkv, proj, num_heads, rel_pos)
 
     def rel_pos_bias(self, q: mx.array, h: int, w: int) -> mx.array:
         """``(B, heads, h*w, h*w)`` additive bias from unscaled queries ``(B, heads, h*w, hd)``."""
@@ -127,15 +137,21 @@ def window_unpartition(windows: mx.array, window: int, padded: tuple[int, int],
 class ViTBlock(Module):
     """Pre-norm transformer block (LayerNorm eps 1e-6), windowed when ``window_size > 0``."""
 
-    def __init__(self, vb: VarBuilder, dim: int, num_heads: int, window_size: int,
-                 grid: tuple[int, int]) -> None:
-        super().__init__(vb.device)
+    def __init__(self, norm1: LayerNorm, attn: ViTAttention, norm2: LayerNorm, mlp: MlpBlock,
+                 window_size: int) -> None:
+        super().__init__(attn.device)
         self.window_size = window_size
-        self.norm1 = LayerNorm.load(vb.pp("norm1"), dim, 1e-6)
+        self.norm1, self.attn, self.norm2, self.mlp = norm1, attn, norm2, mlp
+
+    @classmethod
+    def load(cls, vb: VarBuilder, dim: int, num_heads: int, window_size: int,
+             grid: tuple[int, int]) -> "ViTBlock":
+        """``window_size`` 0: global attention over the whole ``grid``."""
         attn_size = (window_size, window_size) if window_size > 0 else grid
-        self.attn = ViTAttention(vb.pp("attn"), dim, num_heads, attn_size)
-        self.norm2 = LayerNorm.load(vb.pp("norm2"), dim, 1e-6)
-        self.mlp = MlpBlock(vb.pp("mlp"), dim, 4 * dim, activation="gelu")
+        return cls(LayerNorm.load(vb.pp("norm1"), dim, 1e-6),
+                   ViTAttention.load(vb.pp("attn"), dim, num_heads, attn_size),
+                   LayerNorm.load(vb.pp("norm2"), dim, 1e-6),
+                   MlpBlock.load(vb.pp("mlp"), dim, 4 * dim, activation="gelu"), window_size)
 
     def forward(self, x: mx.array) -> mx.array:
         y = self.norm1(x)
@@ -150,23 +166,22 @@ class ViTBlock(Module):
 
 
 class ImageEncoderViT(Module):
-    """SAM's ViT encoder: ``(B, img, img, 3)`` → ``(B, img/16, img/16, out_chans)``."""
+    """SAM's ViT encoder: ``(B, img, img, 3)`` → ``(B, img/16, img/16, out_chans)``.
 
-    def __init__(self, vb: VarBuilder, config: ViTConfig) -> None:
-        super().__init__(vb.device)
-        c = config
-        grid = c.img_size // c.patch_size
-        self.patch_embed = Conv2d.load(vb.pp("patch_embed.proj"), 3, c.embed_dim, c.patch_size,
-                                       Conv2dConfig(stride=c.patch_size))
-        self.pos_embed = vb.get((1, grid, grid, c.embed_dim), "pos_embed", cn.Init.const(0.0))
-        self.blocks = [ViTBlock(vb.pp("blocks").pp(i), c.embed_dim, c.num_heads,
-                                0 if i in c.global_attn_indexes else c.window_size, (grid, grid))
-                       for i in range(c.depth)]
-        self.neck_conv1 = Conv2d.load(vb.pp("neck.0"), c.embed_dim, c.out_chans, 1, bias=False)
-        self.neck_ln1 = LayerNorm2d.load(vb.pp("neck.1"), c.out_chans)
-        self.neck_conv2 = Conv2d.load(vb.pp("neck.2"), c.out_chans, c.out_chans, 3,
-                                      Conv2dConfig(padding=1), bias=False)
-        self.neck_ln2 = LayerNorm2d.load(vb.pp("neck.3"), c.out_chans)
+    Args:
+        patch_embed: the ``patch_size`` x ``patch_size``, stride ``patch_size`` conv.
+        pos_embed: ``(1, img/16, img/16, embed_dim)`` absolute position embedding.
+        blocks: the transformer blocks.
+        neck: the conv/LayerNorm2d neck (:class:`Neck`).
+    """
+
+    def __init__(self, patch_embed: Conv2d, pos_embed: mx.array, blocks: list[ViTBlock],
+                 neck: Neck) -> None:
+        super().__init__(patch_embed.device)
+        self.patch_embed = patch_embed
+        self.pos_embed = pos_embed
+        self.blocks = blocks
+        self.neck = neck
 
     @classmethod
     def load(cls, vb: VarBuilder, variant: "str | ViTConfig" = "vit_b") -> "ImageEncoderViT":
@@ -176,10 +191,18 @@ class ImageEncoderViT(Module):
                 raise ValueError(f"unknown SAM ViT variant {variant!r}; "
                                  f"choose one of {sorted(VIT_CONFIGS)}")
             variant = VIT_CONFIGS[variant]
-        return cls(vb, variant)
+        c, blocks = variant, vb.pp("blocks")
+        grid = c.img_size // c.patch_size
+        return cls(Conv2d.load(vb.pp("patch_embed.proj"), 3, c.embed_dim, c.patch_size,
+                               Conv2dConfig(stride=c.patch_size)),
+                   vb.get((1, grid, grid, c.embed_dim), "pos_embed", cn.Init.const(0.0)),
+                   [ViTBlock.load(blocks.pp(i), c.embed_dim, c.num_heads,
+                                  0 if i in c.global_attn_indexes else c.window_size, (grid, grid))
+                    for i in range(c.depth)],
+                   Neck.load(vb.pp("neck"), c.embed_dim, c.out_chans))
 
     def forward(self, x: mx.array) -> mx.array:
         x = self.patch_embed(x) + self.pos_embed
         for block in self.blocks:
             x = block(x)
-        return self.neck_ln2(self.neck_conv2(self.neck_ln1(self.neck_conv1(x))))
+        return self.neck(x)

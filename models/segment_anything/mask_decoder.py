@@ -18,13 +18,17 @@ from .transformer import TwoWayTransformer
 class MlpHead(Module):
     """``num_layers`` Linear layers (``layers.i``) with ReLU between, optional final sigmoid."""
 
-    def __init__(self, vb: VarBuilder, input_dim: int, hidden_dim: int, output_dim: int,
-                 num_layers: int, sigmoid_output: bool = False) -> None:
-        super().__init__(vb.device)
-        dims = [input_dim] + [hidden_dim] * (num_layers - 1) + [output_dim]
-        self.layers = [Linear.load(vb.pp("layers").pp(i), dims[i], dims[i + 1])
-                       for i in range(num_layers)]
+    def __init__(self, layers: list[Linear], sigmoid_output: bool = False) -> None:
+        super().__init__(layers[0].device)
+        self.layers = layers
         self.sigmoid_output = sigmoid_output
+
+    @classmethod
+    def load(cls, vb: VarBuilder, input_dim: int, hidden_dim: int, output_dim: int,
+             num_layers: int, sigmoid_output: bool = False) -> "MlpHead":
+        dims = [input_dim] + [hidden_dim] * (num_layers - 1) + [output_dim]
+        return cls([Linear.load(vb.pp("layers").pp(i), dims[i], dims[i + 1])
+                    for i in range(num_layers)], sigmoid_output)
 
     def forward(self, x: mx.array) -> mx.array:
         for i, layer in enumerate(self.layers):
@@ -38,35 +42,46 @@ class MaskDecoder(Module):
     """Two-way transformer over [IoU token, mask tokens, prompt tokens] and the image, then
     transposed-conv upscaling and per-mask hypernetwork MLPs.
 
-    Args (of :meth:`load`): ``transformer_dim`` 256, ``num_multimask_outputs`` 3,
+    Args:
+        transformer: the two-way transformer.
+        iou_token, mask_tokens: ``(1, dim)`` and ``(num_mask_tokens, dim)`` learned tokens.
+        output_upscaling: transposed conv (2x), LayerNorm2d, transposed conv (2x): ``dim`` →
+            ``dim / 8`` channels at 4x the resolution, GELU after the norm and the last conv.
+        output_hypernetworks_mlps: one MLP per mask token, ``dim → dim / 8``.
+        iou_prediction_head: MLP ``dim → num_mask_tokens``.
+
+    :meth:`load` builds SAM's: ``transformer_dim`` 256, ``num_multimask_outputs`` 3,
     ``iou_head_depth`` 3, ``iou_head_hidden_dim`` 256.
     """
 
-    def __init__(self, vb: VarBuilder, transformer_dim: int, num_multimask_outputs: int,
-                 iou_head_depth: int, iou_head_hidden_dim: int) -> None:
-        super().__init__(vb.device)
-        d = transformer_dim
-        self.num_mask_tokens = num_multimask_outputs + 1
-        self.transformer = TwoWayTransformer(vb.pp("transformer"), depth=2, dim=d, num_heads=8,
-                                             mlp_dim=2048)
-        self.iou_token = Embedding.load(vb.pp("iou_token"), 1, d)
-        self.mask_tokens = Embedding.load(vb.pp("mask_tokens"), self.num_mask_tokens, d)
-        up = ConvTranspose2dConfig(stride=2)
-        self.output_upscaling_conv1 = ConvTranspose2d.load(vb.pp("output_upscaling.0"), d,
-                                                           d // 4, 2, up)
-        self.output_upscaling_ln = LayerNorm2d.load(vb.pp("output_upscaling.1"), d // 4)
-        self.output_upscaling_conv2 = ConvTranspose2d.load(vb.pp("output_upscaling.3"), d // 4,
-                                                           d // 8, 2, up)
-        self.output_hypernetworks_mlps = [
-            MlpHead(vb.pp("output_hypernetworks_mlps").pp(i), d, d, d // 8, 3)
-            for i in range(self.num_mask_tokens)]
-        self.iou_prediction_head = MlpHead(vb.pp("iou_prediction_head"), d, iou_head_hidden_dim,
-                                           self.num_mask_tokens, iou_head_depth)
+    def __init__(self, transformer: TwoWayTransformer, iou_token: Embedding,
+                 mask_tokens: Embedding,
+                 output_upscaling: tuple[ConvTranspose2d, LayerNorm2d, ConvTranspose2d],
+                 output_hypernetworks_mlps: list[MlpHead], iou_prediction_head: MlpHead) -> None:
+        super().__init__(transformer.device)
+        self.num_mask_tokens = len(output_hypernetworks_mlps)
+        self.transformer = transformer
+        self.iou_token, self.mask_tokens = iou_token, mask_tokens
+        (self.output_upscaling_conv1, self.output_upscaling_ln,
+         self.output_upscaling_conv2) = output_upscaling
+        self.output_hypernetworks_mlps = output_hypernetworks_mlps
+        self.iou_prediction_head = iou_prediction_head
 
     @classmethod
     def load(cls, vb: VarBuilder, transformer_dim: int = 256, num_multimask_outputs: int = 3,
              iou_head_depth: int = 3, iou_head_hidden_dim: int = 256) -> "MaskDecoder":
-        return cls(vb, transformer_dim, num_multimask_outputs, iou_head_depth, iou_head_hidden_dim)
+        d, tokens = transformer_dim, num_multimask_outputs + 1
+        up, mlps = ConvTranspose2dConfig(stride=2), vb.pp("output_hypernetworks_mlps")
+        return cls(TwoWayTransformer.load(vb.pp("transformer"), depth=2, dim=d, num_heads=8,
+                                          mlp_dim=2048),
+                   Embedding.load(vb.pp("iou_token"), 1, d),
+                   Embedding.load(vb.pp("mask_tokens"), tokens, d),
+                   (ConvTranspose2d.load(vb.pp("output_upscaling.0"), d, d // 4, 2, up),
+                    LayerNorm2d.load(vb.pp("output_upscaling.1"), d // 4),
+                    ConvTranspose2d.load(vb.pp("output_upscaling.3"), d // 4, d // 8, 2, up)),
+                   [MlpHead.load(mlps.pp(i), d, d, d // 8, 3) for i in range(tokens)],
+                   MlpHead.load(vb.pp("iou_prediction_head"), d, iou_head_hidden_dim, tokens,
+                                iou_head_depth))
 
     def forward(self, image_embeddings: mx.array, image_pe: mx.array,
                 sparse_prompt_embeddings: mx.array, dense_prompt_embeddings: mx.array,

@@ -24,10 +24,16 @@ class PositionEmbeddingRandom(Module):
     ``[sin(2π (2p - 1) G), cos(2π (2p - 1) G)]``, ``2F`` features.
     """
 
-    def __init__(self, vb: VarBuilder, num_pos_feats: int) -> None:
-        super().__init__(vb.device)
-        self.positional_encoding_gaussian_matrix = vb.get(
-            (2, num_pos_feats), "positional_encoding_gaussian_matrix", cn.Init.normal(0.0, 1.0))
+    def __init__(self, positional_encoding_gaussian_matrix: mx.array, *, device: cn.Device) -> None:
+        super().__init__(device)
+        self.positional_encoding_gaussian_matrix = positional_encoding_gaussian_matrix
+
+    @classmethod
+    def load(cls, vb: VarBuilder, num_pos_feats: int) -> "PositionEmbeddingRandom":
+        """``positional_encoding_gaussian_matrix`` ``(2, num_pos_feats)``."""
+        matrix = vb.get((2, num_pos_feats), "positional_encoding_gaussian_matrix",
+                        cn.Init.normal(0.0, 1.0))
+        return cls(matrix, device=vb.device)
 
     def encode(self, coords: mx.array) -> mx.array:
         """``(..., 2)`` normalised (x, y) in ``[0, 1]`` → ``(..., 2F)``."""
@@ -52,41 +58,53 @@ class PositionEmbeddingRandom(Module):
 class PromptEncoder(Module):
     """Embeds point, box and mask prompts for the mask decoder.
 
-    Args (of :meth:`load`):
-        embed_dim: prompt embedding width (256).
+    Args:
+        pe_layer: the random-Fourier encoding of ``embed_dim / 2`` frequencies.
+        point_embeddings: the four ``(1, embed_dim)`` embeddings added to negative points,
+            positive points, box top-left and bottom-right corners.
+        not_a_point_embed, no_mask_embed: ``(1, embed_dim)`` each.
+        mask_downscaling: conv 2x2/2, LayerNorm2d, conv 2x2/2, LayerNorm2d, conv 1x1 (GELU after
+            each norm): ``(B, 256, 256, 1)`` → ``(B, 64, 64, embed_dim)``.
         image_embedding_size: ``(64, 64)``, the encoder's output grid.
         input_image_size: ``(1024, 1024)``, the frame the coordinates are given in.
-        mask_in_chans: hidden width of the mask downscaler (16).
+
+    :meth:`load` builds SAM's: ``embed_dim`` 256, mask downscaler width ``mask_in_chans`` 16.
     """
 
-    def __init__(self, vb: VarBuilder, embed_dim: int, image_embedding_size: tuple[int, int],
-                 input_image_size: tuple[int, int], mask_in_chans: int) -> None:
-        super().__init__(vb.device)
-        self.embed_dim = embed_dim
+    def __init__(self, pe_layer: PositionEmbeddingRandom, point_embeddings: list[Embedding],
+                 not_a_point_embed: Embedding, no_mask_embed: Embedding,
+                 mask_downscaling: tuple[Conv2d, LayerNorm2d, Conv2d, LayerNorm2d, Conv2d],
+                 image_embedding_size: tuple[int, int],
+                 input_image_size: tuple[int, int]) -> None:
+        super().__init__(pe_layer.device)
+        self.embed_dim = int(no_mask_embed.embeddings.shape[-1])
         self.image_embedding_size = tuple(image_embedding_size)
         self.input_image_size = tuple(input_image_size)
-        self.pe_layer = PositionEmbeddingRandom(vb.pp("pe_layer"), embed_dim // 2)
-        self.point_embeddings = [Embedding.load(vb.pp("point_embeddings").pp(i), 1, embed_dim)
-                                 for i in range(NUM_POINT_EMBEDDINGS)]
-        self.not_a_point_embed = Embedding.load(vb.pp("not_a_point_embed"), 1, embed_dim)
-        self.no_mask_embed = Embedding.load(vb.pp("no_mask_embed"), 1, embed_dim)
-        stride2 = Conv2dConfig(stride=2)
-        self.mask_downscaling_conv1 = Conv2d.load(vb.pp("mask_downscaling.0"), 1,
-                                                  mask_in_chans // 4, 2, stride2)
-        self.mask_downscaling_ln1 = LayerNorm2d.load(vb.pp("mask_downscaling.1"),
-                                                     mask_in_chans // 4)
-        self.mask_downscaling_conv2 = Conv2d.load(vb.pp("mask_downscaling.3"), mask_in_chans // 4,
-                                                  mask_in_chans, 2, stride2)
-        self.mask_downscaling_ln2 = LayerNorm2d.load(vb.pp("mask_downscaling.4"), mask_in_chans)
-        self.mask_downscaling_conv3 = Conv2d.load(vb.pp("mask_downscaling.6"), mask_in_chans,
-                                                  embed_dim, 1)
+        self.pe_layer = pe_layer
+        self.point_embeddings = point_embeddings
+        self.not_a_point_embed = not_a_point_embed
+        self.no_mask_embed = no_mask_embed
+        (self.mask_downscaling_conv1, self.mask_downscaling_ln1, self.mask_downscaling_conv2,
+         self.mask_downscaling_ln2, self.mask_downscaling_conv3) = mask_downscaling
 
     @classmethod
     def load(cls, vb: VarBuilder, embed_dim: int = 256,
              image_embedding_size: tuple[int, int] = (64, 64),
              input_image_size: tuple[int, int] = (1024, 1024),
              mask_in_chans: int = 16) -> "PromptEncoder":
-        return cls(vb, embed_dim, image_embedding_size, input_image_size, mask_in_chans)
+        stride2, down = Conv2dConfig(stride=2), vb.pp("mask_downscaling")
+        points = vb.pp("point_embeddings")
+        return cls(PositionEmbeddingRandom.load(vb.pp("pe_layer"), embed_dim // 2),
+                   [Embedding.load(points.pp(i), 1, embed_dim)
+                    for i in range(NUM_POINT_EMBEDDINGS)],
+                   Embedding.load(vb.pp("not_a_point_embed"), 1, embed_dim),
+                   Embedding.load(vb.pp("no_mask_embed"), 1, embed_dim),
+                   (Conv2d.load(down.pp(0), 1, mask_in_chans // 4, 2, stride2),
+                    LayerNorm2d.load(down.pp(1), mask_in_chans // 4),
+                    Conv2d.load(down.pp(3), mask_in_chans // 4, mask_in_chans, 2, stride2),
+                    LayerNorm2d.load(down.pp(4), mask_in_chans),
+                    Conv2d.load(down.pp(6), mask_in_chans, embed_dim, 1)),
+                   image_embedding_size, input_image_size)
 
     def get_dense_pe(self) -> mx.array:
         """Positional encoding of the image embedding grid, NHWC ``(1, 64, 64, embed_dim)``."""

@@ -12,10 +12,10 @@ import candle_nn as cn
 from candle_nn import Module, VarBuilder
 import mlx.core as mx
 
-from .image_encoder import ImageEncoderViT
+from .image_encoder import VIT_CONFIGS, ImageEncoderViT, ViTConfig
 from .mask_decoder import MaskDecoder
 from .prompt_encoder import PromptEncoder
-from .tiny_vit import tiny_vit_5m
+from .tiny_vit import TINY_VIT_CONFIGS, TinyViT, TinyViTConfig
 
 IMAGE_SIZE = 1024
 PROMPT_EMBED_DIM = 256
@@ -25,41 +25,56 @@ PIXEL_MEAN = (123.675, 116.28, 103.53)
 PIXEL_STD = (58.395, 57.12, 57.375)
 
 
-class Sam(Module):
-    """SAM over a given image encoder (``image_encoder.*``, ``prompt_encoder.*``,
-    ``mask_decoder.*``).
+# MobileSAM's encoder names (the "vit_t" of its checkpoints is our "tiny") -> TinyViT config.
+MOBILE_SAM_ENCODERS = {"tiny": "5m"}
 
-    Build MobileSAM with :meth:`load_tiny`, the original SAM with :meth:`load_vit`. Calling the
-    model decodes prompts against a precomputed image embedding (see :meth:`forward`);
-    :meth:`embed` runs the encoder.
+
+class Sam(Module):
+    """SAM: an image encoder (``image_encoder.*``), the prompt encoder (``prompt_encoder.*``) and
+    the mask decoder (``mask_decoder.*``).
+
+    Build it with :meth:`load`: ``Sam.load(vb)`` is MobileSAM, ``Sam.load(vb, "vit_b")`` the
+    original SAM. Calling the model decodes prompts against a precomputed image embedding (see
+    :meth:`forward`); :meth:`embed` runs the encoder.
     """
 
     mask_threshold: float = 0.0
     image_size: int = IMAGE_SIZE
 
-    def __init__(self, vb: VarBuilder, image_encoder: Module) -> None:
-        super().__init__(vb.device)
-        size = IMAGE_EMBEDDING_SIZE
+    def __init__(self, image_encoder: Module, prompt_encoder: PromptEncoder,
+                 mask_decoder: MaskDecoder) -> None:
+        super().__init__(prompt_encoder.device)
         self.image_encoder = image_encoder
-        self.prompt_encoder = PromptEncoder.load(vb.pp("prompt_encoder"), PROMPT_EMBED_DIM,
-                                                 (size, size), (IMAGE_SIZE, IMAGE_SIZE),
-                                                 MASK_IN_CHANS)
-        self.mask_decoder = MaskDecoder.load(vb.pp("mask_decoder"), PROMPT_EMBED_DIM,
-                                             num_multimask_outputs=3, iou_head_depth=3,
-                                             iou_head_hidden_dim=256)
+        self.prompt_encoder = prompt_encoder
+        self.mask_decoder = mask_decoder
         self._pixel_mean = mx.array(PIXEL_MEAN, dtype=mx.float32)
         self._pixel_std = mx.array(PIXEL_STD, dtype=mx.float32)
 
     @classmethod
-    def load_tiny(cls, vb: VarBuilder) -> "Sam":
-        """MobileSAM: the TinyViT-5M encoder (candle's ``Sam::new_tiny``)."""
-        return cls(vb, tiny_vit_5m(vb.pp("image_encoder")))
-
-    @classmethod
-    def load_vit(cls, vb: VarBuilder, variant: str = "vit_b") -> "Sam":
-        """The original SAM with a ViT encoder: ``"vit_b"`` (candle's ``Sam::new(768, 12, 12,
-        &[2, 5, 8, 11])``), ``"vit_l"`` or ``"vit_h"``."""
-        return cls(vb, ImageEncoderViT.load(vb.pp("image_encoder"), variant))
+    def load(cls, vb: VarBuilder,
+             encoder: "str | TinyViTConfig | ViTConfig" = "tiny") -> "Sam":
+        """Build SAM from ``vb`` with the image encoder ``encoder``: ``"tiny"`` (MobileSAM's
+        TinyViT-5M, candle's ``Sam::new_tiny``), ``"vit_b"`` (candle's ``Sam::new(768, 12, 12,
+        &[2, 5, 8, 11])``), ``"vit_l"``, ``"vit_h"``, or a :class:`TinyViTConfig` /
+        :class:`ViTConfig`."""
+        size = IMAGE_EMBEDDING_SIZE
+        image_vb = vb.pp("image_encoder")
+        if isinstance(encoder, str):
+            encoder = (TINY_VIT_CONFIGS[MOBILE_SAM_ENCODERS[encoder]]
+                       if encoder in MOBILE_SAM_ENCODERS else VIT_CONFIGS.get(encoder, encoder))
+        if isinstance(encoder, TinyViTConfig):
+            image_encoder: Module = TinyViT.load(image_vb, encoder)
+        elif isinstance(encoder, ViTConfig):
+            image_encoder = ImageEncoderViT.load(image_vb, encoder)
+        else:
+            raise ValueError(f"unknown SAM encoder {encoder!r}; choose one of "
+                             f"{[*MOBILE_SAM_ENCODERS, *VIT_CONFIGS]}")
+        return cls(image_encoder,
+                   PromptEncoder.load(vb.pp("prompt_encoder"), PROMPT_EMBED_DIM, (size, size),
+                                      (IMAGE_SIZE, IMAGE_SIZE), MASK_IN_CHANS),
+                   MaskDecoder.load(vb.pp("mask_decoder"), PROMPT_EMBED_DIM,
+                                    num_multimask_outputs=3, iou_head_depth=3,
+                                    iou_head_hidden_dim=256))
 
     # -- image side ------------------------------------------------------------------------------
     def preprocess(self, pixels: mx.array) -> mx.array:

@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import candle_nn as cn
-from candle_nn import Conv2d, Conv2dConfig, LayerNorm, LayerNorm2d, Linear, Module, VarBuilder
+from candle_nn import Conv2d, Conv2dConfig, LayerNorm, Linear, Module, VarBuilder
 import mlx.core as mx
 import numpy as np
 
+from .neck import Neck
 
 MBCONV_EXPAND_RATIO = 4
 MLP_RATIO = 4
@@ -44,53 +45,67 @@ TINY_VIT_CONFIGS: dict[str, TinyViTConfig] = {
 
 def conv2d_bn(vb: VarBuilder, in_channels: int, out_channels: int, kernel_size: int,
               config: Conv2dConfig = Conv2dConfig()) -> Conv2d:
-    """MobileSAM's ``Conv2d_BN``: ``c`` (no bias) then ``bn`` (eps 1e-5), folded into one Conv2d."""
-    conv = Conv2d.load(vb.pp("c"), in_channels, out_channels, kernel_size, config, bias=False)
-    return conv.fold_batch_norm(cn.BatchNorm2d.load(vb.pp("bn"), out_channels, 1e-5))
+    """MobileSAM's ``Conv2d_BN``: ``c`` (no bias) then ``bn`` (eps 1e-5), one Conv2d."""
+    return Conv2d.load_with_bn(vb, in_channels, out_channels, kernel_size, config, conv="c")
 
 
 class PatchEmbed(Module):
     """Two stride-2 3x3 conv-BN with a GELU between: ``(B, H, W, 3)`` → ``(B, H/4, W/4, dim)``."""
 
-    def __init__(self, vb: VarBuilder, in_channels: int, embed_dim: int) -> None:
-        super().__init__(vb.device)
+    def __init__(self, conv1: Conv2d, conv2: Conv2d) -> None:
+        super().__init__(conv1.device)
+        self.conv1, self.conv2 = conv1, conv2
+
+    @classmethod
+    def load(cls, vb: VarBuilder, in_channels: int, embed_dim: int) -> "PatchEmbed":
         cfg = Conv2dConfig(stride=2, padding=1)
-        self.conv1 = conv2d_bn(vb.pp("seq.0"), in_channels, embed_dim // 2, 3, cfg)
-        self.conv2 = conv2d_bn(vb.pp("seq.2"), embed_dim // 2, embed_dim, 3, cfg)
+        return cls(conv2d_bn(vb.pp("seq.0"), in_channels, embed_dim // 2, 3, cfg),
+                   conv2d_bn(vb.pp("seq.2"), embed_dim // 2, embed_dim, 3, cfg))
 
     def forward(self, x: mx.array) -> mx.array:
         return self.conv2(self.conv1(x, activation="gelu"))
 
 
-class MBConv(Module):
+class ThreeConvs(Module):
+    """What :class:`MBConv` and :class:`PatchMerging` hold: a 1x1 conv, a 3x3 depthwise conv and
+    a 1x1 conv (``conv1`` … ``conv3``, each conv-BN)."""
+
+    def __init__(self, conv1: Conv2d, conv2: Conv2d, conv3: Conv2d) -> None:
+        super().__init__(conv1.device)
+        self.conv1, self.conv2, self.conv3 = conv1, conv2, conv3
+
+    @classmethod
+    def load(cls, vb: VarBuilder, dim: int, hidden: int, out: int, stride: int = 1) -> "ThreeConvs":
+        """``dim`` → ``hidden`` → (depthwise, ``stride``) → ``out`` channels."""
+        return cls(conv2d_bn(vb.pp("conv1"), dim, hidden, 1),
+                   conv2d_bn(vb.pp("conv2"), hidden, hidden, 3,
+                             Conv2dConfig(padding=1, stride=stride, groups=hidden)),
+                   conv2d_bn(vb.pp("conv3"), hidden, out, 1))
+
+
+class MBConv(ThreeConvs):
     """Inverted residual: 1x1 expand, 3x3 depthwise, 1x1 project, residual, GELU. Shape kept."""
 
-    def __init__(self, vb: VarBuilder, dim: int, expand_ratio: int = MBCONV_EXPAND_RATIO) -> None:
-        super().__init__(vb.device)
-        hidden = dim * expand_ratio
-        self.conv1 = conv2d_bn(vb.pp("conv1"), dim, hidden, 1)
-        self.conv2 = conv2d_bn(vb.pp("conv2"), hidden, hidden, 3,
-                               Conv2dConfig(padding=1, groups=hidden))
-        self.conv3 = conv2d_bn(vb.pp("conv3"), hidden, dim, 1)
+    @classmethod
+    def load(cls, vb: VarBuilder, dim: int,  # type: ignore[override]
+             expand_ratio: int = MBCONV_EXPAND_RATIO) -> "MBConv":
+        return super().load(vb, dim, dim * expand_ratio, dim)  # type: ignore[return-value]
 
     def forward(self, x: mx.array) -> mx.array:
         y = self.conv2(self.conv1(x, activation="gelu"), activation="gelu")
         return self.conv3(y, activation="gelu", residual=x)
 
 
-class PatchMerging(Module):
+class PatchMerging(ThreeConvs):
     """1x1 conv, 3x3 depthwise conv (stride 2, or 1 for the widest stages), 1x1 conv.
 
     ``(B, H, W, dim)`` → ``(B, H/stride, W/stride, out)``.
     """
 
-    def __init__(self, vb: VarBuilder, dim: int, out: int) -> None:
-        super().__init__(vb.device)
+    @classmethod
+    def load(cls, vb: VarBuilder, dim: int, out: int) -> "PatchMerging":  # type: ignore[override]
         stride = 1 if out in (320, 448, 576) else 2  # MobileSAM keeps 64x64 for the last stage
-        self.conv1 = conv2d_bn(vb.pp("conv1"), dim, out, 1)
-        self.conv2 = conv2d_bn(vb.pp("conv2"), out, out, 3,
-                               Conv2dConfig(padding=1, stride=stride, groups=out))
-        self.conv3 = conv2d_bn(vb.pp("conv3"), out, out, 1)
+        return super().load(vb, dim, out, out, stride)  # type: ignore[return-value]
 
     def forward(self, x: mx.array) -> mx.array:
         return self.conv3(self.conv2(self.conv1(x, activation="gelu"), activation="gelu"))
@@ -99,10 +114,15 @@ class PatchMerging(Module):
 class ConvLayer(Module):
     """Stage 0: ``depth`` MBConv blocks then patch merging to ``out`` channels."""
 
-    def __init__(self, vb: VarBuilder, dim: int, out: int, depth: int) -> None:
-        super().__init__(vb.device)
-        self.blocks = [MBConv(vb.pp("blocks").pp(i), dim) for i in range(depth)]
-        self.downsample = PatchMerging(vb.pp("downsample"), dim, out)
+    def __init__(self, blocks: list[MBConv], downsample: PatchMerging) -> None:
+        super().__init__(downsample.device)
+        self.blocks = blocks
+        self.downsample = downsample
+
+    @classmethod
+    def load(cls, vb: VarBuilder, dim: int, out: int, depth: int) -> "ConvLayer":
+        return cls([MBConv.load(vb.pp("blocks").pp(i), dim) for i in range(depth)],
+                   PatchMerging.load(vb.pp("downsample"), dim, out))
 
     def forward(self, x: mx.array) -> mx.array:
         for block in self.blocks:
@@ -113,11 +133,14 @@ class ConvLayer(Module):
 class Mlp(Module):
     """Pre-norm MLP: LayerNorm, fc1, GELU, fc2. ``(..., dim)`` → ``(..., dim)``."""
 
-    def __init__(self, vb: VarBuilder, dim: int, hidden: int) -> None:
-        super().__init__(vb.device)
-        self.norm = LayerNorm.load(vb.pp("norm"), dim, 1e-5)
-        self.fc1 = Linear.load(vb.pp("fc1"), dim, hidden)
-        self.fc2 = Linear.load(vb.pp("fc2"), hidden, dim)
+    def __init__(self, norm: LayerNorm, fc1: Linear, fc2: Linear) -> None:
+        super().__init__(fc1.device)
+        self.norm, self.fc1, self.fc2 = norm, fc1, fc2
+
+    @classmethod
+    def load(cls, vb: VarBuilder, dim: int, hidden: int) -> "Mlp":
+        return cls(LayerNorm.load(vb.pp("norm"), dim, 1e-5), Linear.load(vb.pp("fc1"), dim, hidden),
+                   Linear.load(vb.pp("fc2"), hidden, dim))
 
     def forward(self, x: mx.array) -> mx.array:
         return self.fc2(self.fc1(self.norm(x), activation="gelu"))
@@ -147,16 +170,21 @@ class WindowAttention(Module):
     change to ``attention_biases`` always takes effect.
     """
 
-    def __init__(self, vb: VarBuilder, dim: int, num_heads: int, window: int) -> None:
-        super().__init__(vb.device)
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.norm = LayerNorm.load(vb.pp("norm"), dim, 1e-5)
-        self.qkv = Linear.load(vb.pp("qkv"), dim, 3 * dim)
-        self.proj = Linear.load(vb.pp("proj"), dim, dim)
-        index = attention_bias_index(window)
-        self.attention_biases = vb.get((num_heads, int(index.max()) + 1), "attention_biases")
-        self._bias_index = mx.array(index)  # "_": not a parameter
+    def __init__(self, norm: LayerNorm, qkv: Linear, proj: Linear, attention_biases: mx.array,
+                 window: int) -> None:
+        super().__init__(qkv.device)
+        self.num_heads = int(attention_biases.shape[0])
+        self.head_dim = proj.out_features // self.num_heads
+        self.norm, self.qkv, self.proj = norm, qkv, proj
+        self.attention_biases = attention_biases
+        self._bias_index = mx.array(attention_bias_index(window))  # "_": not a parameter
+
+    @classmethod
+    def load(cls, vb: VarBuilder, dim: int, num_heads: int, window: int) -> "WindowAttention":
+        offsets = int(attention_bias_index(window).max()) + 1
+        return cls(LayerNorm.load(vb.pp("norm"), dim, 1e-5),
+                   Linear.load(vb.pp("qkv"), dim, 3 * dim), Linear.load(vb.pp("proj"), dim, dim),
+                   vb.get((num_heads, offsets), "attention_biases"), window)
 
     def forward(self, x: mx.array) -> mx.array:
         b, n, _ = x.shape
@@ -186,13 +214,17 @@ class TinyViTBlock(Module):
     """Windowed attention (zero-padded to whole windows), residual; depthwise 3x3 local conv;
     MLP, residual. ``(B, H, W, dim)`` → same shape."""
 
-    def __init__(self, vb: VarBuilder, dim: int, num_heads: int, window: int) -> None:
-        super().__init__(vb.device)
+    def __init__(self, attn: WindowAttention, local_conv: Conv2d, mlp: Mlp, window: int) -> None:
+        super().__init__(attn.device)
         self.window = window
-        self.attn = WindowAttention(vb.pp("attn"), dim, num_heads, window)
-        self.local_conv = conv2d_bn(vb.pp("local_conv"), dim, dim, LOCAL_CONV_SIZE,
-                                    Conv2dConfig(padding=LOCAL_CONV_SIZE // 2, groups=dim))
-        self.mlp = Mlp(vb.pp("mlp"), dim, dim * MLP_RATIO)
+        self.attn, self.local_conv, self.mlp = attn, local_conv, mlp
+
+    @classmethod
+    def load(cls, vb: VarBuilder, dim: int, num_heads: int, window: int) -> "TinyViTBlock":
+        return cls(WindowAttention.load(vb.pp("attn"), dim, num_heads, window),
+                   conv2d_bn(vb.pp("local_conv"), dim, dim, LOCAL_CONV_SIZE,
+                             Conv2dConfig(padding=LOCAL_CONV_SIZE // 2, groups=dim)),
+                   Mlp.load(vb.pp("mlp"), dim, dim * MLP_RATIO), window)
 
     def forward(self, x: mx.array) -> mx.array:
         b, h, w, c = x.shape
@@ -208,13 +240,20 @@ class TinyViTBlock(Module):
 class BasicLayer(Module):
     """A stage of TinyViT blocks, then (except for the last stage) patch merging to ``out``."""
 
-    def __init__(self, vb: VarBuilder, dim: int, depth: int, num_heads: int, window: int,
-                 out: int | None) -> None:
-        super().__init__(vb.device)
-        self.blocks = [TinyViTBlock(vb.pp("blocks").pp(i), dim, num_heads, window)
-                       for i in range(depth)]
-        if out is not None:
-            self.downsample = PatchMerging(vb.pp("downsample"), dim, out)
+    def __init__(self, blocks: list[TinyViTBlock], downsample: PatchMerging | None) -> None:
+        """``downsample``: ``None`` for the last stage, which keeps its resolution and width."""
+        super().__init__(blocks[0].device)
+        self.blocks = blocks
+        if downsample is not None:
+            self.downsample = downsample
+
+    @classmethod
+    def load(cls, vb: VarBuilder, dim: int, depth: int, num_heads: int, window: int,
+             out: int | None) -> "BasicLayer":
+        """``out=None``: the last stage, without patch merging."""
+        return cls([TinyViTBlock.load(vb.pp("blocks").pp(i), dim, num_heads, window)
+                    for i in range(depth)],
+                   None if out is None else PatchMerging.load(vb.pp("downsample"), dim, out))
 
     def forward(self, x: mx.array) -> mx.array:
         for block in self.blocks:
@@ -225,41 +264,42 @@ class BasicLayer(Module):
 class TinyViT(Module):
     """MobileSAM's TinyViT image encoder (classification head unused).
 
-    ``(B, 1024, 1024, 3)`` → ``(B, 64, 64, 256)``. Load with :meth:`load` or
-    :func:`tiny_vit_5m` under the ``image_encoder`` prefix.
+    ``(B, 1024, 1024, 3)`` → ``(B, 64, 64, 256)``. Load with :meth:`load` under the
+    ``image_encoder`` prefix.
+
+    Args:
+        patch_embed: the stride-4 stem.
+        layers: the MBConv stage (:class:`ConvLayer`), then the attention stages
+            (:class:`BasicLayer`).
+        neck: the conv/LayerNorm2d neck (:class:`Neck`).
     """
 
-    def __init__(self, vb: VarBuilder, config: TinyViTConfig) -> None:
-        super().__init__(vb.device)
-        dims = config.embed_dims
-        self.patch_embed = PatchEmbed(vb.pp("patch_embed"), IN_CHANNELS, dims[0])
-        layers: list[Module] = [ConvLayer(vb.pp("layers.0"), dims[0], dims[1], config.depths[0])]
-        for i in range(1, len(dims)):
-            out = dims[i + 1] if i + 1 < len(dims) else None
-            layers.append(BasicLayer(vb.pp("layers").pp(i), dims[i], config.depths[i],
-                                     config.num_heads[i], config.window_sizes[i], out))
+    def __init__(self, patch_embed: PatchEmbed, layers: list[Module], neck: Neck) -> None:
+        super().__init__(patch_embed.device)
+        self.patch_embed = patch_embed
         self.layers = layers
-        self.neck_conv1 = Conv2d.load(vb.pp("neck.0"), dims[-1], NECK_CHANNELS, 1, bias=False)
-        self.neck_ln1 = LayerNorm2d.load(vb.pp("neck.1"), NECK_CHANNELS)
-        self.neck_conv2 = Conv2d.load(vb.pp("neck.2"), NECK_CHANNELS, NECK_CHANNELS, 3,
-                                      Conv2dConfig(padding=1), bias=False)
-        self.neck_ln2 = LayerNorm2d.load(vb.pp("neck.3"), NECK_CHANNELS)
+        self.neck = neck
 
     @classmethod
-    def load(cls, vb: VarBuilder, variant: str = "5m") -> "TinyViT":
-        """Build the ``variant`` (see ``TINY_VIT_CONFIGS``) from ``vb`` (``image_encoder``)."""
-        if variant not in TINY_VIT_CONFIGS:
-            raise ValueError(f"unknown TinyViT variant {variant!r}; "
-                             f"choose one of {sorted(TINY_VIT_CONFIGS)}")
-        return cls(vb, TINY_VIT_CONFIGS[variant])
+    def load(cls, vb: VarBuilder, variant: "str | TinyViTConfig" = "5m") -> "TinyViT":
+        """Build ``variant`` (a key of ``TINY_VIT_CONFIGS`` or a :class:`TinyViTConfig`) from
+        ``vb`` (``image_encoder``)."""
+        if isinstance(variant, str):
+            if variant not in TINY_VIT_CONFIGS:
+                raise ValueError(f"unknown TinyViT variant {variant!r}; "
+                                 f"choose one of {sorted(TINY_VIT_CONFIGS)}")
+            variant = TINY_VIT_CONFIGS[variant]
+        c, dims = variant, variant.embed_dims
+        patch_embed = PatchEmbed.load(vb.pp("patch_embed"), IN_CHANNELS, dims[0])
+        layers: list[Module] = [ConvLayer.load(vb.pp("layers.0"), dims[0], dims[1], c.depths[0])]
+        for i in range(1, len(dims)):
+            out = dims[i + 1] if i + 1 < len(dims) else None
+            layers.append(BasicLayer.load(vb.pp("layers").pp(i), dims[i], c.depths[i],
+                                          c.num_heads[i], c.window_sizes[i], out))
+        return cls(patch_embed, layers, Neck.load(vb.pp("neck"), dims[-1], NECK_CHANNELS))
 
     def forward(self, x: mx.array) -> mx.array:
         x = self.patch_embed(x)
         for layer in self.layers:
             x = layer(x)
-        return self.neck_ln2(self.neck_conv2(self.neck_ln1(self.neck_conv1(x))))
-
-
-def tiny_vit_5m(vb: VarBuilder) -> TinyViT:
-    """candle's ``tiny_vit_5m``: the MobileSAM encoder."""
-    return TinyViT.load(vb, "5m")
+        return self.neck(x)

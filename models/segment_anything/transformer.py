@@ -19,14 +19,19 @@ class Attention(Module):
     ``out_proj``. ``q (B, Lq, dim)``, ``k``, ``v (B, Lk, dim)`` → ``(B, Lq, dim)``.
     """
 
-    def __init__(self, vb: VarBuilder, dim: int, num_heads: int, downsample_rate: int = 1) -> None:
-        super().__init__(vb.device)
-        internal = dim // downsample_rate
+    def __init__(self, q_proj: Linear, k_proj: Linear, v_proj: Linear, out_proj: Linear,
+                 num_heads: int) -> None:
+        super().__init__(q_proj.device)
         self.num_heads = num_heads
-        self.q_proj = Linear.load(vb.pp("q_proj"), dim, internal)
-        self.k_proj = Linear.load(vb.pp("k_proj"), dim, internal)
-        self.v_proj = Linear.load(vb.pp("v_proj"), dim, internal)
-        self.out_proj = Linear.load(vb.pp("out_proj"), internal, dim)
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = q_proj, k_proj, v_proj, out_proj
+
+    @classmethod
+    def load(cls, vb: VarBuilder, dim: int, num_heads: int,
+             downsample_rate: int = 1) -> "Attention":
+        internal = dim // downsample_rate
+        return cls(*(Linear.load(vb.pp(name), dim, internal)
+                     for name in ("q_proj", "k_proj", "v_proj")),
+                   Linear.load(vb.pp("out_proj"), internal, dim), num_heads)
 
     def _heads(self, x: mx.array) -> mx.array:
         b, n, c = x.shape
@@ -43,11 +48,15 @@ class Attention(Module):
 class MlpBlock(Module):
     """``lin2(act(lin1(x)))``; SAM's transformer uses ReLU."""
 
-    def __init__(self, vb: VarBuilder, dim: int, mlp_dim: int, activation: str = "relu") -> None:
-        super().__init__(vb.device)
-        self.lin1 = Linear.load(vb.pp("lin1"), dim, mlp_dim)
-        self.lin2 = Linear.load(vb.pp("lin2"), mlp_dim, dim)
+    def __init__(self, lin1: Linear, lin2: Linear, activation: str = "relu") -> None:
+        super().__init__(lin1.device)
+        self.lin1, self.lin2 = lin1, lin2
         self.activation = cn.Activation(activation)
+
+    @classmethod
+    def load(cls, vb: VarBuilder, dim: int, mlp_dim: int, activation: str = "relu") -> "MlpBlock":
+        return cls(Linear.load(vb.pp("lin1"), dim, mlp_dim),
+                   Linear.load(vb.pp("lin2"), mlp_dim, dim), activation)
 
     def forward(self, x: mx.array) -> mx.array:
         return self.lin2(self.activation(self.lin1(x)))
@@ -61,20 +70,28 @@ class TwoWayAttentionBlock(Module):
     ``skip_first_layer_pe``).
     """
 
-    def __init__(self, vb: VarBuilder, dim: int, num_heads: int, mlp_dim: int,
+    def __init__(self, self_attn: Attention, cross_attn_token_to_image: Attention,
+                 cross_attn_image_to_token: Attention, mlp: MlpBlock, norms: list[LayerNorm],
                  skip_first_layer_pe: bool) -> None:
-        super().__init__(vb.device)
+        """``norms``: ``norm1`` … ``norm4``, after self-attention, token → image attention, the
+        MLP and image → token attention."""
+        super().__init__(self_attn.device)
         self.skip_first_layer_pe = skip_first_layer_pe
-        self.self_attn = Attention(vb.pp("self_attn"), dim, num_heads)
-        self.norm1 = LayerNorm.load(vb.pp("norm1"), dim, 1e-5)
-        self.cross_attn_token_to_image = Attention(vb.pp("cross_attn_token_to_image"), dim,
-                                                   num_heads, 2)
-        self.norm2 = LayerNorm.load(vb.pp("norm2"), dim, 1e-5)
-        self.mlp = MlpBlock(vb.pp("mlp"), dim, mlp_dim)
-        self.norm3 = LayerNorm.load(vb.pp("norm3"), dim, 1e-5)
-        self.norm4 = LayerNorm.load(vb.pp("norm4"), dim, 1e-5)
-        self.cross_attn_image_to_token = Attention(vb.pp("cross_attn_image_to_token"), dim,
-                                                   num_heads, 2)
+        self.self_attn = self_attn
+        self.cross_attn_token_to_image = cross_attn_token_to_image
+        self.cross_attn_image_to_token = cross_attn_image_to_token
+        self.mlp = mlp
+        self.norm1, self.norm2, self.norm3, self.norm4 = norms
+
+    @classmethod
+    def load(cls, vb: VarBuilder, dim: int, num_heads: int, mlp_dim: int,
+             skip_first_layer_pe: bool) -> "TwoWayAttentionBlock":
+        return cls(Attention.load(vb.pp("self_attn"), dim, num_heads),
+                   Attention.load(vb.pp("cross_attn_token_to_image"), dim, num_heads, 2),
+                   Attention.load(vb.pp("cross_attn_image_to_token"), dim, num_heads, 2),
+                   MlpBlock.load(vb.pp("mlp"), dim, mlp_dim),
+                   [LayerNorm.load(vb.pp(f"norm{i}"), dim, 1e-5) for i in range(1, 5)],
+                   skip_first_layer_pe)
 
     def forward(self, queries: mx.array, keys: mx.array, query_pe: mx.array,
                 key_pe: mx.array) -> tuple[mx.array, mx.array]:
@@ -102,13 +119,21 @@ class TwoWayTransformer(Module):
     ``(tokens (B, T, C), image tokens (B, H*W, C))``.
     """
 
-    def __init__(self, vb: VarBuilder, depth: int, dim: int, num_heads: int, mlp_dim: int) -> None:
-        super().__init__(vb.device)
-        self.layers = [TwoWayAttentionBlock(vb.pp("layers").pp(i), dim, num_heads, mlp_dim, i == 0)
-                       for i in range(depth)]
-        self.final_attn_token_to_image = Attention(vb.pp("final_attn_token_to_image"), dim,
-                                                   num_heads, 2)
-        self.norm_final_attn = LayerNorm.load(vb.pp("norm_final_attn"), dim, 1e-5)
+    def __init__(self, layers: list[TwoWayAttentionBlock], final_attn_token_to_image: Attention,
+                 norm_final_attn: LayerNorm) -> None:
+        super().__init__(final_attn_token_to_image.device)
+        self.layers = layers
+        self.final_attn_token_to_image = final_attn_token_to_image
+        self.norm_final_attn = norm_final_attn
+
+    @classmethod
+    def load(cls, vb: VarBuilder, depth: int, dim: int, num_heads: int,
+             mlp_dim: int) -> "TwoWayTransformer":
+        layers = vb.pp("layers")
+        return cls([TwoWayAttentionBlock.load(layers.pp(i), dim, num_heads, mlp_dim, i == 0)
+                    for i in range(depth)],
+                   Attention.load(vb.pp("final_attn_token_to_image"), dim, num_heads, 2),
+                   LayerNorm.load(vb.pp("norm_final_attn"), dim, 1e-5))
 
     def forward(self, image: mx.array, image_pe: mx.array,
                 tokens: mx.array) -> tuple[mx.array, mx.array]:
