@@ -16,6 +16,7 @@ preloads OpenBLAS); ``--in-process`` runs everything here instead (faster, for s
     python -m benchmarks --json b.json --markdown b.md     # also a Markdown table for the README
     python -m benchmarks --report b.json                   # print a saved run's table again
     python -m benchmarks --quick                           # smoke run: ResNet-18, few iterations
+    python -m benchmarks --models mobilesam-amg --repeat 1  # automatic masks vs MobileSAM's own
 """
 
 from __future__ import annotations
