@@ -45,7 +45,7 @@ def fixtures() -> Path:
     return Path(os.environ.get("CANDLE_NN_FIXTURES", ROOT.parent / "shared" / "fixtures"))
 
 
-# -- ours ----------------------------------------------------------------------------------------------
+# -- ours ------------------------------------------------------------------------------------------
 def _weights_file(model: BenchModel, cache_dir: str) -> tuple[str, str]:
     """``(safetensors path, where from)``: the fixture's weights, else seeded VarMap weights
     written once to ``cache_dir`` in candle's layout."""
@@ -86,7 +86,7 @@ def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_di
              compiled: bool = False) -> dict:
     """candle_nn: load from safetensors, then time the forward (``mx.compile``-d if asked)."""
     impl = OURS_COMPILED if compiled else OURS
-    reason = prepare_ours(model, device, dtype, opts)
+    reason = prepare_ours(device, opts)
     if reason:
         return result(impl, model, device, dtype, status="unavailable", reason=reason)
     import candle_nn as cn
@@ -99,8 +99,17 @@ def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_di
         arrays = ours_inputs(model, n, dtype, opts.seed)
         return lambda: mx.eval(fn(*arrays))
 
+    def enqueue(n: int):  # build the lazy graph and launch it; mx.eval waits
+        arrays = ours_inputs(model, n, dtype, opts.seed)
+
+        def launch():
+            out = fn(*arrays)
+            mx.async_eval(out)
+            return lambda: mx.eval(out)
+        return launch
+
     batch = opts.batch_for(model, device)
-    timings = time_calls(call(1), call(batch), batch, opts)
+    timings = time_calls(call(1), call(batch), batch, opts, (enqueue(1), enqueue(batch)))
     blas = cn.info()["blas"]
     cpu_note = f"BLAS {blas['name'].split(',')[0]}, {blas['threads'] or '?'} threads"
     precision = cn.float32_precision() if dtype == "float32" else dtype
@@ -109,13 +118,10 @@ def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_di
                   note=note, **timings)
 
 
-def prepare_ours(model: BenchModel, device: str, dtype: str, opts: Options) -> str | None:
+def prepare_ours(device: str, opts: Options) -> str | None:
     """Set up candle_nn in this worker (threads, float32 precision); why ours cannot run on
     ``device``, or None."""
-    missing = model.ours_available()
-    if missing:
-        return missing
-    import candle_nn as cn  # before mlx: picks the CPU BLAS
+    import candle_nn as cn
     import mlx.core as mx
 
     if opts.threads:
@@ -150,10 +156,6 @@ def _profile(args: argparse.Namespace, opts: Options, cache_dir: str) -> int:
         model = MODELS[name]
         for device in _devices(args.device):
             for dtype in (args.dtypes or "float32").split(","):
-                missing = model.ours_available()
-                if missing:
-                    print(f"{name}: {missing}")
-                    continue
                 if model.pipeline:
                     from benchmarks import bench_amg
 
@@ -166,7 +168,7 @@ def _profile(args: argparse.Namespace, opts: Options, cache_dir: str) -> int:
     return 0
 
 
-# -- one job ----------------------------------------------------------------------------------------
+# -- one job ---------------------------------------------------------------------------------------
 def run_job(job: dict) -> dict:
     """Run one (impl, model, device, dtype) measurement; never raises."""
     model = MODELS[job["model"]]
@@ -189,7 +191,8 @@ def run_job(job: dict) -> dict:
             return bench_peers.run_torch(model, device, dtype, opts, compile_mode=mode)
         return bench_peers.run_onnxruntime(model, device, dtype, opts)
     except Exception as exc:  # one failing measurement must not sink the run
-        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        reason = f"{type(exc).__name__}: {first}"
         return result(impl, model, device, dtype, status="error", reason=reason[:300])
 
 
@@ -237,21 +240,22 @@ def _best(kept: dict | None, new: dict) -> dict:
     return merged
 
 
-# -- the run ------------------------------------------------------------------------------------------
+# -- the run ---------------------------------------------------------------------------------------
 def _devices(spec: str) -> list[str]:
     """``all`` → every device MLX has; else the named ones (``gpu`` → ``gpu:0``), kept even when
     absent so that each row says it is unavailable."""
     import candle_nn as cn
+    from candle_nn.device import parse_device_name
 
     if spec == "all":
         return [str(d) for d in cn.Device.available()]
     names = []
     for item in spec.split(","):
-        kind, _, index = item.strip().lower().partition(":")
-        kind = {"cuda": "gpu", "metal": "gpu"}.get(kind, kind)
-        if kind not in ("cpu", "gpu") or (index and not index.isdigit()):
-            raise SystemExit(f"error: bad device {item!r}: use cpu, gpu, gpu:N or all")
-        names.append("cpu" if kind == "cpu" else f"gpu:{index or 0}")
+        try:
+            kind, index = parse_device_name(item)
+        except cn.DeviceUnavailableError as exc:
+            raise SystemExit(f"error: {exc} (or 'all')") from None
+        names.append("cpu" if kind == "cpu" else f"gpu:{index}")
     return list(dict.fromkeys(names))
 
 
@@ -260,13 +264,15 @@ def _jobs(args: argparse.Namespace, opts: Options, cache_dir: str) -> list[dict]
     for name in args.models:
         for device in _devices(args.device):
             on_gpu = device != "cpu"
-            compiled = args.compile == "on" or (args.compile == "auto" and on_gpu)
-            impls = [OURS] + ([OURS_COMPILED] if compiled else [])
+            compiled = args.compile in ("on", "only") or (args.compile == "auto" and on_gpu)
+            impls = (([] if args.compile == "only" else [OURS])
+                     + ([OURS_COMPILED] if compiled else []))
             peers = args.peers or ("torch,torch.compile" if on_gpu else "torch,onnxruntime")
             peers = [] if peers == "none" else [p for p in peers.split(",") if p]
             unknown = sorted(set(peers) - set(PEERS))
             if unknown:
-                raise SystemExit(f"error: unknown peer(s) {unknown}: choose from {', '.join(PEERS)}")
+                raise SystemExit(f"error: unknown peer(s) {unknown}: "
+                                 f"choose from {', '.join(PEERS)}")
             dtypes = args.dtypes.split(",") if args.dtypes else (
                 list(DTYPES) if on_gpu and not args.quick else ["float32"])
             if MODELS[name].pipeline:  # benchmarks/bench_amg.py: ours and PyTorch eager, float32
@@ -293,8 +299,10 @@ def _meta(args: argparse.Namespace, opts: Options, argv: Sequence[str]) -> dict:
 
     cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
                 if line.startswith("model name")), None)
-    return {"command": "python -m benchmarks " + " ".join(argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "quick": args.quick, "rounds": args.rounds, "isolated": not args.in_process, "options": opts.as_dict(),
+    return {"command": "python -m benchmarks " + " ".join(argv),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "quick": args.quick, "rounds": args.rounds, "isolated": not args.in_process,
+            "options": opts.as_dict(),
             "cpu": cpu, "cpu_count": os.cpu_count(), "info": dict(cn.info()),
             "versions": {d: version(d) for d in ("torch", "torchvision", "ultralytics",
                                                  "onnxruntime", "onnx", "mobilesam-mirror")}}
@@ -312,7 +320,8 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=None,
                    help="models to measure (default: all; --quick: resnet18)")
-    p.add_argument("--device", default="all", help="cpu, gpu, gpu:N, a comma list, or all (default)")
+    p.add_argument("--device", default="all",
+                   help="cpu, gpu, gpu:N, a comma list, or all (default)")
     p.add_argument("--dtypes", default=None,
                    help="comma list of float32,float16,bfloat16 (default: float32 on the CPU, "
                         "all three on a GPU)")
@@ -326,9 +335,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", default=None,
                    help=f"comma list from {', '.join(PEERS)}, or none (default: torch,onnxruntime "
                         "on the CPU; torch,torch.compile (CUDA graphs) on a GPU)")
-    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+    p.add_argument("--compile", choices=("auto", "on", "off", "only"), default="auto",
                    help="also measure candle_nn under mx.compile (auto: on GPUs only; on the CPU "
-                        "it is slower and its first call compiles C++ for seconds)")
+                        "it is slower and its first call compiles C++ for seconds); only: "
+                        "candle_nn under mx.compile alone, without its eager row")
     p.add_argument("--precision", choices=("exact", "tf32"), default="exact",
                    help="float32 on GPUs, for ours and PyTorch alike (default exact)")
     p.add_argument("--rounds", type=int, default=1,
@@ -440,7 +450,7 @@ def _emit(report: dict, args: argparse.Namespace) -> None:
 
     print(bench_report.table(report))
     if args.markdown:
-        Path(args.markdown).write_text(bench_report.markdown(report))
+        bench_report.write_markdown(report, args.markdown)
         print(f"wrote {args.markdown}", file=sys.stderr)
     chart = args.chart or (str(Path(args.json).with_suffix(".png")) if args.json else None)
     if chart:

@@ -88,7 +88,7 @@ def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_di
     """Our generator on ``device`` (float32)."""
     from benchmarks.bench import OURS, load_ours, prepare_ours
 
-    reason = prepare_ours(model, device, dtype, opts)
+    reason = prepare_ours(device, opts)
     if reason:
         return result(OURS, model, device, dtype, status="unavailable", reason=reason)
     import candle_nn as cn

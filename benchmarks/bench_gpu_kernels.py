@@ -10,17 +10,17 @@ import statistics
 import sys
 import time
 
-import candle_nn as cn  # noqa: F401
+import candle_nn as cn
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
 from candle_nn import cuda_kernels as ck
-from candle_nn.pooling import _pool
 from candle_nn_models.yolo_v8_head import Dfl
 
 
 def mlx_max_pool(x, k, s, p):
-    return _pool(x, k, s, p, float("-inf"), mx.max)
+    return nn.MaxPool2d(k, s, p)(x)
 
 
 def bench(fn, iters=30):
@@ -41,7 +41,8 @@ def rel(a, b):
 
 
 def rnd(shape, dtype, seed=0):
-    return mx.array(np.random.default_rng(seed).standard_normal(shape).astype(np.float32)).astype(dtype)
+    values = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return mx.array(values).astype(dtype)
 
 
 def main() -> None:
@@ -53,27 +54,43 @@ def main() -> None:
             x = rnd((b, h, h, c), dt, 1)
             w = rnd((c, 3, 3, 1), dt, 2) * 0.3
             bias = rnd((c,), dt, 3)
-            ref = lambda: mx.conv2d(x, w, stride=s, padding=1, groups=c) + bias
-            new = lambda: ck.depthwise_conv2d(x, w, bias, (s, s), (1, 1))
+            def ref():
+                return mx.conv2d(x, w, stride=s, padding=1, groups=c) + bias
+
+            def new():
+                return ck.depthwise_conv2d(x, w, bias, (s, s), (1, 1))
+
             err = rel(new(), ref())
-            print(f"depthwise b{b} {h}x{h}x{c} s{s}: mlx {bench(ref):.3f} ms  kernel {bench(new):.3f} ms  err {err:.2e}")
+            print(f"depthwise b{b} {h}x{h}x{c} s{s}: mlx {bench(ref):.3f} ms  "
+                  f"kernel {bench(new):.3f} ms  err {err:.2e}")
         # max pool
         for (b, h, c, k, s, p) in [(32, 112, 64, 3, 2, 1)]:
             x = rnd((b, h, h, c), dt, 4)
-            ref = lambda: mlx_max_pool(x, k, s, p)
-            new = lambda: ck.max_pool2d(x, (k, k), (s, s), (p, p))
+            def ref():
+                return mlx_max_pool(x, k, s, p)
+
+            def new():
+                return ck.max_pool2d(x, (k, k), (s, s), (p, p))
+
             err = rel(new(), ref())
-            print(f"maxpool b{b} {h}x{h}x{c} k{k}s{s}: mlx {bench(ref):.3f} ms  kernel {bench(new):.3f} ms  err {err:.2e}")
+            print(f"maxpool b{b} {h}x{h}x{c} k{k}s{s}: mlx {bench(ref):.3f} ms  "
+                  f"kernel {bench(new):.3f} ms  err {err:.2e}")
         # DFL decode (YOLOv8n head: 8400 anchors)
         for b in (1, 32):
             x = rnd((b, 8400, 64), dt, 11)
-            dfl = Dfl(cn.Conv2d(mx.arange(16, dtype=dt).reshape(1, 1, 1, 16), None, device=cn.Device.parse("gpu")))
+            conv = cn.Conv2d(mx.arange(16, dtype=dt).reshape(1, 1, 1, 16), None,
+                             device=cn.Device.parse("gpu"))
+            dfl = Dfl(conv)
             os.environ["CANDLE_NN_CUDA_KERNELS"] = "0"
-            ref = lambda: dfl(x)
+            def ref():
+                return dfl(x)
+
             r = ref()
             tr = bench(ref)
             os.environ["CANDLE_NN_CUDA_KERNELS"] = "all"
-            new = lambda: dfl(x)
+            def new():
+                return dfl(x)
+
             print(f"dfl b{b}: mlx {tr:.3f} ms  kernel {bench(new):.3f} ms  err {rel(new(), r):.2e}")
     sys.stdout.flush()
 

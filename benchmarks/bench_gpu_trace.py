@@ -79,7 +79,8 @@ def analyse(trace_path: str, iters: int, top: int = 8) -> dict:
         name = e.get("name", "?")
         per_name[name][0] += float(e.get("dur", 0))
         per_name[name][1] += 1
-        per_cat[_category(name) if e["cat"] == "kernel" else "copy/layout"] += float(e.get("dur", 0))
+        category = _category(name) if e["cat"] == "kernel" else "copy/layout"
+        per_cat[category] += float(e.get("dur", 0))
     total = sum(v[0] for v in per_name.values()) or 1.0
     api: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for e in runtime:
@@ -89,9 +90,10 @@ def analyse(trace_path: str, iters: int, top: int = 8) -> dict:
         "kernels": sum(1 for e in gpu if e["cat"] == "kernel") / iters,
         "kernel_sum_ms": total / iters / 1e3,
         "busy_ms": busy / iters / 1e3,
-        "categories": {k: round(v / total, 3) for k, v in sorted(per_cat.items(), key=lambda kv: -kv[1])},
-        "top": [{"name": _short(k), "ms": round(v[0] / iters / 1e3, 4), "share": round(v[0] / total, 3),
-                 "calls": v[1] / iters}
+        "categories": {k: round(v / total, 3)
+                       for k, v in sorted(per_cat.items(), key=lambda kv: -kv[1])},
+        "top": [{"name": _short(k), "ms": round(v[0] / iters / 1e3, 4),
+                 "share": round(v[0] / total, 3), "calls": v[1] / iters}
                 for k, v in sorted(per_name.items(), key=lambda kv: -kv[1][0])[:top]],
         "api": [{"name": k, "ms": round(v[0] / iters / 1e3, 4), "calls": v[1] / iters}
                 for k, v in sorted(api.items(), key=lambda kv: -kv[1][0])[:5]],
@@ -117,16 +119,38 @@ def _profiled(run: Callable[[], Any], iters: int) -> dict:
         return analyse(path, iters)
 
 
-def profile_calls(single: Callable[[], Any], batched: Callable[[], Any],
-                  iters: int = 10) -> dict:
-    """``{"bs1": stats, "batch": stats}`` (see :func:`analyse`) for two synchronous callables;
+Enqueue = Callable[[], Callable[[], Any]]
+
+
+def host_ms(enqueue: Enqueue, iters: int = 10) -> float:
+    """Median host time of one forward, ms: ``enqueue()`` builds and launches the forward without
+    waiting for the GPU and returns a function that waits for it (called after the clock stops)."""
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        wait = enqueue()
+        samples.append(time.perf_counter() - start)
+        wait()
+    return _median_ms(samples)
+
+
+def profile_calls(single: Callable[[], Any], batched: Callable[[], Any], iters: int = 10,
+                  enqueue: tuple[Enqueue, Enqueue] | None = None) -> dict:
+    """``{"bs1": stats, "batch": stats}`` (see :func:`analyse`) for two synchronous callables,
+    with ``host_ms`` (see :func:`host_ms`) when their ``enqueue`` counterparts are given;
     ``candle-nn-bench`` records these in its JSON when ``CANDLE_NN_BENCH_TRACE=1``."""
-    out = {}
-    for key, call, n in (("bs1", single, iters), ("batch", batched, max(3, iters // 2))):
+    # Host times first: measured after a CUPTI trace in the same process, they came out above the
+    # untraced wall time on the H100 (PyTorch eager, MobileSAM encoder float16: 14.3 vs 7.3 ms).
+    hosts = [host_ms(fn, max(iters, 10)) for fn in enqueue] if enqueue is not None else [None] * 2
+    out: dict[str, dict] = {}
+    for host, (key, call, n) in zip(hosts, (("bs1", single, iters),
+                                            ("batch", batched, max(3, iters // 2)))):
         try:
             out[key] = _profiled(call, n)
         except Exception as exc:  # the timings stand without a trace
             out[key] = {"trace_error": f"{type(exc).__name__}: {exc}"[:300]}
+        if host is not None:
+            out[key]["host_ms"] = host
     return out
 
 
@@ -136,7 +160,7 @@ def _median_ms(samples: list[float]) -> float:
 
 def trace_ours(model: BenchModel, dtype: str, batch: int, compiled: bool, iters: int,
                cache_dir: str) -> dict:
-    import candle_nn as cn  # noqa: F401  (before mlx: precision policy, BLAS)
+    import candle_nn  # noqa: F401  (the import-time policy, before mlx: candle_nn/_startup.py)
     import mlx.core as mx
 
     from benchmarks.bench import load_ours, ours_inputs
@@ -162,7 +186,8 @@ def trace_ours(model: BenchModel, dtype: str, batch: int, compiled: bool, iters:
         stats = _profiled(lambda: mx.eval(fn(*x)), iters)
     except Exception as exc:  # the timings above still stand
         stats = {"trace_error": f"{type(exc).__name__}: {exc}"[:300]}
-    return {"wall_ms": _median_ms(walls), "host_ms": _median_ms([a + b for a, b in zip(builds, submits)]),
+    return {"wall_ms": _median_ms(walls),
+            "host_ms": _median_ms([a + b for a, b in zip(builds, submits)]),
             "host_build_ms": _median_ms(builds), "host_submit_ms": _median_ms(submits), **stats}
 
 
@@ -206,22 +231,69 @@ def trace_torch(model: BenchModel, dtype: str, batch: int, compiled: bool, iters
 
 def _line(row: dict) -> str:
     if "error" in row:
-        return f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} ERROR {row['error']}"
+        return (f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} "
+                f"ERROR {row['error']}")
     if "busy_ms" not in row:
         return (f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} "
-                f"wall {row['wall_ms']:8.3f}  host {row['host_ms']:7.3f}  ({row.get('trace_error')})")
+                f"wall {row['wall_ms']:8.3f}  host {row.get('host_ms', float('nan')):7.3f}  "
+                f"({row.get('trace_error')})")
     idle = row["wall_ms"] - row["busy_ms"]
     cats = ", ".join(f"{k} {v:.0%}" for k, v in list(row["categories"].items())[:4])
     return (f"{row['model']:18s} {row['dtype']:8s} bs{row['batch']:<3d} {row['side']:14s} "
             f"wall {row['wall_ms']:8.3f}  busy {row['busy_ms']:8.3f}  idle {idle:7.3f}  "
-            f"host {row['host_ms']:7.3f}  kernels {row['kernels']:6.0f} | {cats}")
+            f"host {row.get('host_ms', float('nan')):7.3f}  kernels {row['kernels']:6.0f} | {cats}")
+
+
+def bench_rows(report: dict) -> list[dict]:
+    """The trace rows (as this tool's own) of a ``candle-nn-bench --json`` report measured with
+    ``CANDLE_NN_BENCH_TRACE=1``: one per implementation, dtype and batch (1 and the throughput
+    batch), ``wall_ms`` being the benchmark's median for that batch."""
+    rows = []
+    for r in report["results"]:
+        for key, batch, wall in (("bs1", 1, r.get("median_ms")),
+                                 ("batch", r.get("batch"), r.get("batch_median_ms"))):
+            stats = r.get("trace", {}).get(key)
+            if r["status"] == "ok" and stats:
+                rows.append({"model": r["model"], "dtype": r["dtype"], "batch": batch,
+                             "side": r["impl"], "wall_ms": wall, **stats})
+    return rows
+
+
+def markdown(rows: list[dict], top: int = 2) -> str:
+    """A Markdown table of trace rows: wall, GPU busy, idle share, host, launches, where the GPU
+    time goes (categories) and the costliest kernels."""
+    lines = ["| model | dtype | batch | implementation | wall ms | GPU busy ms | idle | host ms "
+             "| kernels | GPU time by kind | costliest kernels |", "|" + "---|" * 11]
+    for row in rows:
+        if "busy_ms" not in row:
+            continue
+        cats = ", ".join(f"{k} {v:.0%}" for k, v in list(row["categories"].items())[:3])
+        kernels = "; ".join(f"`{k['name'][:60]}` {k['share']:.0%}" for k in row["top"][:top])
+        host = row.get("host_ms")
+        lines.append(f"| {row['model']} | {row['dtype']} | {row['batch']} | {row['side']} "
+                     f"| {row['wall_ms']:.2f} | {row['busy_ms']:.2f} "
+                     f"| {1 - row['busy_ms'] / row['wall_ms']:.0%} "
+                     f"| {'-' if host is None else format(host, '.2f')} | {row['kernels']:.0f} "
+                     f"| {cats} | {kernels} |")
+    return "\n".join(lines) + "\n"
+
+
+def _print(row: dict) -> None:
+    print(_line(row), flush=True)
+    if "top" in row:
+        for k in row["top"][:5]:
+            print(f"      {k['ms']:8.4f} ms {k['share']:5.1%} x{k['calls']:<5.0f} {k['name']}")
+        print("      api: " + "; ".join(f"{a['name']} {a['ms']:.3f} ms x{a['calls']:.0f}"
+                                    for a in row["api"][:3]), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_gpu_trace",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--side", required=True,
-                   choices=("ours", "ours+mx.compile", "torch", "torch.compile"))
+    p.add_argument("--report", nargs="+", metavar="JSON",
+                   help="trace nothing: print the trace rows of saved candle-nn-bench --json runs "
+                        "(made with CANDLE_NN_BENCH_TRACE=1), then a Markdown table")
+    p.add_argument("--side", choices=("ours", "ours+mx.compile", "torch", "torch.compile"))
     p.add_argument("--models", nargs="+", default=["resnet50", "yolov8n", "mobilesam-encoder"],
                    choices=sorted(MODELS))
     p.add_argument("--dtypes", default="float32,float16")
@@ -229,6 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=10, help="forwards per trace (default 10)")
     p.add_argument("--json", help="append the rows to this JSON-lines file")
     args = p.parse_args(argv)
+    if args.report:
+        rows = [row for path in args.report for row in bench_rows(json.load(open(path)))]
+        for row in rows:
+            _print(row)
+        print(markdown(rows))
+        return 0
+    if args.side is None:
+        p.error("--side is required (or --report)")
     rows = []
     with tempfile.TemporaryDirectory(prefix="candle-nn-trace-") as cache_dir:
         for name in args.models:
@@ -245,15 +325,10 @@ def main(argv: list[str] | None = None) -> int:
                             row.update(trace_torch(MODELS[name], dtype, batch,
                                                    args.side == "torch.compile", iters))
                     except Exception as exc:  # one failing configuration must not sink the run
-                        lines = [l for l in str(exc).strip().splitlines() if l.strip()]
+                        lines = [s for s in str(exc).strip().splitlines() if s.strip()]
                         row["error"] = f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300]
                     rows.append(row)
-                    print(_line(row), flush=True)
-                    if "top" in row:
-                        for k in row["top"][:5]:
-                            print(f"      {k['ms']:8.4f} ms {k['share']:5.1%} x{k['calls']:<5.0f} {k['name']}")
-                        print("      api: " + "; ".join(f"{a['name']} {a['ms']:.3f} ms x{a['calls']:.0f}"
-                                                    for a in row["api"][:3]), flush=True)
+                    _print(row)
                     if args.json:
                         with open(args.json, "a") as f:
                             f.write(json.dumps(row) + "\n")

@@ -8,8 +8,6 @@ A :class:`BenchModel` names one model at one input size and knows how to build
   speed does not depend on the values; ``None`` when the reference code is not installed, with
   ``torch_missing`` saying what to install;
 * its ONNX export, made from the PyTorch module (see benchmarks/bench_peers.py).
-
-Models whose candle_nn implementation has not landed report themselves as unavailable.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ class BenchModel:
         input_hw: image height, width (inputs are ``(N, H, W, 3)`` NHWC for ours, NCHW for peers).
         batch: the batch for the throughput figure on the CPU (GPUs use ``--batch``, default 32).
         fixture: folder name under the shared fixtures holding candle-named weights, or ``None``.
-        ours_module: the models module that must exist for ``build_ours`` to work.
         make_inputs: ``(n, rng) -> numpy inputs`` for a batch of ``n``, shared by every
             implementation; the first is NHWC (transposed to NCHW for the peers). Default: one
             ``(n, H, W, 3)`` float32 image batch in [0, 1).
@@ -48,7 +45,6 @@ class BenchModel:
     input_hw: tuple[int, int]
     batch: int
     fixture: str | None
-    ours_module: str
     build_ours: Callable[["VarBuilder"], Forward]
     build_torch: Callable[[], Any]
     torch_missing: str | None = None
@@ -64,14 +60,6 @@ class BenchModel:
             return self.make_inputs(n, rng)
         return (rng.random((n, *self.input_hw, 3), dtype=np.float32),)
 
-    def ours_available(self) -> str | None:
-        """``None`` when ours can be built, else why not."""
-        try:
-            found = importlib.util.find_spec(self.ours_module) is not None
-        except ModuleNotFoundError:
-            found = False
-        return None if found else f"{self.ours_module} not implemented yet"
-
 
 def _have(module: str) -> bool:
     try:
@@ -80,7 +68,7 @@ def _have(module: str) -> bool:
         return False
 
 
-# -- ResNet -------------------------------------------------------------------------------------------
+# -- ResNet ----------------------------------------------------------------------------------------
 def _resnet_ours(variant: str) -> Callable[["VarBuilder"], Forward]:
     def build(vb: "VarBuilder") -> Forward:
         from candle_nn_models.resnet import ResNet
@@ -97,7 +85,7 @@ def _resnet_torch(variant: str) -> Callable[[], Any]:
     return build
 
 
-# -- YOLOv8 -------------------------------------------------------------------------------------------
+# -- YOLOv8 ----------------------------------------------------------------------------------------
 def _yolo_ours(size: str) -> Callable[["VarBuilder"], Forward]:
     def build(vb: "VarBuilder") -> Forward:
         from candle_nn_models.yolo_v8 import YoloV8
@@ -130,7 +118,7 @@ def _yolo_torch(size: str) -> Callable[[], Any]:
     return build
 
 
-# -- MobileSAM ----------------------------------------------------------------------------------------
+# -- MobileSAM -------------------------------------------------------------------------------------
 # The PyTorch reference: ultralytics' port of MobileSAM (TinyViT-5M image encoder, SAM's prompt
 # encoder and mask decoder), built without a checkpoint.
 _POINT = (580.0 * 1024 / 800, 240.0 * 1024 / 800)  # the fixture's prompt, in 1024-pixel space
@@ -154,7 +142,8 @@ def _sam_decoder_inputs(n: int, rng: Any) -> tuple:
     import numpy as np
 
     embeddings = rng.standard_normal((1, 64, 64, 256), dtype=np.float32)
-    coords = (np.array(_POINT, dtype=np.float32) + rng.uniform(-64, 64, (n, 1, 2))).astype(np.float32)
+    jitter = rng.uniform(-64, 64, (n, 1, 2))
+    coords = (np.array(_POINT, dtype=np.float32) + jitter).astype(np.float32)
     labels = np.ones((n, 1), dtype=np.int32)
     return embeddings, coords, labels
 
@@ -210,21 +199,21 @@ def _registry() -> dict[str, BenchModel]:
     ul = None if _have("ultralytics") else "ultralytics (pip install ultralytics)"
     ms = None if _have("mobile_sam") else "mobilesam-mirror (pip install 'candle-nn-mlx[bench]')"
     models = [
-        BenchModel("resnet18", (224, 224), 8, "resnet18", "candle_nn_models.resnet",
+        BenchModel("resnet18", (224, 224), 8, "resnet18",
                    _resnet_ours("resnet18"), _resnet_torch("resnet18"), tv),
-        BenchModel("resnet50", (224, 224), 8, None, "candle_nn_models.resnet",
+        BenchModel("resnet50", (224, 224), 8, None,
                    _resnet_ours("resnet50"), _resnet_torch("resnet50"), tv),
-        BenchModel("yolov8n", (640, 640), 4, "yolov8n", "candle_nn_models.yolo_v8",
+        BenchModel("yolov8n", (640, 640), 4, "yolov8n",
                    _yolo_ours("n"), _yolo_torch("n"), ul),
-        BenchModel("yolov8s", (640, 640), 4, None, "candle_nn_models.yolo_v8",
+        BenchModel("yolov8s", (640, 640), 4, None,
                    _yolo_ours("s"), _yolo_torch("s"), ul),
         BenchModel("mobilesam-encoder", (1024, 1024), 2, "mobile_sam",
-                   "candle_nn_models.segment_anything", _sam_encoder_ours, _sam_encoder_torch, ul),
+                   _sam_encoder_ours, _sam_encoder_torch, ul),
         # Prompt encoder + mask decoder on one image's embeddings; the batch is of point prompts.
         BenchModel("mobilesam-decoder", (64, 64), 8, "mobile_sam",
-                   "candle_nn_models.segment_anything", _sam_decoder_ours, _sam_decoder_torch, ul, _sam_decoder_inputs),
+                   _sam_decoder_ours, _sam_decoder_torch, ul, _sam_decoder_inputs),
         # Automatic masks end to end (one image, 32x32 point prompts) vs MobileSAM's own generator.
-        BenchModel("mobilesam-amg", (556, 800), 1, "mobile_sam", "candle_nn_models.segment_anything",
+        BenchModel("mobilesam-amg", (556, 800), 1, "mobile_sam",
                    _sam_ours, _no_torch_module, ms, pipeline=True),
     ]
     return {m.name: m for m in models}

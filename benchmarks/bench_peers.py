@@ -114,10 +114,17 @@ def run_torch(model: BenchModel, device: str, dtype: str, opts: Options,
             sync()
         return run
 
+    def enqueue(inputs: tuple) -> Any:  # returns once the kernels are launched
+        def launch() -> Any:
+            with torch.inference_mode():
+                forward(*inputs)
+            return sync
+        return launch
+
     batch = opts.batch_for(model, device)
     one = _torch_inputs(model, 1, device, dtype, opts)
     many = _torch_inputs(model, batch, device, dtype, opts)
-    timings = time_calls(call(one), call(many), batch, opts)
+    timings = time_calls(call(one), call(many), batch, opts, (enqueue(one), enqueue(many)))
     return result(impl, model, device, dtype, load_s=load_s, version=torch.__version__,
                   note=f"{_torch_note(device, dtype, opts)}; load: {how}", **timings)
 
@@ -158,7 +165,6 @@ def run_onnxruntime(model: BenchModel, device: str, dtype: str, opts: Options) -
     reason = _torch_unavailable(model, "exporting to ONNX needs torch", "export needs")
     if reason:
         return result(impl, model, device, dtype, status="unavailable", reason=reason)
-    torch = _torch()
     if dtype != "float32":
         return result(impl, model, device, dtype, status="unavailable",
                       reason="benchmarked in float32 only")

@@ -3,9 +3,9 @@
 Every :class:`candle_nn.Module` call's inputs and output are evaluated (``mx.eval``) and the call
 timed, so MLX's lazy graph is cut at module boundaries and functional ops (attention, GELU,
 residual adds) count in the module that calls them: the total is a little above the un-profiled
-forward (no overlap, no fusion across modules) but the split between layers is honest. Times are *self* times (children
-excluded), summed per layer type (the module class; convolutions split by kernel, stride and
-grouping, since each shape takes a different path) and per individual module.
+forward (no overlap, no fusion across modules) but the split between layers is honest. Times are
+*self* times (children excluded), summed per layer type (the module class; convolutions split by
+kernel, stride and grouping, since each shape takes a different path) and per individual module.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from benchmarks.bench_models import BenchModel
 
@@ -76,7 +76,9 @@ def profile(model: BenchModel, forward: Any, inputs: tuple, runs: int = 3) -> st
     names: dict[int, str] = {}
     if hasattr(forward, "named_modules"):
         names = {id(m): path or type(m).__name__ for path, m in forward.named_modules()}
-    fn: Callable[[], None] = lambda: mx.eval(forward(*inputs))  # noqa: E731
+    def fn() -> None:
+        mx.eval(forward(*inputs))
+
     fn()
     fn()
     plain = []

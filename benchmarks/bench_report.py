@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
+
+from candle_nn.atomic_write import atomic_write
 
 OURS_PREFIX = "candle_nn"
 
@@ -48,8 +49,11 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def _grid(header: list[str], body: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
-    line = lambda cells: "  ".join(c.rjust(w) if i > 3 else c.ljust(w)  # noqa: E731
-                                   for i, (c, w) in enumerate(zip(cells, widths)))
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i > 3 else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in body])
 
 
@@ -112,11 +116,15 @@ def markdown(report: dict) -> str:
 
 
 def write_json(report: dict, path: str | os.PathLike) -> None:
-    """Write the report (written to a temp file, then renamed)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, path)
+    """Write the report (whole or not at all, as every file here)."""
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def write_markdown(report: dict, path: str | os.PathLike) -> None:
+    """Write :func:`markdown`'s table."""
+    with atomic_write(path) as tmp:
+        tmp.write_text(markdown(report))
 
 
 def write_chart(report: dict, path: str | os.PathLike) -> str:
@@ -158,6 +166,7 @@ def write_chart(report: dict, path: str | os.PathLike) -> str:
                  f"{meta['options']['threads'] or 'default'}; BLAS "
                  f"{meta['info']['blas']['name'].split(',')[0]})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_write(path) as tmp:  # PNG: the temporary file keeps the suffix
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return f"wrote {path}"

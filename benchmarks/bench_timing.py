@@ -52,9 +52,10 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def time_calls(single: Callable[[], Any], batched: Callable[[], Any], batch: int,
-               opts: Options) -> dict:
+               opts: Options, enqueue: tuple[Callable, Callable] | None = None) -> dict:
     """First-call, steady batch-1 and throughput figures for two synchronous callables
-    (``batched`` runs a batch of ``batch``)."""
+    (``batched`` runs a batch of ``batch``). ``enqueue``: the same two forwards launched without
+    waiting, each returning its wait (the GPU trace's host time; see bench_gpu_trace.host_ms)."""
     start = time.perf_counter()
     single()
     first_s = time.perf_counter() - start
@@ -65,10 +66,11 @@ def time_calls(single: Callable[[], Any], batched: Callable[[], Any], batch: int
     batch_times = _timed(batched, opts)
     batch_s = statistics.median(batch_times)
     trace = {}
-    if os.environ.get("CANDLE_NN_BENCH_TRACE"):  # GPU kernel/idle split (benchmarks/bench_gpu_trace.py)
+    # GPU kernel/idle split (benchmarks/bench_gpu_trace.py)
+    if os.environ.get("CANDLE_NN_BENCH_TRACE"):
         from benchmarks.bench_gpu_trace import profile_calls
 
-        trace = {"trace": profile_calls(single, batched)}
+        trace = {"trace": profile_calls(single, batched, enqueue=enqueue)}
     return {
         "first_s": first_s,
         "median_ms": 1e3 * statistics.median(times),

@@ -132,14 +132,14 @@ def import_mobile_sam(stable_nms: bool = True) -> tuple[types.ModuleType, list[s
     try:
         importlib.import_module("torchvision.ops.boxes")
         importlib.import_module("torchvision.transforms.functional")
-    except Exception:  # noqa: BLE001  (ImportError, or RuntimeError from a CUDA-only build)
+    except Exception:  # ImportError, or RuntimeError from a CUDA-only build
         for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
             del sys.modules[name]
         _stand_in_torchvision_boxes()
         stand_ins.append("torchvision")
     try:
         importlib.import_module("timm.models.layers")
-    except Exception:  # noqa: BLE001
+    except Exception:  # as above
         for name in [m for m in sys.modules if m == "timm" or m.startswith("timm.")]:
             del sys.modules[name]
         _stand_in_timm()

@@ -1,56 +1,46 @@
 """candle_nn: candle-nn's building blocks on MLX arrays.
 
 Images are NHWC; conv weights are read in candle/PyTorch layout and kept in MLX's
-``(O, kH, kW, I)``. See README.md for a tour.
+``(O, kH, kW, I)``. See README.md for a tour. Importing it applies candle_nn's import-time
+policy (float32 precision, CUDA launch settings, the CPU BLAS MLX binds to): ``_startup.py``, which
+also says why candle_nn is imported before mlx.
 """
 
 from __future__ import annotations
 
-# Before MLX initialises: float32 means float32 on CUDA too (see precision.py).
-from . import precision as _precision
+# First: the import-time policy (float32 precision, CUDA launch settings, CPU BLAS), which must
+# be in place before any module below imports MLX; see _startup.py.
+from . import _startup  # noqa: F401  (imported for that effect)
+from .sysinfo import info
 
-_precision.configure_from_env()
-# ... and kernels launched the way that is fastest for inference on CUDA (see cuda_launch.py).
-from . import cuda_launch as _cuda_launch  # noqa: E402
-
-_cuda_launch.configure_from_env()
-
-# Before anything imports MLX: an optimized CPU BLAS instead of MLX's bundled reference one on
-# Linux (see blas.py; CANDLE_NN_BLAS=off opts out). candle_nn.info() reports what is in use.
-from . import blas as _blas  # noqa: E402
-
-_blas.preload()
-
-from .sysinfo import info  # noqa: E402
-
-from .activation import (  # noqa: E402
+from .activation import (
     ACTIVATIONS, Activation, gelu, gelu_tanh, relu, sigmoid, silu, softmax,
 )
-from .attention import scaled_dot_product_attention  # noqa: E402
-from .batch_norm import BatchNorm2d, batch_norm  # noqa: E402
-from .checkpoint import save_safetensors, state_dict  # noqa: E402
-from .conv import (  # noqa: E402
+from .attention import scaled_dot_product_attention
+from .batch_norm import BatchNorm2d, batch_norm
+from .checkpoint import save_safetensors, state_dict
+from .conv import (
     Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, conv2d, conv2d_no_bias,
     conv_transpose2d,
 )
-from .device import Device  # noqa: E402
-from .embedding import Embedding, embedding  # noqa: E402
-from .errors import (  # noqa: E402
+from .device import Device
+from .embedding import Embedding, embedding
+from .errors import (
     CandleNNError, DeviceMismatchError, DeviceUnavailableError, DTypeError, ImageError,
     MissingTensorError, ShapeMismatchError, WeightsFileError,
 )
-from .init import Init  # noqa: E402
-from .inputs import check_image_batch, model_dtype  # noqa: E402
-from .layer_norm import LayerNorm, LayerNorm2d, LayerNormConfig, layer_norm, rms_norm  # noqa: E402
-from .linear import Linear, linear, linear_b, linear_no_bias  # noqa: E402
-from .module import Module, Sequential, check_same_device, seq  # noqa: E402
-from .pooling import AvgPool2d, MaxPool2d, avg_pool2d, max_pool2d  # noqa: E402
-from .precision import float32_precision, set_float32_precision  # noqa: E402
-from .upsample import upsample_bilinear2d, upsample_nearest2d  # noqa: E402
-from .var_builder import (  # noqa: E402
+from .init import Init
+from .inputs import check_image_batch, model_dtype
+from .layer_norm import LayerNorm, LayerNorm2d, LayerNormConfig, layer_norm, rms_norm
+from .linear import Linear, linear, linear_b, linear_no_bias
+from .module import Module, Sequential, check_same_device, seq
+from .pooling import AvgPool2d, MaxPool2d, avg_pool2d, max_pool2d
+from .precision import float32_precision, set_float32_precision
+from .upsample import upsample_bilinear2d, upsample_nearest2d
+from .var_builder import (
     TensorSource, VarBuilder, check_weights_path, open_safetensors, read_tensor,
 )
-from .var_map import VarMap  # noqa: E402
+from .var_map import VarMap
 
 __version__ = "0.1.0"
 

@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from . import cpu_fast, cpu_fast_gelu
 from .module import Module
@@ -30,16 +30,18 @@ def sigmoid(x: mx.array) -> mx.array:
 
 
 def gelu(x: mx.array) -> mx.array:
-    """Exact GELU: ``x * Phi(x)``. On the CPU, float32 takes a fused polynomial-erf path
-    (cpu_fast_gelu.py, within 1e-6 of exact erf)."""
+    """Exact GELU: ``x * Phi(x)``, elementwise on any shape. On the CPU, float32 takes a fused
+    polynomial-erf path (cpu_fast_gelu.py, within 1e-6 of exact erf); elsewhere it is MLX's own
+    ``mlx.nn.gelu``."""
     if cpu_fast.applies(x.dtype):
         return cpu_fast_gelu.gelu_f32(x)
-    return x * (1.0 + mx.erf(x / math.sqrt(2.0))) * 0.5
+    return nn.gelu(x)
 
 
 def gelu_tanh(x: mx.array) -> mx.array:
-    """Tanh-approximated GELU."""
-    return 0.5 * x * (1.0 + mx.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    """Tanh-approximated GELU, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, elementwise on
+    any shape: MLX's own ``mlx.nn.gelu_approx`` (PyTorch's ``gelu(approximate="tanh")``)."""
+    return nn.gelu_approx(x)
 
 
 def softmax(x: mx.array, axis: int = -1) -> mx.array:

@@ -13,7 +13,8 @@ def scaled_dot_product_attention(q: mx.array, k: mx.array, v: mx.array, *,
     """``softmax(q @ k.T * scale + mask) @ v``.
 
     Shapes: ``q`` ``(B, heads, Lq, D)``, ``k`` ``(B, heads, Lk, D)``, ``v`` ``(B, heads, Lk, Dv)``;
-    ``mask`` broadcastable to ``(B, heads, Lq, Lk)`` (an additive float bias or a boolean keep-mask).
+    ``mask`` broadcastable to ``(B, heads, Lq, Lk)`` (an additive float bias or a boolean
+    keep-mask).
     ``scale`` defaults to ``1 / sqrt(D)``. Returns ``(B, heads, Lq, Dv)``.
     """
     if scale is None:

@@ -44,7 +44,8 @@ class BatchNorm2d(Module):
         return {f"{prefix}.{k}": self[k] for k in names}
 
     def scale_shift(self) -> tuple[mx.array, mx.array]:
-        """Per-channel ``(scale, shift)`` with ``bn(x) == x * scale + shift``, computed in float32."""
+        """Per-channel ``(scale, shift)`` with ``bn(x) == x * scale + shift``, computed in
+        float32."""
         var = self.running_var.astype(mx.float32)
         scale = self.weight.astype(mx.float32) * mx.rsqrt(var + self.eps)
         shift = self.bias.astype(mx.float32) - self.running_mean.astype(mx.float32) * scale

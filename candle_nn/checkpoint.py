@@ -28,6 +28,7 @@ from typing import Any, Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
+from .atomic_write import atomic_write
 from .errors import WeightsFileError
 
 LAYOUT_KEY = "candle_nn.layout"
@@ -41,15 +42,13 @@ def write_safetensors(path: "str | os.PathLike", tensors: Mapping[str, mx.array]
     the ``candle_nn.layout = "candle"`` marker in the metadata."""
     path = os.fspath(path)
     meta = {"format": "pt", **dict(metadata or {}), LAYOUT_KEY: "candle"}
-    tmp = f"{path}.tmp-{os.getpid()}.safetensors"  # MLX appends the suffix when missing
     try:
-        mx.save_safetensors(tmp, dict(tensors), metadata=meta)
-        os.replace(tmp, path)
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise WeightsFileError(f"cannot write {path}: {exc}") from exc
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        # MLX appends ".safetensors" to a name without it: the temporary file keeps that suffix
+        with atomic_write(path, suffix=".safetensors") as tmp:
+            mx.save_safetensors(str(tmp), dict(tensors), metadata=meta)
+    except (OSError, RuntimeError, ValueError) as exc:  # MLX's write errors are RuntimeErrors
+        reason = getattr(exc, "strerror", None) or exc  # not the temporary file's name
+        raise WeightsFileError(f"cannot write {path}: {reason}") from exc
 
 
 def state_dict(module: nn.Module) -> dict[str, mx.array]:

@@ -193,7 +193,8 @@ class ConvTranspose2d(Module):
     """
 
     def __init__(self, weight: mx.array, bias: mx.array | None = None,
-                 config: ConvTranspose2dConfig = ConvTranspose2dConfig(), *, device: Device) -> None:
+                 config: ConvTranspose2dConfig = ConvTranspose2dConfig(), *,
+                 device: Device) -> None:
         super().__init__(device)
         self.config = config
         self.weight = weight

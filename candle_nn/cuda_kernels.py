@@ -58,19 +58,11 @@ def on_cuda(kernel: str, dtype: mx.Dtype | None = None) -> bool:
     return kernel in {k.strip() for k in wanted.split(",")}
 
 
-_DEPTHWISE = r"""
-    // One thread: VEC consecutive channels of one output pixel (16-byte loads for float32).
-    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    constexpr int CV = C / VEC;
-    if (idx >= (long)N * OH * OW * CV) return;
-    const int c = (idx % CV) * VEC;
-    long t = idx / CV;
-    const int ow = t % OW; t /= OW;
-    const int oh = t % OH;
-    const int n = t / OH;
-    float acc[VEC];
-    #pragma unroll
-    for (int v = 0; v < VEC; ++v) acc[v] = static_cast<float>(b[c + v]);
+def _window_loop(body: str) -> str:
+    """CUDA source visiting the ``KH x KW`` input pixels of output pixel ``(n, oh, ow)``, stride
+    ``SH, SW``, padding ``PH, PW`` (pixels outside the input are skipped): ``body`` runs with
+    ``i, j`` (tap) and ``at`` (index of channel ``c`` of that pixel in the NHWC input)."""
+    return r"""
     #pragma unroll
     for (int i = 0; i < KH; ++i) {
         const int ih = oh * SH - PH + i;
@@ -79,14 +71,41 @@ _DEPTHWISE = r"""
         for (int j = 0; j < KW; ++j) {
             const int iw = ow * SW - PW + j;
             if (iw < 0 || iw >= W) continue;
-            const Pack<T, VEC> xv = *reinterpret_cast<const Pack<T, VEC>*>(
-                x + (((long)n * H + ih) * W + iw) * C + c);
+            const long at = (((long)n * H + ih) * W + iw) * C + c;
+""" + body + r"""
+        }
+    }
+"""
+
+
+def _output_pixel(per_thread: str) -> str:
+    """CUDA source mapping this thread to output element ``idx`` of an NHWC ``(N, OH, OW, C)``
+    output where each thread handles ``per_thread`` consecutive channels: defines ``idx`` (in
+    units of ``per_thread``), ``c`` (first channel), ``ow``, ``oh``, ``n``."""
+    return rf"""
+    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    constexpr int CV = C / ({per_thread});
+    if (idx >= (long)N * OH * OW * CV) return;
+    const int c = (idx % CV) * ({per_thread});
+    long t = idx / CV;
+    const int ow = t % OW; t /= OW;
+    const int oh = t % OH;
+    const int n = t / OH;
+"""
+
+
+# One thread: VEC consecutive channels of one output pixel (16-byte loads for float32).
+_DEPTHWISE = _output_pixel("VEC") + r"""
+    float acc[VEC];
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) acc[v] = static_cast<float>(b[c + v]);
+""" + _window_loop(r"""
+            const Pack<T, VEC> xv = *reinterpret_cast<const Pack<T, VEC>*>(x + at);
             #pragma unroll
             for (int v = 0; v < VEC; ++v)
                 acc[v] += static_cast<float>(xv.v[v])
                         * static_cast<float>(w[(c + v) * KH * KW + i * KW + j]);
-        }
-    }
+""") + r"""
     Pack<T, VEC> o;
     #pragma unroll
     for (int v = 0; v < VEC; ++v) o.v[v] = static_cast<T>(acc[v]);
@@ -163,26 +182,11 @@ def dfl_decode(x: mx.array, weight: mx.array) -> mx.array:
         output_shapes=[x.shape[:-1]], output_dtypes=[x.dtype])[0]
 
 
-_MAX_POOL = r"""
-    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (long)N * OH * OW * C) return;
-    const int c = idx % C;
-    long t = idx / C;
-    const int ow = t % OW; t /= OW;
-    const int oh = t % OH;
-    const int n = t / OH;
+_MAX_POOL = _output_pixel("1") + r"""
     float best = -INFINITY;
-    #pragma unroll
-    for (int i = 0; i < KH; ++i) {
-        const int ih = oh * SH - PH + i;
-        if (ih < 0 || ih >= H) continue;
-        #pragma unroll
-        for (int j = 0; j < KW; ++j) {
-            const int iw = ow * SW - PW + j;
-            if (iw < 0 || iw >= W) continue;
-            best = fmaxf(best, static_cast<float>(x[(((long)n * H + ih) * W + iw) * C + c]));
-        }
-    }
+""" + _window_loop(r"""
+            best = fmaxf(best, static_cast<float>(x[at]));
+""") + r"""
     out[idx] = static_cast<T>(best);
 """
 

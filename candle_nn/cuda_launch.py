@@ -22,7 +22,8 @@ DEFAULTS: dict[str, str] = {"MLX_USE_CUDA_GRAPHS": "0"}
 
 
 def configure_from_env() -> None:
-    """Apply :data:`DEFAULTS` unless ``CANDLE_NN_CUDA_LAUNCH=mlx``. Called by ``import candle_nn``."""
+    """Apply :data:`DEFAULTS` unless ``CANDLE_NN_CUDA_LAUNCH=mlx``. Called by
+    ``import candle_nn``."""
     wanted = os.environ.get(ENV_VAR, "candle").strip().lower()
     if wanted not in ("candle", "mlx"):
         raise ValueError(f"{ENV_VAR}={wanted!r}: expected 'candle' or 'mlx'")

@@ -31,6 +31,29 @@ def _gpu_count() -> int:
     return int(mx.device_count(mx.gpu)) if mx.is_available(mx.gpu) else 0
 
 
+def _checked(kind: str, index: object) -> tuple[str, int]:
+    """``(kind, index)`` with ``kind``'s alias resolved; DeviceUnavailableError when no device
+    could ever be called that."""
+    kind = _ALIASES.get(kind, kind)
+    if kind not in _KINDS:
+        raise DeviceUnavailableError(f"unknown device kind {kind!r}: use 'cpu', 'gpu' or 'gpu:N'")
+    if not isinstance(index, int) or index < 0 or (kind == "cpu" and index != 0):
+        raise DeviceUnavailableError(f"invalid device index {index!r} for {kind}")
+    return kind, index
+
+
+def parse_device_name(spec: str) -> tuple[str, int]:
+    """``"cpu"``, ``"gpu"``, ``"gpu:1"`` (any case; ``cuda``/``metal``/``mps`` are aliases of
+    ``gpu``) as ``(kind, index)``, checking the spelling only, not that this machine has that
+    device (:meth:`Device.parse` does both). Bad spellings raise DeviceUnavailableError."""
+    if not isinstance(spec, str):
+        raise DeviceUnavailableError(f"cannot parse device from {spec!r}")
+    kind, colon, idx = spec.strip().lower().partition(":")
+    if colon and not idx.isdigit():  # "gpu:" and "gpu:x" are typos, not "gpu:0"
+        raise DeviceUnavailableError(f"bad device {spec!r}: expected 'cpu', 'gpu' or 'gpu:N'")
+    return _checked(kind, int(idx) if idx else 0)
+
+
 class Device:
     """An MLX device and its streams (one per thread: see :attr:`stream`).
 
@@ -50,13 +73,7 @@ class Device:
     __slots__ = ("kind", "index", "_streams")
 
     def __new__(cls, kind: str, index: int = 0) -> "Device":
-        kind = _ALIASES.get(kind, kind)
-        if kind not in _KINDS:
-            raise DeviceUnavailableError(
-                f"unknown device kind {kind!r}: use 'cpu', 'gpu' or 'gpu:N'"
-            )
-        if not isinstance(index, int) or index < 0 or (kind == "cpu" and index != 0):
-            raise DeviceUnavailableError(f"invalid device index {index!r} for {kind}")
+        kind, index = _checked(kind, index)
         with cls._lock:
             found = cls._interned.get((kind, index))
             if found is not None:
@@ -68,7 +85,8 @@ class Device:
                     raise DeviceUnavailableError(
                         f"gpu:{index} was requested but this MLX build has {have} "
                         f"(MLX {mx.__version__}). Use --device cpu / Device.cpu(), or install "
-                        "an MLX with a GPU backend (Metal on macOS, `pip install mlx[cuda]` on Linux)."
+                        "an MLX with a GPU backend (Metal on macOS, `pip install mlx[cuda]` on "
+                        "Linux)."
                     )
             self = object.__new__(cls)
             object.__setattr__(self, "kind", kind)
@@ -96,13 +114,7 @@ class Device:
         """Parse ``"cpu"``, ``"gpu"``, ``"gpu:1"`` (``cuda``/``metal`` are aliases of ``gpu``)."""
         if isinstance(spec, Device):
             return spec
-        if not isinstance(spec, str):
-            raise DeviceUnavailableError(f"cannot parse device from {spec!r}")
-        text = spec.strip().lower()
-        kind, colon, idx = text.partition(":")
-        if colon and not idx.isdigit():  # "gpu:" and "gpu:x" are typos, not "gpu:0"
-            raise DeviceUnavailableError(f"bad device {spec!r}: expected 'cpu', 'gpu' or 'gpu:N'")
-        return cls(kind, int(idx) if idx else 0)
+        return cls(*parse_device_name(spec))
 
     @classmethod
     def default(cls) -> "Device":

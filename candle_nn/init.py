@@ -2,10 +2,10 @@
 
 An :class:`Init` describes a distribution (:class:`Const`, :class:`Normal`, :class:`Uniform`,
 :class:`Kaiming`, built with ``Init``'s named constructors); :meth:`Init.sample` draws a tensor
-from it with an MLX PRNG key. :func:`variable_key` derives the key of one variable from ``(seed, full variable path)``,
-so every variable has its own random stream: the same seed gives the same values on every run and
-on every device (sampling always runs on the CPU stream, then the result is cast and handed to the
-target device), and two variables never share values.
+from it with an MLX PRNG key. :func:`variable_key` derives the key of one variable from
+``(seed, full variable path)``, so every variable has its own random stream: the same seed gives
+the same values on every run and on every device (sampling always runs on the CPU stream, then the
+result is cast and handed to the target device), and two variables never share values.
 
 Fan computations assume candle/PyTorch layouts, which is what VarBuilders store:
 linear ``(out, in)``, conv ``(out, in/groups, kH, kW)``: fan_in = shape[1] * prod(shape[2:]),

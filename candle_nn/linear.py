@@ -30,7 +30,8 @@ class Linear(Module):
             self.bias = bias
 
     @classmethod
-    def load(cls, vb: VarBuilder, in_features: int, out_features: int, bias: bool = True) -> "Linear":
+    def load(cls, vb: VarBuilder, in_features: int, out_features: int,
+             bias: bool = True) -> "Linear":
         """Read ``weight`` (and ``bias``) from ``vb``. Fresh variables follow candle's ``linear``
         (as our Conv2d follows candle's ``conv2d``): weight Kaiming-normal (fan in, ReLU gain:
         std sqrt(2 / in_features)), bias uniform in ±1/sqrt(in_features)."""

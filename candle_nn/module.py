@@ -28,7 +28,8 @@ from .errors import DeviceMismatchError
 
 
 def check_same_device(op: str, first: Device | None, second: Device | None,
-                      first_name: str = "first operand", second_name: str = "second operand") -> None:
+                      first_name: str = "first operand",
+                      second_name: str = "second operand") -> None:
     """Raise DeviceMismatchError unless the two devices agree (``None`` agrees with anything)."""
     if first is not None and second is not None and first != second:
         raise DeviceMismatchError(
@@ -161,7 +162,9 @@ class Module(nn.Module, metaclass=_EvaluatedWhenBuilt):
 
     def on_device(self) -> contextlib.AbstractContextManager:
         """Context manager running MLX ops on this module's stream (a no-op when stateless)."""
-        return mx.stream(self._device.stream) if self._device is not None else contextlib.nullcontext()
+        if self._device is None:
+            return contextlib.nullcontext()
+        return mx.stream(self._device.stream)
 
     def to(self, device: "Device | str") -> "Module":
         """Move this module and every candle_nn child to ``device`` (in place; returns self)."""
@@ -188,7 +191,8 @@ class Sequential(Module):
     """
 
     def __init__(self, *layers: "Module | Callable[[mx.array], mx.array]") -> None:
-        devices = [(i, l.device) for i, l in enumerate(layers) if isinstance(l, Module) and l.device]
+        devices = [(i, layer.device) for i, layer in enumerate(layers)
+                   if isinstance(layer, Module) and layer.device]
         device = devices[0][1] if devices else None
         for i, d in devices[1:]:
             check_same_device("Sequential", device, d, f"layer {devices[0][0]}", f"layer {i}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import platform
 import sys
-from typing import Any
 
 
 class Info(dict):

@@ -153,17 +153,34 @@ def read_tensor(handle: Any, path: str, name: str) -> mx.array:
 
 
 class TensorSource:
-    """Where a VarBuilder's tensors come from: subclass it (``names``, ``contains``, ``shape``,
-    ``fetch``, ``describe``) and pass an instance to ``VarBuilder(source, dtype=, device=)`` to
-    serve tensors from elsewhere (``weights/spec.py`` records what a model asks for this way)."""
+    """Where a VarBuilder's tensors come from: subclass it and pass an instance to
+    ``VarBuilder(source, dtype=, device=)`` to serve tensors from elsewhere (``weights/spec.py``
+    records what a model asks for this way).
+
+    A subclass sets ``entries``, a mapping from each tensor name it holds to whatever it needs to
+    read that tensor, and implements ``_shape_of``, ``fetch`` and ``describe``; ``names``,
+    ``contains`` and ``shape`` (a MissingTensorError with the closest names for an unknown one)
+    follow from ``entries``. A source that holds nothing keeps the empty default.
+    """
+
+    entries: Mapping[str, Any] = {}
 
     def names(self) -> list[str]:
-        raise NotImplementedError
+        return list(self.entries)
 
     def contains(self, path: str) -> bool:
-        raise NotImplementedError
+        return path in self.entries
 
     def shape(self, path: str) -> tuple[int, ...]:
+        return self._shape_of(path, self.entry(path))
+
+    def entry(self, path: str) -> Any:
+        """``entries[path]``, or the MissingTensorError of :meth:`missing`."""
+        if path not in self.entries:
+            raise self.missing(path)
+        return self.entries[path]
+
+    def _shape_of(self, path: str, entry: Any) -> tuple[int, ...]:
         raise NotImplementedError
 
     def fetch(self, path: str, shape: tuple[int, ...] | None, init: Init | None,
@@ -190,9 +207,11 @@ class TensorSource:
 
 
 class _SafetensorsSource(TensorSource):
+    """``entries``: each tensor name's open file handle."""
+
     def __init__(self, paths: Sequence[str]) -> None:
         self.paths = [os.fspath(p) for p in paths]
-        self._where: dict[str, Any] = {}
+        self.entries: dict[str, Any] = {}
         self._file_of: dict[str, str] = {}
         self.metadata = {}
         for path in self.paths:
@@ -203,24 +222,14 @@ class _SafetensorsSource(TensorSource):
             except Exception as exc:
                 raise WeightsFileError(f"{path}: unreadable safetensors header ({exc})") from exc
             for key in keys:
-                self._where[key] = handle
+                self.entries[key] = handle
                 self._file_of[key] = path
 
-    def names(self) -> list[str]:
-        return list(self._where)
-
-    def contains(self, path: str) -> bool:
-        return path in self._where
-
-    def shape(self, path: str) -> tuple[int, ...]:
-        if path not in self._where:
-            raise self.missing(path)
-        return tuple(self._where[path].get_slice(path).get_shape())
+    def _shape_of(self, path: str, handle: Any) -> tuple[int, ...]:
+        return tuple(handle.get_slice(path).get_shape())
 
     def fetch(self, path, shape, init, dtype):
-        if path not in self._where:
-            raise self.missing(path)
-        return read_tensor(self._where[path], self._file_of[path], path)
+        return read_tensor(self.entry(path), self._file_of[path], path)
 
     def describe(self) -> str:
         return ", ".join(self.paths)
@@ -229,32 +238,24 @@ class _SafetensorsSource(TensorSource):
         if path not in self._file_of:
             return False
         file = self._file_of[path]
-        if (self._where[path].metadata() or {}).get(LAYOUT_KEY) == "candle":
+        if (self.entries[path].metadata() or {}).get(LAYOUT_KEY) == "candle":
             return False
         stat = os.stat(file)
         return _mlx_writer(file, stat.st_ino, stat.st_mtime_ns, stat.st_size)
 
 
 class _TensorsSource(TensorSource):
+    """``entries``: the arrays (MLX or NumPy) themselves."""
+
     def __init__(self, tensors: Mapping[str, Any]) -> None:
-        self._tensors = dict(tensors)
+        self.entries = dict(tensors)
         self.metadata = {}
 
-    def names(self) -> list[str]:
-        return list(self._tensors)
-
-    def contains(self, path: str) -> bool:
-        return path in self._tensors
-
-    def shape(self, path: str) -> tuple[int, ...]:
-        if path not in self._tensors:
-            raise self.missing(path)
-        return tuple(np.shape(self._tensors[path]))
+    def _shape_of(self, path: str, value: Any) -> tuple[int, ...]:
+        return tuple(np.shape(value))
 
     def fetch(self, path, shape, init, dtype):
-        if path not in self._tensors:
-            raise self.missing(path)
-        value = self._tensors[path]
+        value = self.entry(path)
         return value if isinstance(value, mx.array) else mx.array(np.asarray(value))
 
     def describe(self) -> str:
@@ -262,21 +263,15 @@ class _TensorsSource(TensorSource):
 
 
 class _VarMapSource(TensorSource):
+    """``entries``: the VarMap (its variables so far; ``fetch`` creates the missing ones)."""
+
     def __init__(self, varmap: VarMap, seed: int) -> None:
-        self.varmap = varmap
+        self.varmap = self.entries = varmap
         self.seed = int(seed)
         self.metadata = {}
 
-    def names(self) -> list[str]:
-        return list(self.varmap)
-
-    def contains(self, path: str) -> bool:
-        return path in self.varmap
-
-    def shape(self, path: str) -> tuple[int, ...]:
-        if path not in self.varmap:
-            raise self.missing(path)
-        return tuple(self.varmap[path].shape)
+    def _shape_of(self, path: str, value: mx.array) -> tuple[int, ...]:
+        return tuple(value.shape)
 
     def fetch(self, path, shape, init, dtype):
         if shape is None:
@@ -387,7 +382,8 @@ class VarBuilder:
         return self._source.written_by_mlx(self.path(name))
 
     def track(self, module: Any) -> None:
-        """Let a VarMap source remember ``module`` (built from its variables) for ``VarMap.save``."""
+        """Let a VarMap source remember ``module`` (built from its variables) for
+        ``VarMap.save``."""
         if isinstance(self._source, _VarMapSource):
             self._source.varmap.track(module)
 

@@ -2,6 +2,6 @@
 ``candle_nn_models``.
 
 Deliberately imports nothing: ``candle_nn_models.scripts.launch`` (the CLIs' console entry points)
-must install its Ctrl-C handling before candle_nn, NumPy and MLX load. Each model module imports
-candle_nn (which preloads the fast CPU BLAS) before MLX itself.
+must install its Ctrl-C handling before candle_nn, NumPy and MLX load. Modules import candle_nn
+before mlx, as candle_nn/_startup.py asks.
 """

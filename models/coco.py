@@ -28,7 +28,8 @@ COCO_SKELETON: tuple[tuple[int, int], ...] = (
 @lru_cache(maxsize=1)
 def coco_class_names() -> tuple[str, ...]:
     """The 80 COCO class names, indexed by class id."""
-    text = resources.files(__package__).joinpath("data/coco_classes.txt").read_text(encoding="utf-8")
+    names = resources.files(__package__).joinpath("data/coco_classes.txt")
+    text = names.read_text(encoding="utf-8")
     names = tuple(line.strip() for line in text.splitlines() if line.strip())
     assert len(names) == 80, f"coco_classes.txt has {len(names)} names, expected 80"
     return names

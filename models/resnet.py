@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 from candle_nn import (BatchNorm2d, Conv2d, Conv2dConfig, Linear, Module, ShapeMismatchError,
                        VarBuilder, WeightsFileError, check_image_batch, max_pool2d, relu)
-
-import mlx.core as mx  # noqa: I001  (after candle_nn: it preloads the fast CPU BLAS)
+import mlx.core as mx
 
 
 @dataclass(frozen=True)

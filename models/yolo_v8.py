@@ -139,7 +139,9 @@ class YoloV8Neck(cn.Module):
 
     def forward(self, p3: mx.array, p4: mx.array,
                 p5: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        cat = lambda *xs: mx.concatenate(xs, axis=-1)  # noqa: E731
+        def cat(*xs: mx.array) -> mx.array:
+            return mx.concatenate(xs, axis=-1)
+
         x = self.n1(cat(_upsample2(p5), p4))
         out3 = self.n2(cat(_upsample2(x), p3))
         out4 = self.n4(cat(self.n3(out3), x))

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from candle_nn import CandleNNError, Device, DeviceUnavailableError  # before mlx: BLAS choice
+from candle_nn import CandleNNError, Device, DeviceUnavailableError
 from candle_nn.blas import warn_if_slow_cpu
 from candle_nn_models.scripts.common import prepare_out_dir, run_main
 from candle_nn_models.scripts.yolo_v8 import _fraction, _size

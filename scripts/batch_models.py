@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from candle_nn import CandleNNError, Device, VarBuilder  # before mlx: BLAS choice
-import mlx.core as mx  # noqa: I001
+from candle_nn import CandleNNError, Device, VarBuilder
+import mlx.core as mx
 import numpy as np
 import pyarrow as pa
 

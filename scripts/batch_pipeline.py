@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 import ray
 
 from candle_nn import CandleNNError, Device, ImageError
+from candle_nn.atomic_write import atomic_write
 from candle_nn_models.scripts.batch_models import BatchModel, JobOptions, batch_model
 from candle_nn_models.scripts.common import load_rgb, shown
 from candle_nn_models.scripts.inputs import IMAGE_SUFFIXES, expand_image_args
@@ -136,7 +137,7 @@ def decode_batch(batch: dict[str, np.ndarray], model: BatchModel, done: frozense
             rgb = load_rgb(path)
             inputs[i], extra = model.preprocess(rgb)
             sizes[i] = rgb.shape[:2]
-        except Exception as exc:  # noqa: BLE001 -- any bad image becomes an error row
+        except Exception as exc:  # any bad image becomes an error row
             errors[i] = (str(exc) if isinstance(exc, CandleNNError) else f"{path}: {exc!r}") or "?"
             extra = {}
         per_image.append(extra)
@@ -211,9 +212,8 @@ def check_manifest(output: Path, options: JobOptions) -> None:
             raise CandleNNError(f"{output} holds results of another job ({'; '.join(diff)}): "
                                 "rerun with the same options to resume, or pass a new --output")
         return
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(want, indent=2) + "\n")
-    os.replace(tmp, path)
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(want, indent=2) + "\n")
 
 
 def summarize(output: Path, before: frozenset[str]) -> JobSummary:

@@ -9,6 +9,7 @@ handling (``error: …`` on stderr, exit status 1; 130 on Ctrl-C). Inputs are li
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import warnings
@@ -25,7 +26,8 @@ DEFAULT_MAX_PIXELS = 2 * 89_478_485  # Pillow's own refusal threshold (Image.MAX
 
 
 class ImageInputError(ImageError):
-    """One input image that cannot be used: ``path`` and the ``reason`` (shown as ``path: reason``)."""
+    """One input image that cannot be used: ``path`` and the ``reason`` (shown as
+    ``path: reason``)."""
 
     def __init__(self, path: "str | os.PathLike", reason: str) -> None:
         self.path, self.reason = Path(path), reason
@@ -41,7 +43,8 @@ def shown(path: "str | os.PathLike") -> str:
 def add_input_arguments(parser: argparse.ArgumentParser, *, what: str = "results",
                         required: bool = True) -> None:
     """The options every model CLI shares for its inputs and its report: ``--image`` (files,
-    folders, globs, ``-`` for stdin), ``--recursive``, ``--strict``, ``--max-pixels``, ``--json``."""
+    folders, globs, ``-`` for stdin), ``--recursive``, ``--strict``, ``--max-pixels``,
+    ``--json``."""
     parser.add_argument(
         "--image", nargs="+", action="extend", required=required, metavar="PATH",
         help="image files, folders, glob patterns ('photos/*.jpg'; '**' spans folders) or - to "
@@ -59,12 +62,23 @@ def add_input_arguments(parser: argparse.ArgumentParser, *, what: str = "results
                              "\"errors\" list of the images that failed")
 
 
-def _pixel_count(text: str) -> int:
+def number_arg(text: str, kind: type = float) -> "int | float":
+    """``text`` as a finite ``kind`` (``int`` or ``float``), for the CLIs' argparse ``type=``
+    checks: anything else is an ArgumentTypeError saying what was expected (argparse's own
+    message for a ValueError would name the checking function instead)."""
     try:
-        value = float(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of pixels") from None
-    if not value >= 1 or value != value or value == float("inf"):
+        expected = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {expected}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def _pixel_count(text: str) -> int:
+    value = number_arg(text)
+    if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number of pixels")
     return int(value)
 
@@ -88,7 +102,8 @@ def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) ->
         raise ImageInputError(path, f"cannot read: {exc.strerror or exc}") from None
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fd)
-        problem = not_regular(info.st_mode) or ("an empty file (0 bytes)" if not info.st_size else None)
+        empty = "an empty file (0 bytes)" if not info.st_size else None
+        problem = not_regular(info.st_mode) or empty
         if problem:
             raise ImageInputError(path, problem)
         saved = Image.MAX_IMAGE_PIXELS

@@ -15,11 +15,12 @@ job, is :mod:`candle_nn_models.scripts.batch`).
 
 A failed image is one ``error: <path>: <reason>`` line on stderr and an ``errors`` entry in the
 JSON document; its staged output files are dropped. ``--strict`` turns the first failure into a
-fatal error (and holds stdout until the run has succeeded). At the end the staged files are renamed into place, ``--json`` prints its one
-document, and a run of several images prints ``N images: k ok, f failed`` on stderr. Exit status
-0 when any image succeeded, else 1. A fatal error (weights, device, a write, Ctrl-C) removes every
-staged file and, with ``--json``, still prints the document (with the error) before re-raising.
-Progress (``i/N``, ms per image) goes to stderr through tqdm, only when it is a terminal.
+fatal error (and holds stdout until the run has succeeded). At the end the staged files are
+renamed into place, ``--json`` prints its one document, and a run of several images prints
+``N images: k ok, f failed`` on stderr. Exit status 0 when any image succeeded, else 1. A fatal
+error (weights, device, a write, Ctrl-C) removes every staged file and, with ``--json``, still
+prints the document (with the error) before re-raising. Progress (``i/N``, ms per image) goes to
+stderr through tqdm, only when it is a terminal.
 """
 
 from __future__ import annotations

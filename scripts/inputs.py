@@ -1,5 +1,5 @@
-"""What the ``--image`` arguments name: files, folders (optionally recursive), shell-style globs that
-the shell left quoted, and ``-`` for a list of paths on stdin — expanded into one ordered list.
+"""What the ``--image`` arguments name: files, folders (optionally recursive), shell-style globs
+that the shell left quoted, and ``-`` for a list of paths on stdin — expanded into one ordered list.
 
 Nothing here opens an image: listing only ``stat``\\ s paths, so a FIFO or a device in a folder is
 reported ("not a regular file") instead of blocking a read. A path that cannot be used is kept in
@@ -85,7 +85,8 @@ def _folder(folder: Path, recursive: bool) -> Iterator[ImageInput]:
         return
     if not images:
         hint = "; pass --recursive to look in its subfolders" if has_subfolders else ""
-        yield ImageInput(folder, f"no image files ({', '.join(IMAGE_SUFFIXES)}) in this folder{hint}")
+        suffixes = ", ".join(IMAGE_SUFFIXES)
+        yield ImageInput(folder, f"no image files ({suffixes}) in this folder{hint}")
     for image in images:
         try:
             yield ImageInput(image, not_regular(image.stat().st_mode))

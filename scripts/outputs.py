@@ -10,11 +10,11 @@ image whose overlay could not be written leaves no mask either.
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 from pathlib import Path
 
 from candle_nn import CandleNNError
+from candle_nn.atomic_write import remove_quietly, temp_beside
 from candle_nn_models.scripts import interrupt
 
 _PIL_FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".bmp": "BMP", ".webp": "WEBP"}
@@ -29,7 +29,7 @@ class OutputFolder:
         self._check()
         self._existed = self.path.exists()
         self._made: list[Path] = []  # subfolders made for staged files (removed on abort if empty)
-        self._staged: list[tuple[str, Path]] = []  # (temporary file, destination), in order
+        self._staged: list[tuple[Path, Path]] = []  # (temporary file, destination), in order
         self._lock = threading.Lock()  # an interrupt waits for a commit in progress
         interrupt.on_interrupt(self.abort)
 
@@ -78,16 +78,14 @@ class OutputFolder:
                 self._made.append(missing)
                 missing = missing.parent
             dest.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{dest.stem}-", suffix=dest.suffix,
-                                       dir=dest.parent)
+            tmp = temp_beside(dest)
         except OSError as exc:
             raise CandleNNError(f"cannot write {dest}: {exc.strerror or exc}") from exc
         with self._lock:
             self._staged.append((tmp, dest))
         try:
-            with os.fdopen(fd, "wb") as fh:
+            with open(tmp, "wb") as fh:
                 write(fh)
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         except OSError as exc:
             raise CandleNNError(f"cannot write {dest}: {exc.strerror or exc}") from exc
         return dest
@@ -100,7 +98,7 @@ class OutputFolder:
         """Drop the files staged since ``mark``."""
         with self._lock:
             for tmp, _ in self._staged[mark:]:
-                _remove(tmp)
+                remove_quietly(tmp)
             del self._staged[mark:]
 
     def commit(self) -> list[Path]:
@@ -115,7 +113,7 @@ class OutputFolder:
                 raise CandleNNError(f"cannot write {dest}: {exc.strerror or exc}") from exc
             finally:
                 for tmp, _ in self._staged[len(done):]:
-                    _remove(tmp)
+                    remove_quietly(tmp)
                 self._staged.clear()
             return done
 
@@ -123,7 +121,7 @@ class OutputFolder:
         """Remove every staged file (nothing of this run is left, nor the folder it created)."""
         with self._lock:
             for tmp, _ in self._staged:
-                _remove(tmp)
+                remove_quietly(tmp)
             self._staged.clear()
             interrupt.forget(self.abort)
             made = sorted(set(self._made), key=lambda p: len(p.parts), reverse=True)
@@ -133,15 +131,3 @@ class OutputFolder:
                 except OSError:
                     pass
 
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -16,8 +16,8 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
-from candle_nn import CandleNNError, Device, VarBuilder, softmax  # before mlx: BLAS choice
-import mlx.core as mx  # noqa: I001
+from candle_nn import CandleNNError, Device, VarBuilder, softmax
+import mlx.core as mx
 import numpy as np
 
 from candle_nn_models.imagenet import class_names, preprocess

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from PIL import Image
 
 from candle_nn import CandleNNError
 from candle_nn_models.segment_anything import Sam, SamAutomaticMaskGenerator
-from candle_nn_models.scripts.common import shown
+from candle_nn_models.scripts.common import number_arg, shown
 from candle_nn_models.scripts.outputs import OutputFolder
 from candle_nn_models.scripts.sam_outputs import overlay_masks
 
@@ -52,12 +51,8 @@ def add_everything_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _number(kind: type, low: float):
     def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if not math.isfinite(value) or value < low:
+        value = number_arg(text, kind)
+        if value < low:
             raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= {low}")
         return value
     return parse

@@ -44,7 +44,7 @@ from candle_nn_models.scripts.common import (ImageInputError, add_device_argumen
                                              add_input_arguments, check_finite, load_rgb,
                                              parse_device, run_main, shown)
 from candle_nn_models.scripts.outputs import OutputFolder
-from candle_nn_models.scripts.common import compile_choice
+from candle_nn_models.scripts.common import compile_choice, number_arg
 from candle_nn_models.scripts.sam_everything import (add_everything_arguments, make_generator,
                                                      segment_everything)
 from candle_nn_models.scripts.sam_outputs import mask_json, overlay_masks
@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--multimask", action="store_true",
                         help="predict SAM's three candidate masks and save each "
                              "(<stem>_mask_<i>.png); <stem>_mask.png is the best-scored one")
-    parser.add_argument("--threshold", type=_finite, default=0.0, metavar="X",
+    parser.add_argument("--threshold", type=number_arg, default=0.0, metavar="X",
                         help="mask logit threshold: a pixel is in the mask when its logit is "
                              "above X (default 0.0, SAM's; higher gives tighter masks)")
     cache = parser.add_mutually_exclusive_group()
@@ -193,16 +193,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=".", help="output folder (default: the current folder)")
     add_everything_arguments(parser)
     return parser
-
-
-def _finite(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
 
 
 def check_writable_file(path: str, option: str) -> None:

@@ -40,9 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from candle_nn import CandleNNError, Device, VarBuilder, WeightsFileError  # before mlx: BLAS choice
-from candle_nn import model_dtype
-import mlx.core as mx  # noqa: I001
+from candle_nn import CandleNNError, Device, VarBuilder, WeightsFileError, model_dtype
+import mlx.core as mx
 import numpy as np
 
 from candle_nn_models.coco import COCO_SKELETON, coco_class_names
@@ -54,7 +53,7 @@ from candle_nn_models.scripts.image_batch import Batch
 from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments, check_finite,
                                              load_rgb, parse_device, run_main, shown)
 from candle_nn_models.scripts.outputs import OutputFolder
-from candle_nn_models.scripts.common import compile_choice
+from candle_nn_models.scripts.common import compile_choice, number_arg
 from candle_nn_models.scripts.yolo_v8_draw import draw_detections
 from candle_nn_models.scripts.yolo_v8_video import check_sources, detect_video, print_video_result
 from candle_nn_models.weights.metadata import WeightsMetadata
@@ -80,17 +79,14 @@ class ImageResult:
 
 
 def _fraction(text: str) -> float:
-    value = float(text)
+    value = number_arg(text)
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"{text} is not in [0, 1]")
     return value
 
 
 def _size(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    value = number_arg(text, int)
     if value <= 0 or value % 32:
         raise argparse.ArgumentTypeError(f"{text} is not a positive multiple of 32")
     if value > MAX_SIZE:
@@ -101,14 +97,14 @@ def _size(text: str) -> int:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    value = number_arg(text, int)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
     return value
 
 
 def _class_id(text: str) -> int:
-    value = int(text)
+    value = number_arg(text, int)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is not a class id (0, 1, 2, ...)")
     return value
@@ -271,7 +267,8 @@ def save_labels_and_crops(args: argparse.Namespace, output: OutputFolder, stem: 
                 continue  # nothing left after clipping
             n = counts[det.class_id] = counts.get(det.class_id, 0) + 1
             output.save_image(Image.fromarray(rgb[y1:y2, x1:x2]),
-                              f"crops/{_safe_name(names[det.class_id])}/{stem}{n if n > 1 else ''}.jpg")
+                              f"crops/{_safe_name(names[det.class_id])}/"
+                              f"{stem}{n if n > 1 else ''}.jpg")
 
 
 def _safe_name(name: str) -> str:
@@ -313,7 +310,7 @@ def detect_videos(args: argparse.Namespace) -> list:
             output, n = out_dir / f"{source.stem}_{spec.task}-{n}.mp4", n + 1
         taken.add(output)
         try:
-            result = detect_video(args, source, out_dir, model, spec, names, output,
+            result = detect_video(args, source, model, spec, names, output,
                                   annotate, save_extras)
         except BaseException:
             extras.abort()

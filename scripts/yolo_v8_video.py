@@ -20,17 +20,17 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import candle_nn as cn  # before mlx: BLAS choice
+import candle_nn as cn
 from candle_nn import ImageError
-import mlx.core as mx  # noqa: I001
+import mlx.core as mx
 import numpy as np
 
+from candle_nn.atomic_write import remove_quietly, temp_beside
 from candle_nn_models.letterbox import letterbox
 from candle_nn_models.yolo_v8_post import Detection, postprocess
 from candle_nn_models.scripts.common import load_rgb
@@ -141,10 +141,8 @@ class VideoWriter:
         import av
 
         self.path, self.size_hw = path, size_hw
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix,
-                                        dir=path.parent)
-        os.close(fd)
-        self._container = av.open(self.tmp, "w", format="mp4")
+        self.tmp = temp_beside(path)
+        self._container = av.open(str(self.tmp), "w", format="mp4")
         self._stream = self._container.add_stream(
             "libx264", rate=Fraction(fps).limit_denominator(1001))
         h, w = size_hw
@@ -167,7 +165,6 @@ class VideoWriter:
         for packet in self._stream.encode(None):
             self._container.mux(packet)
         self._container.close()
-        os.chmod(self.tmp, 0o644)
         os.replace(self.tmp, self.path)
         return self.path
 
@@ -175,25 +172,25 @@ class VideoWriter:
         try:
             self._container.close()
         finally:
-            if os.path.exists(self.tmp):
-                os.remove(self.tmp)
+            remove_quietly(self.tmp)
 
 
-def detect_video(args: argparse.Namespace, source: Path, out_dir: Path, model, spec,
+def detect_video(args: argparse.Namespace, source: Path, model, spec,
                  names: Sequence[str], output: Path,
                  annotate, save_extras) -> VideoResult:
     """Run the model over every frame of ``source`` in batches of ``args.batch_size``; write the
-    annotated video and the JSON lines (both or neither). ``annotate(rgb, detections)`` draws a
-    frame; ``save_extras(stem, rgb, detections)`` writes --save-txt/--save-crop outputs."""
+    annotated video ``output`` and its JSON lines beside it (both or neither).
+    ``annotate(rgb, detections)`` draws a frame; ``save_extras(stem, rgb, detections)`` writes
+    --save-txt/--save-crop outputs."""
     from tqdm import tqdm
 
     reader = FrameReader(source)
     jsonl = output.with_suffix(".jsonl")
-    fd, jsonl_tmp = tempfile.mkstemp(prefix=f".{jsonl.stem}-", suffix=".jsonl", dir=out_dir)
+    jsonl_tmp = temp_beside(jsonl)
     writer: VideoWriter | None = None
     counts = {"frames": 0, "skipped": 0, "detections": 0}
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as lines, \
+        with open(jsonl_tmp, "w", encoding="utf-8") as lines, \
                 tqdm(total=reader.total, unit="frame", desc=source.name, file=sys.stderr,
                      disable=not sys.stderr.isatty(), leave=False) as progress:
             batch: list[tuple[int, np.ndarray]] = []
@@ -237,7 +234,6 @@ def detect_video(args: argparse.Namespace, source: Path, out_dir: Path, model, s
                              f"({counts['skipped']} skipped)")
         size_hw = writer.size_hw
         writer.commit()
-        os.chmod(jsonl_tmp, 0o644)
         os.replace(jsonl_tmp, jsonl)
     except BaseException:
         if writer is not None:
@@ -245,8 +241,7 @@ def detect_video(args: argparse.Namespace, source: Path, out_dir: Path, model, s
         raise
     finally:
         reader.close()
-        if os.path.exists(jsonl_tmp):
-            os.remove(jsonl_tmp)
+        remove_quietly(jsonl_tmp)
     return VideoResult(source, output, jsonl, counts["frames"], counts["skipped"],
                        counts["detections"], size_hw, round(reader.fps, 3))
 

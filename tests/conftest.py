@@ -107,12 +107,21 @@ def two_devices(monkeypatch):
         cn.Device._interned.pop(("gpu", 0), None)
 
 
-def one_error_line(capsys, *, quiet_stdout: bool = False) -> str:
-    """The CLI contract for a bad input: stderr is exactly one ``error: …`` line, no traceback
-    (and, with ``quiet_stdout``, nothing on stdout). Returns that line."""
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
-    assert "Traceback" not in captured.err
-    assert not (quiet_stdout and captured.out), captured.out
+def error_line(stderr: "str | bytes", *fragments: str) -> str:
+    """The CLI contract for a bad input, checked on stderr's text (a child process's bytes too):
+    exactly one ``error: …`` line naming each of ``fragments``, no traceback. Returns that line."""
+    text = stderr.decode() if isinstance(stderr, bytes) else stderr
+    assert "Traceback" not in text, text
+    lines = text.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), text
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
     return lines[0]
+
+
+def one_error_line(capsys, *fragments: str, quiet_stdout: bool = False) -> str:
+    """:func:`error_line` on what this test's CLI call printed (and, with ``quiet_stdout``,
+    nothing on stdout)."""
+    captured = capsys.readouterr()
+    assert not (quiet_stdout and captured.out), captured.out
+    return error_line(captured.err, *fragments)

@@ -160,8 +160,9 @@ def test_mlx_save_weights_file_is_refused_when_shapes_coincide(tmp_path):
     model = Small(cn.VarBuilder.from_varmap(cn.VarMap(), seed=1, device="cpu"))
     path = tmp_path / "mlx.safetensors"
     model.save_weights(str(path))
-    with pytest.raises(cn.WeightsFileError, match=r"'conv\.weight' comes from a file written by "
-                                                  r"MLX .* candle_nn\.save_safetensors\(model, path\)"):
+    with pytest.raises(cn.WeightsFileError,
+                       match=r"'conv\.weight' comes from a file written by "
+                             r"MLX .* candle_nn\.save_safetensors\(model, path\)"):
         Small(cn.VarBuilder.from_safetensors(path, device="cpu"))
 
 

@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from _cli_helpers import bomb_png, cli_command, cli_env, noise, run_cli
-from conftest import FIXTURES, ROOT, fixture_dir
+from conftest import FIXTURES, ROOT, error_line, fixture_dir
 from candle_nn_models.imagenet import preprocess
 import candle_nn_models.imagenet as imagenet
 from candle_nn_models.scripts import resnet, segment_anything, yolo_v8
@@ -39,16 +39,6 @@ def _args(cli, weights, tmp_path):
     extra = {"resnet": ["--top-k", "1"], "yolo": ["--size", "64", "--out", tmp_path / "out"],
              "sam": ["--point", "0.5,0.5", "--out", tmp_path / "out"]}[cli]
     return ["--weights", weights[cli], *extra]
-
-
-def _one_error(stderr: bytes, *fragments: str) -> str:
-    text = stderr.decode()
-    assert "Traceback" not in text, text
-    lines = text.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), text
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 # --- item 3: FIFOs -------------------------------------------------------------------------
@@ -72,7 +62,7 @@ def test_fifo_as_the_image_is_refused_at_once(cli, weights, tmp_path):
     os.mkfifo(fifo)
     proc = run_cli(cli, "--image", fifo, *_args(cli, weights, tmp_path), timeout=60)
     assert proc.returncode == 1
-    _one_error(proc.stderr, "photo.jpg", "FIFO")
+    error_line(proc.stderr, "photo.jpg", "FIFO")
 
 
 # --- item 4: decompression bombs -----------------------------------------------------------
@@ -84,7 +74,7 @@ def test_decompression_bomb_is_refused_with_the_flag_to_raise_the_limit(cli, wei
     assert len(bomb.read_bytes()) < 100
     proc = run_cli(cli, "--image", bomb, *_args(cli, weights, tmp_path), timeout=60)
     assert proc.returncode == 1
-    _one_error(proc.stderr, "bomb.png", "20000x20000", "400.0 Mpx", "179.0 Mpx limit",
+    error_line(proc.stderr, "bomb.png", "20000x20000", "400.0 Mpx", "179.0 Mpx limit",
                "--max-pixels 400000000")
 
 
@@ -93,9 +83,10 @@ def test_max_pixels_sets_the_limit(capsys, weights, tmp_path):
     Image.fromarray(noise(30, 40)).save(image)
     argv = ["--image", str(image), "--weights", str(weights["resnet"]), "--top-k", "1"]
     assert resnet.main([*argv, "--max-pixels", "1000"]) == 1
-    assert "1200 pixels, above the 1000 pixels limit" in capsys.readouterr().err  # 1200 pixels > 1000
+    assert "1200 pixels, above the 1000 pixels limit" in capsys.readouterr().err
     assert resnet.main([*argv, "--max-pixels", "1200"]) == 0
-    bomb = tmp_path / "bomb.png"  # above the limit the header is believed, and the data is not there
+    # above the limit the header is believed, and the data is not there
+    bomb = tmp_path / "bomb.png"
     bomb.write_bytes(bomb_png(20000, 20000))
     assert resnet.main(["--image", str(bomb), "--weights", str(weights["resnet"]),
                         "--max-pixels", "4e8"]) == 1
@@ -165,7 +156,8 @@ def test_non_utf8_names_on_an_ascii_stdout(cli, weights, tmp_path):
         out = proc.stdout.decode("ascii")
         assert "caf\\xe9.jpg" in (json.loads(out)["images"][0]["image"] if extra else out)
     if cli == "yolo":
-        assert [p.name for p in (tmp_path / "out").iterdir()] == [os.fsdecode(b"caf\xe9_detect.jpg")]
+        written = [p.name for p in (tmp_path / "out").iterdir()]
+        assert written == [os.fsdecode(b"caf\xe9_detect.jpg")]
 
 
 def test_sam_non_utf8_name_on_an_ascii_stdout(weights, tmp_path):
@@ -243,7 +235,7 @@ def test_all_nan_weights_are_an_error_naming_the_file(cli, weights, tmp_path):
     args = [a if a != weights[cli] else nan for a in _args(cli, weights, tmp_path)]
     proc = run_cli(cli, "--image", BIKE, *args)
     assert proc.returncode == 1 and proc.stdout == b""
-    _one_error(proc.stderr, "non-finite outputs", str(nan))
+    error_line(proc.stderr, "non-finite outputs", str(nan))
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
 

@@ -65,6 +65,13 @@ def test_parse_errors(spec):
     assert "cpu" in str(info.value) or "gpu" in str(info.value)
 
 
+@pytest.mark.parametrize("spec,expected", [("cpu", ("cpu", 0)), ("GPU:3", ("gpu", 3)),
+                                           (" cuda ", ("gpu", 0)), ("mps:1", ("gpu", 1))])
+def test_parse_device_name_checks_spelling_not_presence(spec, expected):
+    """The one alias parser (the benchmark lists devices this machine may lack)."""
+    assert cn_device.parse_device_name(spec) == expected
+
+
 @pytest.mark.parametrize("bad", [3, None, 1.5, ["cpu"]])
 def test_parse_rejects_non_strings(bad):
     with pytest.raises(cn.DeviceUnavailableError, match="cannot parse device"):

@@ -243,3 +243,41 @@ def test_init_constructors_give_named_fields():
     assert cn.Init.kaiming_uniform("out", "tanh") == Kaiming("uniform", fan="out",
                                                              nonlinearity="tanh")
     assert cn.Init.kaiming_normal().std((300, 400)) == pytest.approx(math.sqrt(2 / 400))
+
+
+# Recorded with MLX 0.32.4 (pinned) on Linux x86_64. All but Linear's are what candle_nn drew
+# before Init became named dataclasses (commit 4227405; both trees run side by side gave the same
+# digests); that commit deliberately moved Linear's weight to Kaiming normal, as candle's `linear`.
+# A change that alters any seeded draw, even by one bit, fails here and has to say so.
+SEEDED_DIGESTS = {
+    "bn.bias": "38723a2e5e8a17aa", "bn.running_mean": "38723a2e5e8a17aa",
+    "bn.running_var": "b638277a8690e175", "bn.weight": "b638277a8690e175",
+    "conv.bias": "ce0e6c8dd23f86d6", "conv.weight": "b5b9f0c95506aac5",
+    "dw.bias": "7fe1873066dc4e24", "dw.weight": "bd5bbfb0615e1741",
+    "emb.weight": "041080dfaaf0d62f",
+    "ln.bias": "38723a2e5e8a17aa", "ln.weight": "b638277a8690e175",
+    "explicit.const": "5861fa05b39a472f", "explicit.default2d": "682c77c2d72ea9df",
+    "explicit.kn": "66b6d5c5eb1d78cb", "explicit.ku": "c5705c46a754df93",
+    "explicit.normal": "683d8409ea877ac4", "explicit.uniform": "48334d1757ca8f20",
+    "lin.bias": "b06bfa26e18f7ede", "lin.weight": "4f5ddd6ebf0e6a56",
+}
+
+
+def test_seeded_values_are_pinned_bit_for_bit():
+    varmap = cn.VarMap()
+    vb = cn.VarBuilder.from_varmap(varmap, seed=7, device="cpu")
+    cn.Conv2d.load(vb.pp("conv"), 16, 32, 3)
+    cn.Conv2d.load(vb.pp("dw"), 32, 32, 3, cn.Conv2dConfig(groups=32))
+    cn.BatchNorm2d.load(vb.pp("bn"), 32)
+    cn.LayerNorm.load(vb.pp("ln"), 32)
+    cn.Embedding.load(vb.pp("emb"), 50, 8)
+    cn.Linear.load(vb.pp("lin"), 12, 6)
+    for name, init in [("const", cn.Init.const(0.5)), ("normal", cn.Init.normal(1.0, 2.0)),
+                       ("uniform", cn.Init.uniform(-0.5, 0.25)),
+                       ("kn", cn.Init.kaiming_normal("out", "tanh")),
+                       ("ku", cn.Init.kaiming_uniform("in", "relu"))]:
+        vb.get((24, 12, 3, 3), f"explicit.{name}", init)
+    vb.get((24, 12), "explicit.default2d")
+    got = {k: hashlib.sha256(np.array(v).tobytes()).hexdigest()[:16]
+           for k, v in varmap.all_vars().items()}
+    assert got == SEEDED_DIGESTS

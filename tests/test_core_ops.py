@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
+import mlx.nn as mlx_nn
 import numpy as np
 import pytest
 from conftest import rel_err
 
 import candle_nn as cn
+from candle_nn.pairs import pair
 
 TOL = 1e-5  # max|err| / max|ref|, float32 vs float64
 
@@ -53,10 +55,6 @@ def f64(a: np.ndarray) -> np.ndarray:
 
 
 # -- NumPy references (NHWC, float64) ------------------------------------------------------------
-def pair(v) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else tuple(v)
-
-
 def ref_conv2d(x, w_oihw, b, padding=0, stride=1, dilation=1, groups=1):
     """Direct convolution: one matmul per kernel tap and group."""
     x, w = f64(x), f64(w_oihw)
@@ -281,6 +279,15 @@ def test_avg_pool_is_not_a_max_pool(device):
         assert np.array(mxp(x)).ravel().tolist() == [5.0, 7.0, 13.0, 15.0]
 
 
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+def test_pooling_is_mlxs_own_off_cuda(dtype):
+    """Off a CUDA GPU (whose max pool is candle_nn's kernel) pooling is mlx.nn's, bit for bit."""
+    x = mx.array(randn(rng(5), 2, 9, 8, 3)).astype(dtype)
+    for k, s, p in POOL_CASES.values():
+        assert mx.array_equal(cn.max_pool2d(x, k, s, p), mlx_nn.MaxPool2d(k, s, p)(x))
+        assert mx.array_equal(cn.AvgPool2d(k, s, p)(x), mlx_nn.AvgPool2d(k, s, p)(x))
+
+
 # -- normalisation -------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["affine", "not_affine", "rms", "rms_not_affine", "eps_float"])
 def test_layer_norm(device, kind):
@@ -427,6 +434,20 @@ def test_activation(device, name):
     close(on(device, getattr(cn, name), mx.array(x)), ref)
     close(on(device, cn.Activation(name), mx.array(x)), ref)
     close(on(device, cn.ACTIVATIONS[name], mx.array(x)), ref)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_gelu_is_mlxs_own_outside_the_cpu_fast_path(dtype):
+    from candle_nn import cpu_fast
+
+    x = mx.array(randn(rng(13), 7, 33) * 3).astype(dtype)
+    was = cpu_fast.enabled()
+    cpu_fast.set_enabled(False)
+    try:
+        assert mx.array_equal(cn.gelu(x), mlx_nn.gelu(x))
+        assert mx.array_equal(cn.gelu_tanh(x), mlx_nn.gelu_approx(x))
+    finally:
+        cpu_fast.set_enabled(was)
 
 
 def test_gelu_exact_and_tanh_differ():

@@ -1,6 +1,7 @@
 """The CUDA fast paths (candle_nn/cuda_kernels.py) against float64 NumPy references, on every
 device: on a CUDA GPU the layers run the hand-written kernels, elsewhere MLX's own ops, and both
-must meet the same reference. ``CANDLE_NN_CUDA_KERNELS`` switches the kernels off (or keeps some)."""
+must meet the same reference. ``CANDLE_NN_CUDA_KERNELS`` switches the kernels off (or keeps
+some)."""
 
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def test_dfl_decoding_matches_reference(device, dtype, tol):
     x = np.random.default_rng(3).standard_normal((2, 37, 64)) * 3
     weight = np.arange(16, dtype=np.float64)
     dfl = Dfl(cn.Conv2d(mx.array(weight.reshape(1, 1, 1, 16), dtype=dtype), None, device=device))
-    xq = np.array(mx.array(x, dtype=dtype).astype(mx.float32), dtype=np.float64).reshape(2, 37, 4, 16)
+    xq = np.array(mx.array(x, dtype=dtype).astype(mx.float32), dtype=np.float64)
+    xq = xq.reshape(2, 37, 4, 16)
     e = np.exp(xq - xq.max(-1, keepdims=True))
     ref = (e / e.sum(-1, keepdims=True)) @ weight
     assert _rel(dfl(mx.array(x, dtype=dtype)), ref) < tol

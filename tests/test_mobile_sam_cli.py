@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import FIXTURES, load_fixture
+from conftest import FIXTURES, error_line, load_fixture, one_error_line
 from candle_nn_models.scripts.segment_anything import PromptError, main, parse_prompts
 
 IMAGE = str(FIXTURES / "images" / "bike.jpg")  # 800x556, the fixture's raw_rgb
@@ -41,18 +41,18 @@ def test_bad_prompt_is_one_error_line_and_no_files(capsys, tmp_path, args, messa
     out_dir = tmp_path / "out"
     code, out, err = run(capsys, "--out", str(out_dir), *args)
     assert code == 1
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+    error_line(err, message)
     assert not out_dir.exists()
 
 
 def test_missing_image_and_weights(capsys, tmp_path):
     code = main(["--image", str(tmp_path / "nope.jpg"), "--point", "0.5,0.5"])
-    err = capsys.readouterr().err
-    assert code == 1 and err.startswith("error: ") and "nope.jpg" in err
+    assert code == 1
+    one_error_line(capsys, "nope.jpg")
     code, _, err = run(capsys, "--point", "0.5,0.5", "--weights", str(tmp_path / "w.safetensors"),
                        "--out", str(tmp_path / "out"))
-    assert code == 1 and err.count("\n") == 1 and "w.safetensors" in err
+    assert code == 1
+    error_line(err, "w.safetensors")
     assert not (tmp_path / "out").exists()
 
 

@@ -49,7 +49,8 @@ def _module_strings(tree: ast.AST) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
             name = getattr(node.func, "attr", getattr(node.func, "id", ""))
-            if name in ("import_module", "find_spec", "files") and isinstance(node.args[0].value, str):
+            if (name in ("import_module", "find_spec", "files")
+                    and isinstance(node.args[0].value, str)):
                 found.append(node.args[0].value)
         if isinstance(node, (ast.List, ast.Tuple)):  # ["python", "-m", "pkg.mod"]
             items = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
@@ -69,7 +70,8 @@ def test_nothing_imports_the_old_top_level_names() -> None:
         rel = path.relative_to(ROOT)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                bad += [f"{rel}:{node.lineno}: import {a.name}" for a in node.names if _old_name(a.name)]
+                bad += [f"{rel}:{node.lineno}: import {a.name}" for a in node.names
+                        if _old_name(a.name)]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and _old_name(node.module):
                 bad.append(f"{rel}:{node.lineno}: from {node.module} import ...")
         bad += [f"{rel}: module name {s!r}" for s in _module_strings(tree)
@@ -84,7 +86,8 @@ def test_the_installed_package_never_imports_the_benchmark() -> None:
         for path in (ROOT / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                         [node.module] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                         [node.module] if isinstance(node, ast.ImportFrom) and not node.level
+                         else [])
                 bad += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names
                         if n and n.split(".")[0] in NOT_INSTALLED]
     assert not bad, bad
@@ -101,7 +104,8 @@ def test_readme_and_entry_points_use_the_installed_names() -> None:
     texts = {p: p.read_text() for p in (ROOT / "README.md", ROOT / "weights" / "README.md")}
     for path, text in texts.items():
         for block in re.findall(r"```(?:python|bash)\n(.*?)```", text, flags=re.S):
-            assert not re.search(rf"^\s*(from|import)\s+({'|'.join(OLD)})\b", block, flags=re.M), path
+            old_import = rf"^\s*(from|import)\s+({'|'.join(OLD)})\b"
+            assert not re.search(old_import, block, flags=re.M), path
             assert not re.search(rf"-m\s+({'|'.join(OLD)})\.", block), path
     pyproject = (ROOT / "pyproject.toml").read_text()
     scripts = re.search(r"^\[project\.scripts\]\n(.*?)^\[", pyproject, flags=re.S | re.M).group(1)
@@ -214,12 +218,12 @@ def test_the_wheel_beside_a_user_folder_with_its_own_models(wheel, tmp_path) -> 
         # the same code with 64x fewer prompts (random weights: the masks themselves mean nothing)
         snippet = re.sub(r"points_per_side=\d+", "points_per_side=4", snippet)
         runner.append(f"exec(compile({snippet!r}, 'README snippet {i}', 'exec'), {{**globals()}})")
-    runner.append(textwrap.dedent(f"""
+    runner.append(textwrap.dedent("""
         import sys, json, candle_nn, candle_nn_models, candle_nn_models.weights
         import models, weights, scripts
-        print(json.dumps({{"user": [models.MARK, weights.MARK, scripts.MARK],
-                           "installed": [candle_nn.__file__, candle_nn_models.__file__,
-                                         candle_nn_models.weights.__file__]}}))
+        print(json.dumps({"user": [models.MARK, weights.MARK, scripts.MARK],
+                          "installed": [candle_nn.__file__, candle_nn_models.__file__,
+                                        candle_nn_models.weights.__file__]}))
     """))
     (user / "readme_snippets.py").write_text("\n".join(runner))
     env = {**_env(), "PYTHONPATH": str(site)}

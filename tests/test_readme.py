@@ -24,7 +24,8 @@ def test_readme_opens_with_the_two_commands() -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     test_command = _code_blocks("bash")[1].strip()
     ci = (ROOT / ".ci" / "run").read_text()
-    assert test_command in ci.splitlines(), "the README's test command must appear verbatim in .ci/run"
+    assert test_command in ci.splitlines(), \
+        "the README's test command must appear verbatim in .ci/run"
 
 
 def test_readme_snippet_runs(tmp_path, monkeypatch, capsys) -> None:

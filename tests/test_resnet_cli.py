@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, fixture_dir
+from conftest import FIXTURES, fixture_dir, one_error_line
 
 import candle_nn as cn
 from candle_nn_models.imagenet import class_names
@@ -24,11 +24,7 @@ def weights():
 
 def _fails(capsys, argv, *fragments):
     assert main(argv) == 1
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and err.startswith("error: "), err
-    for fragment in fragments:
-        assert fragment in err, err
-    return err
+    return one_error_line(capsys, *fragments)
 
 
 def test_one_image_prints_top_k(capsys, weights):

@@ -31,7 +31,8 @@ def _env_with_root() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
-def blob(header, data: bytes = b"", *, raw: bytes | None = None, length: int | None = None) -> bytes:
+def blob(header, data: bytes = b"", *, raw: bytes | None = None,
+         length: int | None = None) -> bytes:
     """A safetensors byte string: ``header`` as JSON (or ``raw`` header bytes), then ``data``."""
     head = raw if raw is not None else json.dumps(header).encode()
     return struct.pack("<Q", len(head) if length is None else length) + head + data
@@ -99,8 +100,8 @@ MALFORMED = {
     "invalid_json": blob(None, raw=b'{"a": {"dtype": "F32", '),
     "json_not_an_object": blob([1, 2, 3]),
     "json_number": blob(None, raw=b"42"),
-    "non_utf8_name": blob(None, bytes(4),
-                          raw=b'{"\xff\xfe": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}'),
+    "non_utf8_name": blob(None, bytes(4), raw=b'{"\xff\xfe": {"dtype": "F32", "shape": [1], '
+                                              b'"data_offsets": [0, 4]}}'),
     "unknown_dtype": blob({"a": entry("F33", [1], 0, 4)}, bytes(4)),
     "lowercase_dtype": blob({"a": entry("f32", [1], 0, 4)}, bytes(4)),
     "empty_dtype": blob({"a": entry("", [1], 0, 4)}, bytes(4)),

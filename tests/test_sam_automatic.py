@@ -8,7 +8,8 @@
 
 Records are compared in order: same count; the same prompt point and crop box; boxes within
 ``BOX_TOL`` px; areas within ``AREA_TOL`` (relative); predicted IoU within ``SCORE_TOL``,
-stability within ``STABILITY_TOL``; masks IoU >= ``MASK_IOU``. ``CANDLE_NN_PARITY_REPORT`` gets one line per comparison.
+stability within ``STABILITY_TOL``; masks IoU >= ``MASK_IOU``. ``CANDLE_NN_PARITY_REPORT`` gets
+one line per comparison.
 """
 
 from __future__ import annotations

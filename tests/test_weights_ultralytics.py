@@ -90,7 +90,9 @@ def test_custom_class_count_converts_and_matches_the_candle_named_forward(tmp_pa
 
 def test_checks_variant_and_class_count_options(tmp_path, three_class_model, capsys):
     _, ultra = three_class_model
-    factory = lambda f: ultralytics_checkpoint(ultra, pose=False, names=COCO3, factory=f)  # noqa
+    def factory(f):
+        return ultralytics_checkpoint(ultra, pose=False, names=COCO3, factory=f)
+
     rc, _ = _convert(tmp_path, factory, "--variant", "s")
     assert rc == 1 and "--variant s given, but" in capsys.readouterr().err
     rc, _ = _convert(tmp_path, factory, "--num-classes", "80")

@@ -14,7 +14,7 @@ from pathlib import Path
 import candle_nn as cn
 import numpy as np
 import pytest
-from conftest import fixture_dir
+from conftest import error_line, fixture_dir
 from PIL import Image
 
 import candle_nn_models.scripts.yolo_v8 as cli
@@ -33,14 +33,6 @@ def run(capsys, *argv) -> tuple[int, str, str]:
     code = cli.main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def assert_one_error(code: int, err: str, *fragments: str) -> None:
-    assert code == 1
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def images_in(folder: Path) -> list[Path]:
@@ -113,7 +105,8 @@ def test_zero_detections_still_write_the_image(capsys, paths, tmp_path) -> None:
 def test_missing_image(capsys, paths, tmp_path) -> None:
     code, out, err = run(capsys, "--image", tmp_path / "nope.jpg", "--weights", paths["detect"],
                          "--out", tmp_path / "out")
-    assert_one_error(code, err, "image not found", "nope.jpg")
+    assert code == 1
+    error_line(err, "image not found", "nope.jpg")
     assert out == "" and not (tmp_path / "out").exists()
 
 
@@ -123,34 +116,40 @@ def test_corrupt_image(capsys, paths, tmp_path, content) -> None:
     bad.write_bytes(paths["bike"].read_bytes()[:5000] if content == "truncated" else content)
     code, _, err = run(capsys, "--image", bad, "--weights", paths["detect"],
                        "--out", tmp_path / "out", "--size", 320)
-    assert_one_error(code, err, "bad.jpg", "not a readable image")
+    assert code == 1
+    error_line(err, "bad.jpg", "not a readable image")
     assert images_in(tmp_path / "out") == []
 
 
 def test_wrong_variant_for_the_weights(capsys, paths, tmp_path) -> None:
     code, _, err = run(capsys, "--image", paths["bike"], "--weights", paths["detect"],
                        "--variant", "s", "--out", tmp_path)
-    assert_one_error(code, err, "holds YOLOv8n (80 classes)", "--variant s")
+    assert code == 1
+    error_line(err, "holds YOLOv8n (80 classes)", "--variant s")
     assert images_in(tmp_path) == []
 
 
 def test_wrong_task_for_the_weights(capsys, paths, tmp_path) -> None:
     code, _, err = run(capsys, "--image", paths["bike"], "--weights", paths["detect"],
                        "--task", "pose", "--out", tmp_path)
-    assert_one_error(code, err, "holds YOLOv8n (80 classes)", "--task pose")
+    assert code == 1
+    error_line(err, "holds YOLOv8n (80 classes)", "--task pose")
     code, _, err = run(capsys, "--image", paths["bike"], "--weights", paths["pose"],
                        "--task", "detect", "--out", tmp_path)
-    assert_one_error(code, err, "YOLOv8n-pose", "--task detect")
+    assert code == 1
+    error_line(err, "YOLOv8n-pose", "--task detect")
     assert images_in(tmp_path) == []
 
 
 def test_weights_of_another_model(capsys, paths, tmp_path) -> None:
     code, _, err = run(capsys, "--image", paths["bike"], "--weights", paths["resnet"],
                        "--out", tmp_path)
-    assert_one_error(code, err, "not a YOLOv8 checkpoint", "resnet18")
+    assert code == 1
+    error_line(err, "not a YOLOv8 checkpoint", "resnet18")
     code, _, err = run(capsys, "--image", paths["bike"], "--weights", tmp_path / "none.safetensors",
                        "--out", tmp_path)
-    assert_one_error(code, err, "weights file not found")
+    assert code == 1
+    error_line(err, "weights file not found")
 
 
 def test_unwritable_output_folder(capsys, paths, tmp_path) -> None:
@@ -158,7 +157,8 @@ def test_unwritable_output_folder(capsys, paths, tmp_path) -> None:
     blocker.write_text("")
     code, out, err = run(capsys, "--image", paths["bike"], "--weights", paths["detect"],
                          "--out", blocker / "out")
-    assert_one_error(code, err, "cannot create output folder")
+    assert code == 1
+    error_line(err, "cannot create output folder")
     assert out == ""
 
 
@@ -171,7 +171,8 @@ def test_failed_write_leaves_no_partial_image(capsys, paths, tmp_path, monkeypat
     monkeypatch.setattr(cli, "draw_detections", lambda *args, **kwargs: DiskFull())
     code, out, err = run(capsys, "--image", paths["bike"], "--weights", paths["detect"],
                          "--out", tmp_path, "--size", 320)
-    assert_one_error(code, err, "cannot write", "bike_detect.jpg", "No space left")
+    assert code == 1
+    error_line(err, "cannot write", "bike_detect.jpg", "No space left")
     assert images_in(tmp_path) == [] and out == ""
 
 
@@ -188,7 +189,8 @@ def test_default_weights_follow_task_and_variant(capsys, paths, tmp_path, monkey
     assert code == 0 and asked == [("yolo_v8_pose", "n", None)]
     code, _, err = run(capsys, "--image", paths["bike"], "--variant", "m", "--out", tmp_path)
     assert asked[-1] == ("yolo_v8", "m", None)
-    assert_one_error(code, err, "YOLOv8n-pose", "--task detect --variant m")
+    assert code == 1
+    error_line(err, "YOLOv8n-pose", "--task detect --variant m")
 
 
 def test_class_names_from_the_weights_metadata(capsys, paths, tmp_path) -> None:

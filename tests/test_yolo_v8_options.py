@@ -224,3 +224,17 @@ def test_cli_option_errors(capsys, paths, tmp_path) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: --classes 80: the model has 80 classes (0..79)"]
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--conf", "abc"], "argument --conf: 'abc' is not a number"),
+    (["--iou", "nan"], "argument --iou: 'nan' is not a finite number"),
+    (["--max-det", "1.5"], "argument --max-det: '1.5' is not a whole number"),
+    (["--classes", "x"], "argument --classes: 'x' is not a whole number"),
+])
+def test_bad_numbers_say_what_was_expected(capsys, argv, message):
+    """The CLIs' one number check (scripts/common.number_arg), not argparse's message naming
+    the checking function ("invalid _fraction value")."""
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["--image", "a.jpg", *argv])
+    assert message in capsys.readouterr().err

@@ -18,7 +18,6 @@ Tensors keep their dtype.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from candle_nn import CandleNNError, VarBuilder, WeightsFileError
+from candle_nn.atomic_write import atomic_write
 from candle_nn_models.resnet import infer_variant
 from candle_nn_models.yolo_v8 import YoloV8Spec, infer_spec
 
@@ -331,18 +331,14 @@ def save(converted: Converted, out: "str | os.PathLike") -> Path:
     from safetensors.numpy import save_file
 
     out = check_output(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        save_file({k: np.ascontiguousarray(v) for k, v in converted.tensors.items()}, str(tmp),
-                  metadata=converted.metadata.to_dict())
-        os.replace(tmp, out)
+        with atomic_write(out) as tmp:
+            save_file({k: np.ascontiguousarray(v) for k, v in converted.tensors.items()},
+                      str(tmp), metadata=converted.metadata.to_dict())
     except OSError as exc:
         raise WeightsFileError(f"cannot write {out}: {exc.strerror or exc}") from exc
     except Exception as exc:  # safetensors' Rust errors (disk full, I/O) are no OSError
         raise WeightsFileError(f"cannot write {out}: {_first_line(exc)}") from exc
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
     return out
 
 

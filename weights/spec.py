@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from candle_nn import CandleNNError, Device, Module, TensorSource, VarBuilder
+import mlx.core as mx
+
 from candle_nn_models.resnet import VARIANTS as RESNET_VARIANTS
 from candle_nn_models.resnet import ResNet
-from candle_nn_models.segment_anything import TINY_VIT_CONFIGS, VIT_CONFIGS, Sam, TinyViT
+from candle_nn_models.segment_anything import VIT_CONFIGS, Sam, TinyViT
 from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Pose
-import mlx.core as mx  # noqa: I001  (after candle_nn, which picks the BLAS)
 
 Shape = tuple[int, ...]
 
@@ -39,15 +40,6 @@ class RecordingSource(TensorSource):
     def __init__(self) -> None:
         self.requested: dict[str, Shape] = {}
         self.metadata = {}
-
-    def names(self) -> list[str]:
-        return []
-
-    def contains(self, path: str) -> bool:
-        return False
-
-    def shape(self, path: str) -> Shape:
-        raise self.missing(path)
 
     def fetch(self, path, shape, init, dtype):
         if shape is None:

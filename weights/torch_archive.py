@@ -109,7 +109,7 @@ def _legacy_magic(head: bytes) -> bool:
                 ops.append((opcode.name, arg))
             if opcode.name == "STOP" or len(ops) > 2:
                 break
-    except Exception:  # noqa: BLE001 - unparsable bytes are simply not the magic number
+    except Exception:  # unparsable bytes are simply not the magic number
         return False
     return len(ops) == 2 and ops[0][0] in ("LONG1", "LONG4") and ops[0][1] == LEGACY_MAGIC \
         and ops[1][0] == "STOP"

@@ -7,8 +7,6 @@ mask prompts; ``SamAutomaticMaskGenerator(sam)`` segments a whole image from a g
 Everything is NHWC.
 """
 
-import candle_nn  # noqa: F401  (first: it preloads the fast CPU BLAS before MLX is imported)
-
 from .automatic_mask_generator import SamAutomaticMaskGenerator
 from .image_encoder import VIT_CONFIGS, ImageEncoderViT, ViTConfig
 from .mask_decoder import MaskDecoder

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from candle_nn import ImageError
 import mlx.core as mx
 import numpy as np
-
-from candle_nn import ImageError
 
 from .amg import (MaskData, area_from_rle, batch_iterator, batched_mask_to_box, box_area,
                   box_xyxy_to_xywh, build_all_layer_point_grids, calculate_stability_score,

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from candle_nn import CandleNNError
+from candle_nn.atomic_write import atomic_write
 import mlx.core as mx
 import numpy as np
-
-from candle_nn import CandleNNError
 
 from .predictor import SamPredictor
 from .sam import IMAGE_EMBEDDING_SIZE, PROMPT_EMBED_DIM
@@ -46,24 +45,11 @@ def save_image_embedding(predictor: SamPredictor, path: "str | os.PathLike", mod
     metadata = {"format": FORMAT, "model": model, "image_sha256": image_digest(rgb),
                 "original_size": "x".join(map(str, predictor.original_size)),
                 "input_size": "x".join(map(str, predictor.input_size))}
-    folder = path.parent if str(path.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=folder)
+        with atomic_write(path) as tmp:
+            save_file({"image_embeddings": embedding}, str(tmp), metadata=metadata)
     except OSError as exc:
         raise EmbeddingFileError(f"cannot write {path}: {exc.strerror or exc}") from exc
-    os.close(fd)
-    try:
-        save_file({"image_embeddings": embedding}, tmp, metadata=metadata)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(exc, OSError):
-            raise EmbeddingFileError(f"cannot write {path}: {exc.strerror or exc}") from exc
-        raise
     return path
 
 

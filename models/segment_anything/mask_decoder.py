@@ -7,11 +7,10 @@ The image side is NHWC; masks come out NHWC too, one channel per mask:
 
 from __future__ import annotations
 
-import mlx.core as mx
-
 import candle_nn as cn
 from candle_nn import (ConvTranspose2d, ConvTranspose2dConfig, Embedding, LayerNorm2d, Linear,
                        Module, VarBuilder)
+import mlx.core as mx
 
 from .transformer import TwoWayTransformer
 

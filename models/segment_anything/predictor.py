@@ -7,10 +7,9 @@ NumPy in, NumPy out; prompts in original-image pixels. The heavy image encoder r
 
 from __future__ import annotations
 
+from candle_nn import ImageError
 import mlx.core as mx
 import numpy as np
-
-from candle_nn import ImageError
 
 from .sam import Sam
 from .transforms import ResizeLongestSide

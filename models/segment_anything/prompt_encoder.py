@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 
-import mlx.core as mx
-
 import candle_nn as cn
 from candle_nn import Conv2d, Conv2dConfig, Embedding, LayerNorm2d, Module, VarBuilder
+import mlx.core as mx
+
 
 NUM_POINT_EMBEDDINGS = 4  # negative point, positive point, box top-left, box bottom-right
 

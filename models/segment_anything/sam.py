@@ -8,12 +8,11 @@ original-image pixels, use :class:`~candle_nn_models.segment_anything.predictor.
 
 from __future__ import annotations
 
-import mlx.core as mx
-import numpy as np
-
 import candle_nn as cn
 from candle_nn import Module, VarBuilder
 from candle_nn.upsample import bilinear_resize_matrix
+import mlx.core as mx
+import numpy as np
 
 from .image_encoder import ImageEncoderViT
 from .mask_decoder import MaskDecoder

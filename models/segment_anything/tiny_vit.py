@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import candle_nn as cn
+from candle_nn import Conv2d, Conv2dConfig, LayerNorm, LayerNorm2d, Linear, Module, VarBuilder
 import mlx.core as mx
 import numpy as np
 
-import candle_nn as cn
-from candle_nn import Conv2d, Conv2dConfig, LayerNorm, LayerNorm2d, Linear, Module, VarBuilder
 
 MBCONV_EXPAND_RATIO = 4
 MLP_RATIO = 4

@@ -6,10 +6,10 @@ image is taken NHWC ``(B, H, W, 256)`` and flattened row-major to ``(B, H*W, 256
 
 from __future__ import annotations
 
-import mlx.core as mx
-
 import candle_nn as cn
 from candle_nn import LayerNorm, Linear, Module, VarBuilder
+import mlx.core as mx
+
 
 
 class Attention(Module):
