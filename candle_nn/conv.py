@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from . import cpu_fast, cuda_kernels
+from .activation import bias_act
 from .checkpoint import check_conv_layout
 from .device import Device
 from .errors import ShapeMismatchError
@@ -112,24 +113,38 @@ class Conv2d(Module):
     def out_channels(self) -> int:
         return int(self.weight.shape[0])
 
-    def forward(self, x: mx.array) -> mx.array:
+    def forward(self, x: mx.array, *, activation: str | None = None,
+                residual: mx.array | None = None,
+                residual_after_activation: bool = False) -> mx.array:
+        """``activation(conv(x) + bias + residual)``; ``residual_after_activation``:
+        ``activation(conv(x) + bias) + residual``. ``activation`` is a name in
+        ``candle_nn.ACTIVATIONS`` or ``None``, ``residual`` has the output's shape. On the CPU in
+        float32 the epilogue is one fused multithreaded pass (``candle_nn.activation.bias_act``)."""
         c = self.config
         out, kh, kw, cin = self.weight.shape
+        bias = self.get("bias")
+        if c.groups == 1 and _pair(c.dilation) == (1, 1) and x.ndim == 4:
+            fused = cpu_fast.conv2d(x, self.weight, bias, _pair(c.stride), _pair(c.padding),
+                                    activation, residual, residual_after_activation)
+            if fused is not None:
+                return fused
         if (kh, kw) == (1, 1) and c.groups == 1 and _pair(c.stride) == (1, 1) \
                 and _pair(c.padding) == (0, 0):
             # A pointwise conv is a matmul; MLX's CPU conv runs it 1.5-3.5x slower (same result).
             y = x @ self.weight.reshape(out, cin).T
         elif cin == 1 and c.groups == out == x.shape[-1] and _pair(c.dilation) == (1, 1) \
                 and cuda_kernels.on_cuda("depthwise", x.dtype):
-            return cuda_kernels.depthwise_conv2d(x, self.weight, self.get("bias"),
-                                                 _pair(c.stride), _pair(c.padding))
+            y = cuda_kernels.depthwise_conv2d(x, self.weight, bias, _pair(c.stride),
+                                              _pair(c.padding))
+            bias = None  # added by the kernel
         elif cin == 1 and c.groups == out == x.shape[-1] and _pair(c.dilation) == (1, 1) \
                 and cpu_fast.applies():
             y = cpu_fast.depthwise_conv2d(kh, kw, _pair(c.stride), _pair(c.padding))(x, self.weight)
         else:
             y = mx.conv2d(x, self.weight, stride=_pair(c.stride), padding=_pair(c.padding),
                           dilation=_pair(c.dilation), groups=c.groups)
-        return y + self.bias if "bias" in self else y
+        return bias_act(y, bias, activation, residual,
+                        residual_after_activation=residual_after_activation)
 
     def fold_batch_norm(self, bn: "BatchNorm2d") -> "Conv2d":  # noqa: F821 (circular type)
         """A new Conv2d equal to ``bn(self(x))`` (inference), with the BN folded in."""

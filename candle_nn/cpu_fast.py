@@ -1,28 +1,48 @@
-"""CPU-only fast paths: where MLX 0.32's CPU backend is slow, the same math in a faster form.
+"""Backend-specific fast paths, in one place: where MLX 0.32.4's backends are slow (or wrong), the
+same math in another form. Remove each one when MLX catches up (check the limitation first).
 
-Every path here is taken only when the op runs on the CPU (``mx.default_device() == mx.cpu``,
-as inside ``with Device.on_device()`` of a CPU model), so GPU results never change. One switch
-turns them all off: ``CANDLE_NN_CPU_FAST=0`` in the environment (read at import) or
-:func:`set_enabled`. Each one works around one MLX limitation:
+The CPU paths here are taken only when the op runs on the CPU (``mx.default_device() ==
+mx.cpu``, as inside ``with Device.on_device()`` of a CPU model) in float32, so GPU results never
+change. One switch turns them all off: ``CANDLE_NN_CPU_FAST=0`` in the environment (read at
+import) or :func:`set_enabled`: plain MLX ops everywhere. The compiled kernels
+(``candle_nn._cpu_kernels``, see cpu_native.py) are the first choice; where they are not built
+(a source checkout without ``pip install``, a failed build) the pure-MLX paths below stand in.
 
-==========================  ======================================================================
-path                        MLX CPU limitation it works around
-==========================  ======================================================================
-:func:`depthwise_conv2d`    grouped convs run a naive scalar loop (2.5-4x slower than
-                            ``kH * kW`` shifted multiply-adds fused by ``mx.compile``)
-:func:`silu_f32`            ``exp``/``sigmoid`` are scalar libm calls (~15-25 ns/element); a
-                            polynomial exp fused by ``mx.compile`` is ~4x faster, 2.2 ulp
-``cpu_fast_gelu.gelu_f32``  ``erf`` is a scalar call (MobileSAM's encoder: GELU was about half
-                            the CPU time); erf from multiply-adds only, see cpu_fast_gelu.py
-==========================  ======================================================================
+==============================  ================================================================
+path (MLX 0.32.4)               limitation it works around
+==============================  ================================================================
+native ``bias_act``             every CPU element-wise op (and ``mx.compile``'s fused kernels)
+(:func:`bias_act`, used by      runs on ONE thread, and a conv's bias, residual add and
+``Conv2d``/``Linear``'s         activation are separate passes over memory: here they are one
+``activation=``/``residual=``)  multithreaded pass (identity, ReLU, SiLU, exact GELU)
+native ``conv2d_fused``          the CPU conv is im2col by single-threaded general-stride copies
+(:func:`conv2d`, used by        (a zero fill, the padded input, then the patches) before one
+``Conv2d`` for groups 1)        sgemm, then the epilogue passes: here a multithreaded im2col
+                                (none for 1x1 stride 1), the same sgemm, one epilogue pass
+native ``softmax_last``         CPU softmax is single-threaded with a scalar ``exp``; used by
+(:func:`softmax_last`)          ``softmax`` and by attention on the CPU (MLX's CPU attention is
+                                matmul + softmax + matmul anyway)
+:func:`silu` without native     ``exp``/``sigmoid`` are scalar libm calls (~15-25 ns/element); a
+(``silu_f32``)                  polynomial exp fused by ``mx.compile`` is ~4x faster, 2.2 ulp
+:func:`gelu` without native     ``erf`` is a scalar call (MobileSAM's encoder: GELU was about
+(``cpu_fast_gelu.gelu_f32``)    half the CPU time); erf from multiply-adds, see cpu_fast_gelu.py
+:func:`depthwise_conv2d`        grouped convs run a naive scalar loop (2.5-4x slower than
+                                ``kH * kW`` shifted multiply-adds fused by ``mx.compile``)
+==============================  ================================================================
+
+Not switchable, because they are not CPU-only (listed so the inventory is complete): a 1x1
+stride-1 ``Conv2d`` is a matmul on every device (conv.py: MLX's CPU conv runs it 1.5-3.5x
+slower, same result); ``ConvTranspose2d`` never calls MLX's ``conv_transpose2d`` (conv.py: wrong
+on CUDA for strided kernels with overlapping taps); the CUDA kernels and launch settings are in
+cuda_kernels.py (``CANDLE_NN_CUDA_KERNELS``) and cuda_launch.py.
 
 ``mx.compile`` on the CPU fuses short chains only and stops at float/int bit casts (``view``):
 a polynomial exp-based exact GELU tried here ran as ~30 kernels and was ~2x slower than
 ``mx.erf``, which is why cpu_fast_gelu.py avoids ``exp`` and bit casts.
-
 Without a C++ compiler MLX runs compiled functions unfused: still right, just slower.
-Parity of each path with the plain MLX op (and float64) is tested in tests/test_cpu_fast.py and
-tests/test_cpu_fast_gelu.py.
+Parity of each path with the plain MLX op and float64 is tested in tests/test_cpu_fast.py,
+tests/test_cpu_fast_gelu.py and tests/test_cpu_native.py (the compiled kernels and their
+fallbacks).
 """
 
 from __future__ import annotations
@@ -31,6 +51,8 @@ import functools
 import os
 
 import mlx.core as mx
+
+from . import cpu_native
 
 ENV_VAR = "CANDLE_NN_CPU_FAST"
 _enabled = os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "off", "false", "no")
@@ -45,6 +67,11 @@ def set_enabled(flag: bool) -> None:
     """Turn every CPU fast path on or off (plain MLX ops when off); for A/B checks and tests."""
     global _enabled
     _enabled = bool(flag)
+
+
+def native_applies(dtype: mx.Dtype) -> bool:
+    """True when the compiled kernels take an op of ``dtype``: :func:`applies`, and loaded."""
+    return cpu_native.module() is not None and applies(dtype)
 
 
 def applies(dtype: mx.Dtype | None = None) -> bool:
@@ -90,3 +117,68 @@ def exp_f32(x: mx.array) -> mx.array:
 
 # ``x * sigmoid(x)`` for float32 on the CPU (see exp_f32).
 silu_f32 = mx.compile(lambda x: x / (1.0 + exp_f32(-x)))
+
+
+# -- the compiled kernels (cpu_native.py), with the pure-MLX paths as fallback ---------------------
+# act codes of candle_nn._cpu_kernels.bias_act
+_ACT_CODES = {None: 0, "identity": 0, "relu": 1, "silu": 2, "swish": 2, "gelu": 3, "gelu_erf": 3}
+
+
+def bias_act(y: mx.array, bias: mx.array | None, activation: str | None,
+             residual: mx.array | None = None, residual_after_activation: bool = False
+             ) -> mx.array | None:
+    """``activation(y + bias [+ residual])`` (or ``activation(y + bias) + residual``) as one
+    multithreaded pass; ``None`` when the compiled kernel does not apply (the caller then runs the
+    plain ops). ``y`` ``(..., C)``, ``bias`` ``(C,)``, ``residual`` ``y``'s shape, all float32."""
+    if activation not in _ACT_CODES or not native_applies(y.dtype) or y.ndim == 0:
+        return None
+    if bias is not None and (bias.dtype != mx.float32 or bias.shape != (y.shape[-1],)):
+        return None
+    if residual is not None and (residual.dtype != mx.float32 or residual.shape != y.shape):
+        return None
+    code = _ACT_CODES[activation]
+    if bias is None and residual is None and code == 0:
+        return y
+    mode = 0 if residual is None else (2 if residual_after_activation else 1)
+    cpu_native.sync_threads()
+    return cpu_native.module().bias_act(y, bias, residual, code, mode)
+
+
+def conv2d(x: mx.array, weight: mx.array, bias: mx.array | None, stride: tuple[int, int],
+           padding: tuple[int, int], activation: str | None, residual: mx.array | None = None,
+           residual_after_activation: bool = False) -> mx.array | None:
+    """A groups-1, dilation-1 conv with its epilogue as one compiled op (im2col + sgemm + one
+    pass); ``None`` where it does not apply. ``x`` ``(N, H, W, C)``, ``weight`` ``(O, kH, kW,
+    C)``."""
+    if activation not in _ACT_CODES or not native_applies(x.dtype) or not cpu_native.has_sgemm():
+        return None
+    if weight.dtype != mx.float32 or (bias is not None and bias.dtype != mx.float32):
+        return None
+    if residual is not None and residual.dtype != mx.float32:
+        return None
+    mode = 0 if residual is None else (2 if residual_after_activation else 1)
+    cpu_native.sync_threads()
+    return cpu_native.module().conv2d_fused(x, weight, bias, residual, stride, padding,
+                                            _ACT_CODES[activation], mode)
+
+
+def silu(x: mx.array) -> mx.array:
+    """float32 SiLU on the CPU: the compiled kernel, else :data:`silu_f32`."""
+    return bias_act(x, None, "silu") if native_applies(x.dtype) else silu_f32(x)
+
+
+def gelu(x: mx.array) -> mx.array:
+    """float32 exact GELU on the CPU: the compiled kernel, else ``cpu_fast_gelu.gelu_f32``."""
+    if native_applies(x.dtype):
+        return bias_act(x, None, "gelu")
+    from .cpu_fast_gelu import gelu_f32
+
+    return gelu_f32(x)
+
+
+def softmax_last(x: mx.array) -> mx.array | None:
+    """float32 softmax over the last axis by the compiled kernel; ``None`` where it cannot."""
+    if not native_applies(x.dtype) or x.ndim == 0:
+        return None
+    cpu_native.sync_threads()
+    return cpu_native.module().softmax_last(x)

@@ -6,6 +6,8 @@ import math
 
 import mlx.core as mx
 
+from . import cpu_fast
+from .activation import bias_act
 from .device import Device
 from .init import DEFAULT_KAIMING_NORMAL, Init
 from .module import Module
@@ -55,10 +57,13 @@ class Linear(Module):
     def out_features(self) -> int:
         return int(self.weight.shape[0])
 
-    def forward(self, x: mx.array) -> mx.array:
-        if "bias" in self:
-            return mx.addmm(self.bias, x, self.weight.T)
-        return x @ self.weight.T
+    def forward(self, x: mx.array, *, activation: str | None = None) -> mx.array:
+        """``activation(x @ W.T + b)`` (``activation``: a name in ``candle_nn.ACTIVATIONS`` or
+        ``None``); on the CPU in float32 bias and activation are one fused multithreaded pass."""
+        if "bias" in self and cpu_fast.native_applies(x.dtype):
+            return bias_act(x @ self.weight.T, self.bias, activation)
+        y = mx.addmm(self.bias, x, self.weight.T) if "bias" in self else x @ self.weight.T
+        return bias_act(y, None, activation)
 
 
 def linear(in_features: int, out_features: int, vb: VarBuilder) -> Linear:

@@ -15,11 +15,16 @@ class Info(dict):
     def __str__(self) -> str:
         blas = self["blas"]
         threads = f", {blas['threads']} threads" if blas.get("threads") else ""
+        native = self["cpu_native"]
+        threads_native = f" [{native['threads']} threads]" if native.get("threads") else ""
         lines = [
             f"candle_nn {self['candle_nn']} on MLX {self['mlx']} "
             f"(Python {self['python']}, {self['platform']})",
             f"devices: {', '.join(self['devices'])} (default {self['default_device']})",
             f"CPU BLAS: {blas['name']} [{blas['state']}{threads}] - {blas['detail']}",
+            f"CPU kernels (C++): {'loaded' if native['loaded'] else 'not loaded'}"
+            f"{threads_native} - {native['detail']}; fast paths "
+            f"{'on' if self['cpu_fast'] else 'off (CANDLE_NN_CPU_FAST=0)'}",
             f"float32 precision on GPU: {self['float32_precision']}",
         ]
         return "\n".join(lines)
@@ -30,12 +35,14 @@ def info() -> Info:
 
     Keys: ``candle_nn``, ``mlx`` (versions), ``python``, ``platform``, ``devices`` (e.g.
     ``["cpu", "gpu:0"]``), ``default_device``, ``blas`` (``name``, ``path``, ``state``,
-    ``detail``, ``threads``: see :class:`candle_nn.blas.BlasStatus`), ``float32_precision``
+    ``detail``, ``threads``: see :class:`candle_nn.blas.BlasStatus`), ``cpu_native`` (the
+    compiled CPU kernels: ``loaded``, ``detail`` (why not), ``threads``; see cpu_native.py),
+    ``cpu_fast`` (whether the CPU fast paths are switched on), ``float32_precision``
     (``"exact"`` or ``"tf32"``).
     """
     import mlx.core as mx
 
-    from . import __version__
+    from . import __version__, cpu_fast, cpu_native
     from .blas import status
     from .device import Device
     from .precision import float32_precision
@@ -48,5 +55,7 @@ def info() -> Info:
         devices=[str(d) for d in Device.available()],
         default_device=str(Device.default()),
         blas=status().as_dict(),
+        cpu_native=cpu_native.status().as_dict(),
+        cpu_fast=cpu_fast.enabled(),
         float32_precision=float32_precision(),
     )

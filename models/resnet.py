@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from candle_nn import (BatchNorm2d, Conv2d, Conv2dConfig, Linear, Module, ShapeMismatchError,
-                       VarBuilder, WeightsFileError, check_image_batch, max_pool2d, relu)
+                       VarBuilder, WeightsFileError, check_image_batch, max_pool2d)
 import mlx.core as mx
 
 
@@ -87,13 +87,11 @@ class ResidualBlock(Module):
         return cls(convs, downsample)
 
     def forward(self, x: mx.array) -> mx.array:
-        y = x
-        for i, conv in enumerate(self.convs):
-            y = conv(y)
-            if i + 1 < len(self.convs):
-                y = relu(y)
         shortcut = self.downsample(x) if "downsample" in self else x
-        return relu(y + shortcut)
+        y = x
+        for conv in self.convs[:-1]:
+            y = conv(y, activation="relu")
+        return self.convs[-1](y, activation="relu", residual=shortcut)
 
 
 class ResNet(Module):
@@ -148,7 +146,7 @@ class ResNet(Module):
         check_image_batch(x, model="ResNet", dtype=self.stem.weight.dtype,
                           preprocessing="candle_nn_models.imagenet.preprocess_batch(images)")
         with self.on_device():
-            out = {"stem": max_pool2d(relu(self.stem(x)), 3, 2, 1)}
+            out = {"stem": max_pool2d(self.stem(x, activation="relu"), 3, 2, 1)}
             y = out["stem"]
             for index, blocks in enumerate(self.stages):
                 for block in blocks:

@@ -30,8 +30,9 @@ class ConvBlock(cn.Module):
         bn = cn.batch_norm(c2, BN_EPS, vb.pp("bn"))
         return cls(conv.fold_batch_norm(bn))
 
-    def forward(self, x: mx.array) -> mx.array:
-        return cn.silu(self.conv(x))
+    def forward(self, x: mx.array, residual: mx.array | None = None) -> mx.array:
+        """``silu(conv(x))``, plus ``residual`` when given (one fused pass on the CPU)."""
+        return self.conv(x, activation="silu", residual=residual, residual_after_activation=True)
 
 
 class Bottleneck(cn.Module):
@@ -48,8 +49,7 @@ class Bottleneck(cn.Module):
                    shortcut and c1 == c2)
 
     def forward(self, x: mx.array) -> mx.array:
-        y = self.cv2(self.cv1(x))
-        return x + y if self.residual else y
+        return self.cv2(self.cv1(x), residual=x if self.residual else None)
 
 
 class C2f(cn.Module):

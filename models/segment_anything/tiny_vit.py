@@ -59,7 +59,7 @@ class PatchEmbed(Module):
         self.conv2 = conv2d_bn(vb.pp("seq.2"), embed_dim // 2, embed_dim, 3, cfg)
 
     def forward(self, x: mx.array) -> mx.array:
-        return self.conv2(cn.gelu(self.conv1(x)))
+        return self.conv2(self.conv1(x, activation="gelu"))
 
 
 class MBConv(Module):
@@ -74,8 +74,8 @@ class MBConv(Module):
         self.conv3 = conv2d_bn(vb.pp("conv3"), hidden, dim, 1)
 
     def forward(self, x: mx.array) -> mx.array:
-        y = self.conv3(cn.gelu(self.conv2(cn.gelu(self.conv1(x)))))
-        return cn.gelu(x + y)
+        y = self.conv2(self.conv1(x, activation="gelu"), activation="gelu")
+        return self.conv3(y, activation="gelu", residual=x)
 
 
 class PatchMerging(Module):
@@ -93,7 +93,7 @@ class PatchMerging(Module):
         self.conv3 = conv2d_bn(vb.pp("conv3"), out, out, 1)
 
     def forward(self, x: mx.array) -> mx.array:
-        return self.conv3(cn.gelu(self.conv2(cn.gelu(self.conv1(x)))))
+        return self.conv3(self.conv2(self.conv1(x, activation="gelu"), activation="gelu"))
 
 
 class ConvLayer(Module):
@@ -120,7 +120,7 @@ class Mlp(Module):
         self.fc2 = Linear.load(vb.pp("fc2"), hidden, dim)
 
     def forward(self, x: mx.array) -> mx.array:
-        return self.fc2(cn.gelu(self.fc1(self.norm(x))))
+        return self.fc2(self.fc1(self.norm(x), activation="gelu"))
 
 
 def attention_bias_index(window: int) -> np.ndarray:

@@ -1,0 +1,54 @@
+// Python module candle_nn._cpu_kernels (nanobind, in MLX's nanobind domain so mx.array crosses).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+
+#include "kernels.h"
+#include "thread_pool.h"
+
+namespace nb = nanobind;
+namespace mx = mlx::core;
+using namespace nb::literals;
+
+NB_MODULE(_cpu_kernels, m) {
+  m.doc() = "candle_nn's fused, multithreaded float32 CPU kernels (MLX primitives).";
+  m.def(
+      "bias_act",
+      [](const mx::array& x, std::optional<mx::array> bias, std::optional<mx::array> residual,
+         int act, int residual_mode) {
+        if (act < 0 || act > 3) throw std::invalid_argument("act must be 0..3");
+        if (residual_mode < 0 || residual_mode > 2)
+          throw std::invalid_argument("residual_mode must be 0..2");
+        return candle_nn::bias_act(x, bias, residual, static_cast<candle_nn::Act>(act),
+                                   static_cast<candle_nn::Residual>(residual_mode));
+      },
+      "x"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "act"_a = 0,
+      "residual_mode"_a = 0,
+      "act(x + bias [+ residual]) (residual_mode 1) or act(x + bias) + residual (2); act: "
+      "0 identity, 1 ReLU, 2 SiLU, 3 exact GELU. float32, on the current CPU stream.");
+  m.def(
+      "conv2d_fused",
+      [](const mx::array& x, const mx::array& w, std::optional<mx::array> bias,
+         std::optional<mx::array> residual, std::pair<int, int> stride,
+         std::pair<int, int> padding, int act, int residual_mode) {
+        if (act < 0 || act > 3) throw std::invalid_argument("act must be 0..3");
+        if (residual_mode < 0 || residual_mode > 2)
+          throw std::invalid_argument("residual_mode must be 0..2");
+        return candle_nn::conv2d_fused(x, w, bias, residual, stride, padding,
+                                       static_cast<candle_nn::Act>(act),
+                                       static_cast<candle_nn::Residual>(residual_mode));
+      },
+      "x"_a, "w"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "stride"_a, "padding"_a,
+      "act"_a = 0, "residual_mode"_a = 0,
+      "act(conv2d(x, w) + bias [+ residual]) for groups 1, dilation 1: x (N, H, W, C), "
+      "w (O, kH, kW, C), float32; im2col + the sgemm set by set_sgemm + one epilogue pass.");
+  m.def("set_sgemm", [](uintptr_t address) { candle_nn::set_sgemm(address); }, "address"_a,
+        "The address of the cblas_sgemm conv2d_fused calls (0: none).");
+  m.def("has_sgemm", [] { return candle_nn::has_sgemm(); });
+  m.def("softmax_last", [](const mx::array& x) { return candle_nn::softmax_last(x); }, "x"_a,
+        "Softmax over the last axis (float32, on the current CPU stream).");
+  m.def("set_num_threads",
+        [](int n) { candle_nn::ThreadPool::instance().set_threads(n); }, "n"_a);
+  m.def("num_threads", [] { return candle_nn::ThreadPool::instance().threads(); });
+  m.attr("LIBMLX_SIZE") = static_cast<int64_t>(CANDLE_NN_LIBMLX_SIZE);
+}

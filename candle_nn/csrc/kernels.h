@@ -1,0 +1,81 @@
+// Custom MLX primitives with CPU kernels (eval_cpu). Used only for float32 on the CPU device;
+// eval_gpu throws, and candle_nn never builds them for another device (cpu_fast.py decides).
+#pragma once
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace candle_nn {
+
+namespace mx = mlx::core;
+
+enum class Act : int { Identity = 0, Relu = 1, Silu = 2, Gelu = 3 };
+enum class Residual : int { None = 0, BeforeAct = 1, AfterAct = 2 };
+
+// y = act(x + bias [+ residual])  (Residual::BeforeAct)  or  act(x + bias) + residual
+// (Residual::AfterAct), in one multithreaded pass. x (..., C) float32; bias (C,) or none;
+// residual x's shape or none.
+mx::array bias_act(const mx::array& x, const std::optional<mx::array>& bias,
+                   const std::optional<mx::array>& residual, Act act, Residual mode,
+                   mx::StreamOrDevice s = {});
+
+// act(conv2d(x, w) + bias [+ residual]) for groups = 1, dilation = 1: a multithreaded im2col
+// (none for a 1x1 stride-1 conv), one sgemm of the BLAS set by set_sgemm, and the bias_act
+// epilogue. x (N, H, W, C), w (O, kH, kW, C) float32; output (N, H', W', O).
+mx::array conv2d_fused(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
+                       const std::optional<mx::array>& residual, std::pair<int, int> stride,
+                       std::pair<int, int> padding, Act act, Residual mode,
+                       mx::StreamOrDevice s = {});
+
+// The cblas_sgemm conv2d_fused calls (the optimized BLAS candle_nn/blas.py loaded); 0: none.
+void set_sgemm(uintptr_t address);
+bool has_sgemm();
+
+// softmax over the last axis, float32, one row per task.
+mx::array softmax_last(const mx::array& x, mx::StreamOrDevice s = {});
+
+class BiasAct : public mx::Primitive {
+ public:
+  BiasAct(mx::Stream stream, Act act, Residual mode, bool has_bias)
+      : mx::Primitive(stream), act_(act), mode_(mode), has_bias_(has_bias) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNBiasAct"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  Act act_;
+  Residual mode_;
+  bool has_bias_;
+};
+
+class Conv2dFused : public mx::Primitive {
+ public:
+  Conv2dFused(mx::Stream stream, std::pair<int, int> stride, std::pair<int, int> padding, Act act,
+              Residual mode, bool has_bias)
+      : mx::Primitive(stream), stride_(stride), padding_(padding), act_(act), mode_(mode),
+        has_bias_(has_bias) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNConv2dFused"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  std::pair<int, int> stride_, padding_;
+  Act act_;
+  Residual mode_;
+  bool has_bias_;
+};
+
+class SoftmaxLast : public mx::Primitive {
+ public:
+  explicit SoftmaxLast(mx::Stream stream) : mx::Primitive(stream) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNSoftmaxLast"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const SoftmaxLast*>(&other) != nullptr;
+  }
+};
+
+}  // namespace candle_nn

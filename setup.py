@@ -1,0 +1,71 @@
+"""Builds candle_nn's C++ extension ``candle_nn._cpu_kernels`` (fused multithreaded CPU kernels as
+MLX primitives, see candle_nn/cpu_native.py) with CMake, through MLX's own extension helper.
+
+Everything else about the package is in pyproject.toml. The extension is optional: if it cannot
+be built (no C++ compiler or CMake), ``pip install`` still succeeds, the reason is written next
+to where the module would be (``_cpu_kernels.build-error.txt``) and candle_nn uses its pure-MLX
+paths; ``python -m candle_nn`` says which.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import setup
+
+EXT_NAME = "candle_nn._cpu_kernels"
+SOURCES = Path(__file__).resolve().parent / "candle_nn" / "csrc"
+ERROR_FILE = "_cpu_kernels.build-error.txt"
+
+
+def _cmdclass() -> dict:
+    try:
+        from mlx.extension import CMakeBuild
+    except ImportError:  # no MLX in the build environment: nothing to build against
+        return {}
+
+    class OptionalCMakeBuild(CMakeBuild):
+        """MLX's CMakeBuild, with Ninja when it is there and a failed build reported, not fatal."""
+
+        def build_extension(self, ext) -> None:
+            out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+            out_dir.mkdir(parents=True, exist_ok=True)
+            error_file = out_dir / ERROR_FILE
+            error_file.unlink(missing_ok=True)
+            if shutil.which("ninja") and "CMAKE_GENERATOR" not in os.environ:
+                os.environ["CMAKE_GENERATOR"] = "Ninja"
+            try:
+                super().build_extension(ext)
+            except (OSError, subprocess.CalledProcessError) as exc:
+                reason = f"the C++ extension {ext.name} was not built ({exc})"
+                print(f"WARNING: {reason}; candle_nn will use its pure-MLX CPU paths",
+                      file=sys.stderr)
+                error_file.write_text(reason + "\n", encoding="utf-8")
+
+        def copy_extensions_to_source(self) -> None:
+            # editable installs: the module (or the error note) goes next to candle_nn's sources
+            for ext in self.extensions:
+                built = Path(self.get_ext_fullpath(ext.name))
+                build_py = self.get_finalized_command("build_py")
+                package_dir = Path(build_py.get_package_dir("candle_nn"))
+                for name in (built.name, ERROR_FILE):
+                    (package_dir / name).unlink(missing_ok=True)
+                    if (built.parent / name).exists():
+                        shutil.copy2(built.parent / name, package_dir / name)
+
+    return {"build_ext": OptionalCMakeBuild}
+
+
+def _ext_modules() -> list:
+    try:
+        from mlx.extension import CMakeExtension
+    except ImportError:
+        return []
+    return [CMakeExtension(EXT_NAME, sourcedir=str(SOURCES))]
+
+
+setup(ext_modules=_ext_modules(), cmdclass=_cmdclass())

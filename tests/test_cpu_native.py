@@ -1,0 +1,388 @@
+"""The compiled CPU kernels (candle_nn._cpu_kernels, cpu_native.py) AND the pure-MLX paths that
+stand in for them, each against float64 references; the layers' fused epilogue against the plain
+ops on every device; and whether the kernels are loaded where they must be.
+
+Loaded or not: a ``pip install`` of this checkout (the README's set-up, CI) builds the kernels,
+so there they MUST be loaded (a broken build fails :func:`test_kernels_are_loaded_when_installed`).
+A source checkout used through ``PYTHONPATH`` (the GPU machine's runs) has none; then the kernel
+tests below check that status says so and run every parity check on the fallback paths only
+(``CANDLE_NN_REQUIRE_NATIVE=1`` makes the kernels required anyway, ``=0`` never). Kernels built
+against another libmlx than the one in use (mlx-cpu, then MLX's CUDA build installed over it)
+are refused at load and not required.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import ROOT
+from scipy.special import erf as erf64
+
+import candle_nn as cn
+from candle_nn import cpu_fast, cpu_native
+
+NATIVE = cpu_native.module() is not None
+ACTS = ["identity", "relu", "silu", "gelu"]
+
+
+def _installed_from_this_checkout() -> bool:
+    """True when pip installed candle_nn from this checkout (editable or not), so its build ran."""
+    try:
+        dist = importlib.metadata.distribution("candle-nn-mlx")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    package = Path(cn.__file__).resolve().parent
+    direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    if direct.get("dir_info", {}).get("editable"):
+        return direct.get("url", "").rstrip("/") == ROOT.as_uri() and package == ROOT / "candle_nn"
+    return any(Path(dist.locate_file(f)).resolve() == package / "__init__.py"
+               for f in dist.files or ())
+
+
+def test_kernels_are_loaded_when_installed() -> None:
+    required = os.environ.get("CANDLE_NN_REQUIRE_NATIVE")
+    status = cpu_native.status()
+    # Installed, the build ran, so the kernels must load - unless MLX was swapped for another
+    # build after it (the README's CUDA set-up): then they are refused, and status says so.
+    swapped = "another libmlx" in status.detail
+    must = (_installed_from_this_checkout() and not swapped) if required is None \
+        else required == "1"
+    assert status.loaded is NATIVE
+    if must:
+        assert status.loaded, f"installed by pip, yet the C++ kernels are not loaded: {status}"
+        assert status.threads and status.threads >= 1
+        assert "CPU kernels (C++): loaded" in str(cn.info())
+    else:
+        # a source checkout: status must say why, and info() must show it
+        assert status.loaded or "not built" in status.detail or "build failed" in status.detail \
+            or "MLX" in status.detail or swapped, status
+        assert "CPU kernels (C++)" in str(cn.info())
+
+
+@pytest.fixture(params=["native", "fallback"] if NATIVE else ["fallback"])
+def path(request, monkeypatch):
+    """Run a test through the compiled kernels (where built) and through the pure-MLX fallback."""
+    if request.param == "fallback":
+        monkeypatch.setattr(cpu_native, "_module", None)
+    assert cpu_fast.enabled()
+    return request.param
+
+
+def _reference(v: np.ndarray, act: str) -> np.ndarray:
+    v = v.astype(np.float64)
+    if act == "relu":
+        return np.maximum(v, 0)
+    if act == "silu":
+        return v / (1 + np.exp(-v))
+    if act == "gelu":
+        return 0.5 * v * (1 + erf64(v / math.sqrt(2)))
+    return v
+
+
+def _bound(act: str, ref: np.ndarray, v: np.ndarray, summands: np.ndarray) -> np.ndarray:
+    """Allowed |error| vs float64: float32 rounding of the sums (``summands``: the sum of their
+    magnitudes; activations' slopes are <= 1.13), the 2.2-ulp exp (SiLU), erf within 1e-6
+    relative (GELU: 0.5e-6 |v|, as tests/test_cpu_fast_gelu.py)."""
+    bound = 1.5 * 1.2e-7 * summands + 1e-30
+    if act == "silu":
+        bound = bound + 6e-7 * np.abs(ref)
+    if act == "gelu":
+        bound = bound + 0.5e-6 * np.abs(v) + 2.4e-7 * np.abs(ref)
+    return bound
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("mode", ["none", "before", "after"])
+@pytest.mark.parametrize("shape", [(2, 9, 7, 24), (1, 3), (70001,)])
+def test_bias_act_against_float64(path, act, mode, shape) -> None:
+    rng = np.random.default_rng(len(shape) * 7 + len(act))
+    x = (rng.standard_normal(shape) * 6).astype(np.float32)
+    x.flat[:4] = [-100.0, 100.0, 0.0, -5.5]  # tails: exp/erf clamped, exact zero
+    b = (rng.standard_normal(shape[-1]) * 2).astype(np.float32)
+    r = (rng.standard_normal(shape) * 2).astype(np.float32)
+    residual = None if mode == "none" else mx.array(r)
+    with mx.stream(mx.cpu):
+        ours = np.array(cn.activation.bias_act(
+            mx.array(x), mx.array(b), None if act == "identity" else act, residual,
+            residual_after_activation=mode == "after"))
+    v = x.astype(np.float64) + b
+    if mode == "before":
+        v = v + r
+    ref = _reference(v, act) + (r if mode == "after" else 0)
+    err = np.abs(ours - ref)
+    assert ours.shape == shape and ours.dtype == np.float32
+    summands = np.abs(x) + np.abs(b) + (np.abs(r) if mode == "before" else 0)
+    bound = _bound(act, ref, v, summands) + (
+        1.2e-7 * (np.abs(ref) + np.abs(r)) if mode == "after" else 0)
+    assert np.all(err <= bound), (path, float((err / bound).max()), x.flat[(err / bound).argmax()])
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+def test_activations_against_float64(path, act) -> None:
+    """``cn.silu`` / ``cn.gelu`` (no bias), on a non-contiguous (transposed) input too."""
+    x = np.linspace(-30, 30, 200_003, dtype=np.float32)
+    with mx.stream(mx.cpu):
+        fn = cn.silu if act == "silu" else cn.gelu
+        ours = np.array(fn(mx.array(x)))
+        grid = mx.array(x[:200_000].reshape(400, 500))
+        transposed = np.array(fn(grid.T))
+    ref = _reference(x, act)
+    assert np.all(np.abs(ours - ref) <= _bound(act, ref, x, np.abs(x))), path
+    np.testing.assert_array_equal(transposed, ours[:200_000].reshape(400, 500).T)
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 49, 49), (2, 1, 4096), (7, 1), (4, 8, 13)])
+def test_softmax_against_float64(path, shape) -> None:
+    rng = np.random.default_rng(shape[-1])
+    x = (rng.standard_normal(shape) * 8).astype(np.float32)
+    x[..., 0] = -np.inf  # a masked entry (a whole row when shape[-1] == 1: NaN, as MLX's)
+    with mx.stream(mx.cpu):
+        ours = np.array(cn.softmax(mx.array(x), axis=-1))
+        if shape[-1] == 1:
+            plain = np.array(mx.softmax(mx.array(x), axis=-1, precise=True))
+            assert np.isnan(ours).all() and np.isnan(plain).all(), path
+            return
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=-1, keepdims=True))
+    ref = e / e.sum(axis=-1, keepdims=True)
+    # float32 rounding of x - max, amplified by exp, plus the sum's rounding over a row
+    shift = np.where(np.isinf(x64), 0, np.abs(x64 - x64.max(axis=-1, keepdims=True)))
+    bound = ref * (1.2e-7 * shift + 5e-6) + 1e-9
+    assert np.all(np.abs(ours - ref) <= bound), (path, (np.abs(ours - ref) / bound).max())
+
+
+def test_attention_matches_mlx_fast_attention(path) -> None:
+    """CPU attention (matmul + our softmax + matmul) vs MLX's fused op, additive and bool masks."""
+    rng = np.random.default_rng(3)
+    q, k, v = (mx.array(rng.standard_normal((2, 4, 49, 32), dtype=np.float32)) for _ in range(3))
+    bias = mx.array(rng.standard_normal((4, 49, 49), dtype=np.float32))
+    keep = mx.array(rng.random((49, 49)) > 0.2)
+    with mx.stream(mx.cpu):
+        for mask in (None, bias, keep):
+            ours = np.array(cn.scaled_dot_product_attention(q, k, v, mask=mask))
+            ref = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=32 ** -0.5,
+                                                                 mask=mask))
+            assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
+
+
+def test_kernels_give_the_same_bits_on_one_and_two_threads() -> None:
+    """Each element is computed alone, so the thread split cannot change a result."""
+    if not NATIVE:
+        assert cpu_fast.softmax_last(mx.zeros((2, 3))) is None  # the fallback is taken
+        return
+    kernels = cpu_native.module()
+    rng = np.random.default_rng(5)
+    x = mx.array(rng.standard_normal((3, 97, 61, 40), dtype=np.float32))
+    b = mx.array(rng.standard_normal((40,), dtype=np.float32))
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            kernels.set_num_threads(threads)
+            with mx.stream(mx.cpu):
+                results.append([np.array(kernels.bias_act(x, b, x, 2, 1)),
+                                np.array(kernels.softmax_last(x))])
+    finally:
+        cpu_native._threads = None
+        cpu_native.sync_threads()
+    for other in results[1:]:
+        for a, b_ in zip(results[0], other):
+            np.testing.assert_array_equal(a, b_)
+
+
+def test_kernels_refuse_what_they_do_not_support() -> None:
+    if not NATIVE:
+        assert cpu_native.status().loaded is False
+        return
+    kernels = cpu_native.module()
+    with mx.stream(mx.cpu):
+        with pytest.raises(ValueError, match="float32 only"):
+            kernels.bias_act(mx.zeros((2, 3), dtype=mx.float16))
+        with pytest.raises(ValueError, match="bias must be"):
+            kernels.bias_act(mx.zeros((2, 3)), mx.zeros((4,)))
+        with pytest.raises(ValueError, match="residual must"):
+            kernels.bias_act(mx.zeros((2, 3)), None, mx.zeros((3,)), 0, 1)
+        empty = kernels.bias_act(mx.zeros((0, 3)), mx.zeros((3,)), None, 2)
+        assert empty.shape == (0, 3)
+        mx.eval(empty)
+
+
+@pytest.mark.parametrize("act", ["relu", "silu", "gelu", "sigmoid", None])
+@pytest.mark.parametrize("after", [False, True])
+def test_conv_epilogue_equals_the_plain_ops(device, act, after) -> None:
+    """``Conv2d(x, activation=, residual=)`` vs ``conv(x)`` then the ops one by one: bit for bit
+    off the CPU (the GPU path is unchanged), within the fast paths' tolerance on it."""
+    rng = np.random.default_rng(11)
+    tensors = {"weight": rng.standard_normal((16, 8, 3, 3), dtype=np.float32) * 0.3,
+               "bias": rng.standard_normal(16, dtype=np.float32)}
+    vb = cn.VarBuilder.from_tensors(tensors, device=device)
+    conv = cn.Conv2d.load(vb, 8, 16, 3, cn.Conv2dConfig(padding=1))
+    x = mx.array(rng.standard_normal((2, 9, 9, 8), dtype=np.float32))
+    residual = mx.array(rng.standard_normal((2, 9, 9, 16), dtype=np.float32))
+    fused = conv(x, activation=act, residual=residual, residual_after_activation=after)
+    with conv.on_device():
+        y = conv(x)
+        y = y if after else y + residual
+        y = cn.ACTIVATIONS[act](y) if act else y
+        plain = y + residual if after else y
+    fused, plain = np.array(fused), np.array(plain)
+    if device.kind == "cpu":
+        assert np.abs(fused - plain).max() <= 2e-6 * np.abs(plain).max()
+    else:
+        np.testing.assert_array_equal(fused, plain)
+
+
+def test_linear_epilogue_equals_the_plain_ops(device) -> None:
+    rng = np.random.default_rng(12)
+    tensors = {"weight": rng.standard_normal((24, 16), dtype=np.float32),
+               "bias": rng.standard_normal(24, dtype=np.float32)}
+    lin = cn.Linear.load(cn.VarBuilder.from_tensors(tensors, device=device), 16, 24)
+    x = mx.array(rng.standard_normal((3, 5, 16), dtype=np.float32))
+    fused = np.array(lin(x, activation="gelu"))
+    with lin.on_device():
+        plain = np.array(cn.gelu(mx.addmm(lin.bias, x, lin.weight.T)))
+    if device.kind == "cpu":
+        assert np.abs(fused - plain).max() <= 2e-6 * np.abs(plain).max()
+    else:
+        np.testing.assert_array_equal(fused, plain)
+
+
+def test_switch_off_takes_no_kernel(monkeypatch) -> None:
+    """``CANDLE_NN_CPU_FAST=0`` (set_enabled(False)) turns the compiled kernels off too."""
+    calls = []
+    if NATIVE:
+        real = cpu_native.module()
+
+        class Spy:
+            def __getattr__(self, name):
+                if name != "set_num_threads":
+                    calls.append(name)
+                return getattr(real, name)
+
+        monkeypatch.setattr(cpu_native, "_module", Spy())
+    x = mx.array(np.linspace(-4, 4, 64, dtype=np.float32).reshape(8, 8))
+    cpu_fast.set_enabled(False)
+    try:
+        with mx.stream(mx.cpu):
+            plain = [cn.gelu(x), cn.silu(x), cn.softmax(x), cn.activation.bias_act(x, x[0], "relu")]
+            mx.eval(plain)
+    finally:
+        cpu_fast.set_enabled(True)
+    assert calls == []
+    with mx.stream(mx.cpu):
+        mx.eval(cn.gelu(x), cn.softmax(x))
+    assert calls == (["bias_act", "softmax_last"] if NATIVE else [])
+
+
+def _conv64(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
+    """float64 NHWC conv (groups 1) by explicit patches: the reference for both paths."""
+    x = np.pad(x.astype(np.float64), [(0, 0), (pad, pad), (pad, pad), (0, 0)])
+    o, kh, kw, _ = w.shape
+    oh, ow = (x.shape[1] - kh) // stride + 1, (x.shape[2] - kw) // stride + 1
+    out = np.zeros((x.shape[0], oh, ow, o))
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
+            out += patch @ w[:, i, j, :].astype(np.float64).T
+    return out
+
+
+@pytest.mark.parametrize("kernel,stride,pad,c,o,hw", [
+    (3, 1, 1, 16, 24, (13, 11)), (3, 2, 1, 3, 16, (17, 15)), (1, 1, 0, 32, 8, (7, 9)),
+    (7, 2, 3, 3, 8, (20, 20)), (1, 2, 0, 8, 8, (9, 9)), (3, 1, 0, 5, 4, (6, 6)),
+])
+@pytest.mark.parametrize("act", ["silu", "relu"])
+def test_conv2d_against_float64(path, kernel, stride, pad, c, o, hw, act) -> None:
+    """``Conv2d(x, activation=, residual=)`` (the compiled im2col + sgemm + epilogue, or MLX's
+    conv and the fallback epilogue) vs a float64 conv: within 1e-5 of the output's max."""
+    rng = np.random.default_rng(kernel * 100 + c)
+    w = rng.standard_normal((o, c, kernel, kernel), dtype=np.float32) * 0.5
+    bias = rng.standard_normal(o, dtype=np.float32)
+    vb = cn.VarBuilder.from_tensors({"weight": w, "bias": bias}, device=cn.Device.cpu())
+    conv = cn.Conv2d.load(vb, c, o, kernel, cn.Conv2dConfig(padding=pad, stride=stride))
+    x = rng.standard_normal((2, *hw, c), dtype=np.float32)
+    v = _conv64(x, w.transpose(0, 2, 3, 1), stride, pad) + bias
+    residual = rng.standard_normal(v.shape, dtype=np.float32)
+    ours = np.array(conv(mx.array(x), activation=act, residual=mx.array(residual)))
+    ref = _reference(v + residual, act)
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
+
+
+def test_convs_stay_on_mlx_without_an_optimized_sgemm() -> None:
+    """No optimized BLAS (blas.py found none): the compiled conv has no sgemm and is not used."""
+    if not NATIVE:
+        assert not cpu_native.has_sgemm()
+        return
+    kernels = cpu_native.module()
+    assert cpu_native.has_sgemm() is cn.blas.status().optimized
+    x = mx.zeros((1, 5, 5, 3))
+    w = mx.ones((4, 3, 3, 3))
+    try:
+        kernels.set_sgemm(0)
+        with mx.stream(mx.cpu):
+            assert cpu_fast.conv2d(x, w, None, (1, 1), (1, 1), None) is None
+            with pytest.raises(RuntimeError, match="no sgemm"):
+                kernels.conv2d_fused(x, w, None, None, (1, 1), (1, 1))
+    finally:
+        kernels.set_sgemm(cpu_native._sgemm_address())
+    with mx.stream(mx.cpu):
+        taken = cpu_fast.conv2d(x, w, None, (1, 1), (1, 1), None) is not None
+    assert taken is (cn.blas.status().optimized and sys.platform == "linux")
+
+
+def test_the_conv_sgemm_is_the_optimized_blas() -> None:
+    """The address handed to the kernels lies in the optimized library blas.py bound to MLX (for
+    OpenBLAS: a library with ``openblas_get_config``), not in MLX's bundled reference BLAS."""
+    address = cpu_native._sgemm_address()
+    status = cn.blas.status()
+    if not status.optimized or sys.platform != "linux":
+        assert address == 0
+        return
+
+    class DlInfo(ctypes.Structure):
+        _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                    ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+    info = DlInfo()
+    assert address and ctypes.CDLL(None).dladdr(ctypes.c_void_p(address), ctypes.byref(info))
+    assert info.dli_sname == b"cblas_sgemm"
+    library = ctypes.CDLL(os.fsdecode(info.dli_fname), mode=os.RTLD_NOLOAD)
+    if status.name.startswith("OpenBLAS"):
+        assert hasattr(library, "openblas_get_config"), info.dli_fname
+    assert not hasattr(library, "xerbla_array_") or hasattr(library, "openblas_get_config")
+
+
+def test_gradients_flow_through_the_fused_layers(path) -> None:
+    """Under mx.grad the kernels build MLX's own ops (the primitives have no vjp): training
+    through ``activation=``/``residual=``, GELU and softmax gives the plain ops' gradients."""
+    rng = np.random.default_rng(21)
+    tensors = {"weight": rng.standard_normal((6, 4, 3, 3), dtype=np.float32) * 0.3,
+               "bias": rng.standard_normal(6, dtype=np.float32)}
+    conv = cn.Conv2d.load(cn.VarBuilder.from_tensors(tensors, device=cn.Device.cpu()), 4, 6, 3,
+                          cn.Conv2dConfig(padding=1))
+    x = mx.array(rng.standard_normal((2, 7, 7, 4), dtype=np.float32))
+    residual = mx.array(rng.standard_normal((2, 7, 7, 6), dtype=np.float32))
+
+    def loss(weight: mx.array) -> mx.array:
+        conv.weight = weight
+        y = conv(x, activation="gelu", residual=residual)
+        return (cn.softmax(cn.gelu(y)) * y).sum()
+
+    with mx.stream(mx.cpu):
+        weight = conv.weight
+        ours = np.array(mx.grad(loss)(weight))
+        cpu_fast.set_enabled(False)
+        try:
+            plain = np.array(mx.grad(loss)(weight))
+        finally:
+            cpu_fast.set_enabled(True)
+    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
