@@ -16,6 +16,7 @@ preloads OpenBLAS); ``--in-process`` runs everything here instead (faster, for s
     python -m benchmarks --json b.json --markdown b.md     # also a Markdown table for the README
     python -m benchmarks --report b.json                   # print a saved run's table again
     python -m benchmarks --quick                           # smoke run: ResNet-18, few iterations
+    python -m benchmarks --models mobilesam-amg --repeat 1  # automatic masks vs MobileSAM's own
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ PEERS = ("torch", "torch.compile", "onnxruntime")
 DTYPES = ("float32", "float16", "bfloat16")
 
 
-def _fixtures() -> Path:
+def fixtures() -> Path:
+    """The shared reference fixtures (``$CANDLE_NN_FIXTURES``, else ``../shared/fixtures``)."""
     return Path(os.environ.get("CANDLE_NN_FIXTURES", ROOT.parent / "shared" / "fixtures"))
 
 
@@ -48,7 +50,7 @@ def _weights_file(model: BenchModel, cache_dir: str) -> tuple[str, str]:
     """``(safetensors path, where from)``: the fixture's weights, else seeded VarMap weights
     written once to ``cache_dir`` in candle's layout."""
     if model.fixture:
-        path = _fixtures() / model.fixture / "weights.safetensors"
+        path = fixtures() / model.fixture / "weights.safetensors"
         if path.is_file():
             return str(path), f"fixture {model.fixture} (float16 on disk)"
     path = Path(cache_dir) / f"{model.name}.safetensors"
@@ -84,16 +86,12 @@ def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_di
              compiled: bool = False) -> dict:
     """candle_nn: load from safetensors, then time the forward (``mx.compile``-d if asked)."""
     impl = OURS_COMPILED if compiled else OURS
+    reason = prepare_ours(device, opts)
+    if reason:
+        return result(impl, model, device, dtype, status="unavailable", reason=reason)
     import candle_nn as cn
     import mlx.core as mx
 
-    if opts.threads:
-        cn.blas.set_num_threads(opts.threads)
-    if device not in [str(d) for d in cn.Device.available()]:
-        return result(impl, model, device, dtype, status="unavailable",
-                      reason=f"MLX {mx.__version__} has no {device}")
-    if opts.precision == "tf32":
-        cn.set_float32_precision("tf32")
     forward, load_s, origin = load_ours(model, device, dtype, cache_dir)
     fn = mx.compile(forward) if compiled else forward
 
@@ -120,6 +118,21 @@ def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_di
                   note=note, **timings)
 
 
+def prepare_ours(device: str, opts: Options) -> str | None:
+    """Set up candle_nn in this worker (threads, float32 precision); why ours cannot run on
+    ``device``, or None."""
+    import candle_nn as cn
+    import mlx.core as mx
+
+    if opts.threads:
+        cn.blas.set_num_threads(opts.threads)
+    if device not in [str(d) for d in cn.Device.available()]:
+        return f"MLX {mx.__version__} has no {device}"
+    if opts.precision == "tf32":
+        cn.set_float32_precision("tf32")
+    return None
+
+
 def ours_inputs(model: BenchModel, n: int, dtype: str, seed: int = 0) -> list:
     """The model's seeded inputs as MLX arrays, floating ones in ``dtype``."""
     import mlx.core as mx
@@ -131,7 +144,7 @@ def ours_inputs(model: BenchModel, n: int, dtype: str, seed: int = 0) -> list:
     return arrays
 
 
-def _profile(args: argparse.Namespace, cache_dir: str) -> int:
+def _profile(args: argparse.Namespace, opts: Options, cache_dir: str) -> int:
     """``--profile``: self time per module for each model (ours only, in this process)."""
     from benchmarks.bench_profile import profile
 
@@ -143,6 +156,12 @@ def _profile(args: argparse.Namespace, cache_dir: str) -> int:
         model = MODELS[name]
         for device in _devices(args.device):
             for dtype in (args.dtypes or "float32").split(","):
+                if model.pipeline:
+                    from benchmarks import bench_amg
+
+                    print(f"[{device} float32] " + bench_amg.profile(model, device, opts,
+                                                                     cache_dir))
+                    break
                 forward, _, _ = load_ours(model, device, dtype, cache_dir)
                 print(f"[{device} {dtype}] " + profile(model, forward,
                                                        tuple(ours_inputs(model, 1, dtype))))
@@ -156,6 +175,11 @@ def run_job(job: dict) -> dict:
     opts = Options(**job["options"])
     impl, device, dtype = job["impl"], job["device"], job["dtype"]
     try:
+        if model.pipeline:
+            from benchmarks import bench_amg
+
+            run = bench_amg.run_ours if impl == OURS else bench_amg.run_torch
+            return run(model, device, dtype, opts, job["cache_dir"])
         if impl in (OURS, OURS_COMPILED):
             return run_ours(model, device, dtype, opts, job["cache_dir"], impl == OURS_COMPILED)
         from benchmarks import bench_peers
@@ -251,6 +275,8 @@ def _jobs(args: argparse.Namespace, opts: Options, cache_dir: str) -> list[dict]
                                  f"choose from {', '.join(PEERS)}")
             dtypes = args.dtypes.split(",") if args.dtypes else (
                 list(DTYPES) if on_gpu and not args.quick else ["float32"])
+            if MODELS[name].pipeline:  # benchmarks/bench_amg.py: ours and PyTorch eager, float32
+                impls, peers, dtypes = [OURS], [p for p in peers if p == "torch"], ["float32"]
             for dtype in dtypes:
                 if dtype not in DTYPES:
                     raise SystemExit(f"error: bad dtype {dtype!r}: use {', '.join(DTYPES)}")
@@ -279,7 +305,7 @@ def _meta(args: argparse.Namespace, opts: Options, argv: Sequence[str]) -> dict:
             "options": opts.as_dict(),
             "cpu": cpu, "cpu_count": os.cpu_count(), "info": dict(cn.info()),
             "versions": {d: version(d) for d in ("torch", "torchvision", "ultralytics",
-                                                 "onnxruntime", "onnx")}}
+                                                 "onnxruntime", "onnx", "mobilesam-mirror")}}
 
 
 def _read(path: str) -> str:
@@ -304,6 +330,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=None,
                    help="throughput batch (default: per model on the CPU, 32 on a GPU)")
     p.add_argument("--repeat", type=int, default=None, help="timed calls per figure (default 20)")
+    p.add_argument("--amg-points", type=int, default=None,
+                   help="mobilesam-amg: prompt grid points per side (default 32, MobileSAM's)")
     p.add_argument("--peers", default=None,
                    help=f"comma list from {', '.join(PEERS)}, or none (default: torch,onnxruntime "
                         "on the CPU; torch,torch.compile (CUDA graphs) on a GPU)")
@@ -365,9 +393,13 @@ def _main(argv: Sequence[str] | None) -> int:
     args.models = args.models or list(QUICK_MODELS if args.quick else MODELS)
     if args.rounds < 1:
         raise SystemExit("error: --rounds must be at least 1")
+    if args.amg_points is not None and args.amg_points < 1:
+        raise SystemExit("error: --amg-points must be at least 1")
     settings = {"threads": args.threads, "batch": args.batch, "precision": args.precision}
     if args.repeat:
         settings["repeat"] = args.repeat
+    if args.amg_points:
+        settings["amg_points"] = args.amg_points
     opts = Options.quick(**settings) if args.quick else Options(**settings)
     import candle_nn as cn
 
@@ -377,7 +409,7 @@ def _main(argv: Sequence[str] | None) -> int:
         cn.blas.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="candle-nn-bench-") as cache_dir:
         if args.profile:
-            return _profile(args, cache_dir)
+            return _profile(args, opts, cache_dir)
         jobs = _jobs(args, opts, cache_dir)
         meta = _meta(args, opts, argv)
         print(f"candle-nn-bench: {len(jobs)} measurements; "

@@ -36,6 +36,9 @@ class BenchModel:
         make_inputs: ``(n, rng) -> numpy inputs`` for a batch of ``n``, shared by every
             implementation; the first is NHWC (transposed to NCHW for the peers). Default: one
             ``(n, H, W, 3)`` float32 image batch in [0, 1).
+        pipeline: a whole pipeline rather than one forward (benchmarks/bench_amg.py runs it:
+            ``build_ours`` gives the model it wraps; ``build_torch`` is unused); one image per
+            call, ours and PyTorch eager only.
     """
 
     name: str
@@ -46,6 +49,7 @@ class BenchModel:
     build_torch: Callable[[], Any]
     torch_missing: str | None = None
     make_inputs: Callable[[int, Any], tuple] | None = None
+    pipeline: bool = False
 
     def inputs(self, n: int, seed: int = 0) -> tuple:
         """Seeded numpy inputs for a batch of ``n`` (see ``make_inputs``)."""
@@ -183,9 +187,20 @@ def _sam_decoder_torch() -> Any:
     return PromptDecode()
 
 
+def _sam_ours(vb: "VarBuilder") -> Forward:
+    from candle_nn_models.segment_anything import Sam
+
+    return Sam.load_tiny(vb)
+
+
+def _no_torch_module() -> Any:
+    raise NotImplementedError("a pipeline: benchmarks/bench_amg.py builds its PyTorch side")
+
+
 def _registry() -> dict[str, BenchModel]:
     tv = None if _have("torchvision") else "torchvision (pip install 'candle-nn-mlx[bench]')"
     ul = None if _have("ultralytics") else "ultralytics (pip install ultralytics)"
+    ms = None if _have("mobile_sam") else "mobilesam-mirror (pip install 'candle-nn-mlx[bench]')"
     models = [
         BenchModel("resnet18", (224, 224), 8, "resnet18",
                    _resnet_ours("resnet18"), _resnet_torch("resnet18"), tv),
@@ -200,6 +215,9 @@ def _registry() -> dict[str, BenchModel]:
         # Prompt encoder + mask decoder on one image's embeddings; the batch is of point prompts.
         BenchModel("mobilesam-decoder", (64, 64), 8, "mobile_sam",
                    _sam_decoder_ours, _sam_decoder_torch, ul, _sam_decoder_inputs),
+        # Automatic masks end to end (one image, 32x32 point prompts) vs MobileSAM's own generator.
+        BenchModel("mobilesam-amg", (556, 800), 1, "mobile_sam",
+                   _sam_ours, _no_torch_module, ms, pipeline=True),
     ]
     return {m.name: m for m in models}
 

@@ -79,6 +79,11 @@ def table(report: dict) -> str:
                  for q in report["ratios"]]
         parts.append("ratios: time ours / time theirs, same run (< 1: candle_nn faster)\n"
                      + _grid(rhead, rbody))
+    outputs = [r for r in measured if r.get("output")]
+    if outputs:  # what a pipeline returned (benchmarks/bench_amg.py: masks per image)
+        parts.append("outputs:\n" + "\n".join(
+            f"  {r['model']} {r['device']} {r['dtype']} {r['impl']}: {r['output']}"
+            for r in outputs))
     missing = [r for r in rows if r["status"] != "ok"]
     if missing:
         parts.append("not measured:\n" + "\n".join(

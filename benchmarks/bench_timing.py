@@ -31,6 +31,7 @@ class Options:
     precision: str = "exact"  # float32 on GPUs: "exact" or "tf32", for ours and the peers alike
     channels_last: bool = True  # PyTorch on GPUs
     seed: int = 0
+    amg_points: int = 32  # mobilesam-amg: grid points per side (MobileSAM's default)
 
     @classmethod
     def quick(cls, **kw: Any) -> "Options":
@@ -82,11 +83,21 @@ def time_calls(single: Callable[[], Any], batched: Callable[[], Any], batch: int
     }
 
 
-def _timed(call: Callable[[], Any], opts: Options) -> list[float]:
+def time_pipeline(call: Callable[[], Any], opts: Options) -> dict:
+    """The figures of :func:`time_calls` for a whole pipeline (one call = one image, seconds or
+    more): every call timed, the first (cold) one too, no warm-up, batch 1 only."""
+    times = _timed(call, opts, min_calls=1)
+    median_s = statistics.median(times)
+    return {"first_s": times[0], "median_ms": 1e3 * median_s,
+            "p90_ms": 1e3 * _percentile(times, 90), "runs": len(times), "batch": 1,
+            "batch_median_ms": 1e3 * median_s, "throughput_ips": 1 / median_s}
+
+
+def _timed(call: Callable[[], Any], opts: Options, min_calls: int = 3) -> list[float]:
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < max(opts.repeat, 1):
-        if len(times) >= 3 and time.perf_counter() - start > opts.budget_s:
+        if len(times) >= min_calls and time.perf_counter() - start > opts.budget_s:
             break
         t = time.perf_counter()
         call()

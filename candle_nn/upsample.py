@@ -61,3 +61,17 @@ def upsample_bilinear2d(x: mx.array, height: int, width: int) -> mx.array:
     left = mx.take(x, mx.array(c0), axis=2)
     right = mx.take(x, mx.array(c1), axis=2)
     return left * (1 - cw) + right * cw
+
+
+def bilinear_resize_matrix(size_in: int, size_out: int, keep: int | None = None) -> np.ndarray:
+    """The bilinear resize of one axis as a ``(keep, size_in)`` float64 matrix ``R``: ``R @ v``
+    resizes ``v`` to ``size_out`` positions (the taps of :func:`upsample_bilinear2d`) and keeps the
+    first ``keep`` (default: all). Products of such matrices turn a chain of resizes and crops
+    (SAM's masks: to 1024², crop the padding, to the image size) into one matmul per axis."""
+    keep = size_out if keep is None else keep
+    i0, i1, weight = (t[:keep] for t in _linear_taps(size_in, size_out))
+    matrix = np.zeros((keep, size_in))
+    rows = np.arange(keep)
+    np.add.at(matrix, (rows, i0), 1.0 - weight.astype(np.float64))
+    np.add.at(matrix, (rows, i1), weight.astype(np.float64))
+    return matrix

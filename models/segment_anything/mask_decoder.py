@@ -108,9 +108,14 @@ class MaskDecoder(Module):
         sparse = sparse_prompt_embeddings.astype(output_tokens.dtype)
         tokens = mx.concatenate([output_tokens, sparse], axis=1)
 
-        # Per-image tensors are repeated per prompt batch entry (SAM's repeat_interleave).
-        src = mx.repeat(image_embeddings, b, axis=0) + dense_prompt_embeddings
-        pos_src = mx.repeat(image_pe, b, axis=0)
+        # Per-image tensors go with every prompt of the batch (SAM's repeat_interleave): one
+        # image's are broadcast, not copied B times (automatic masks decode 64 prompts a batch).
+        if image_embeddings.shape[0] == 1:
+            src = mx.broadcast_to(image_embeddings + dense_prompt_embeddings,
+                                  (b,) + image_embeddings.shape[1:])
+        else:
+            src = mx.repeat(image_embeddings, b, axis=0) + dense_prompt_embeddings
+        pos_src = image_pe if image_pe.shape[0] == 1 else mx.repeat(image_pe, b, axis=0)
         _, h, w, c = src.shape
 
         hs, src = self.transformer(src, pos_src, tokens)

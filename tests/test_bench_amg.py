@@ -1,0 +1,53 @@
+"""candle-nn-bench's ``mobilesam-amg`` entry (benchmarks/bench_amg.py): both generators on the same
+weights, each in its own process, on a small grid (``--amg-points``) to stay fast.
+
+No timing assertions: the rows, the mask counts (the same weights and image give the same number
+of masks on both sides) and the ratio must be there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from benchmarks import bench
+
+
+def test_amg_rows_mask_counts_and_ratio(tmp_path) -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = bench.main(["--models", "mobilesam-amg", "--device", "cpu", "--threads", "2",
+                           "--amg-points", "3", "--repeat", "1", "--json",
+                           str(tmp_path / "amg.json")])
+    assert code == 0
+    report = json.loads((tmp_path / "amg.json").read_text())
+    rows = {r["impl"]: r for r in report["results"]}
+    assert set(rows) == {"candle_nn", "torch"}  # a pipeline: no ONNX / compiled rows
+    for row in rows.values():  # the test extra has torch and mobilesam-mirror: both must run
+        assert row["status"] == "ok", row
+        assert (row["batch"], row["runs"], row["dtype"]) == (1, 1, "float32")
+        assert row["median_ms"] > 0 and "3x3 points, image 800x556" in row["note"]
+        assert "fixture mobile_sam" in row["note"]
+    assert rows["candle_nn"]["masks"] == rows["torch"]["masks"]
+    assert rows["candle_nn"]["output"] == f"{rows['torch']['masks']} masks"
+    (ratio,) = report["ratios"]
+    assert (ratio["ours"], ratio["peer"]) == ("candle_nn", "torch") and ratio["bs1"] > 0
+    assert "outputs:\n  mobilesam-amg cpu float32 candle_nn:" in out.getvalue()
+    assert report["meta"]["options"]["amg_points"] == 3
+
+
+def test_amg_profile_splits_the_pipeline(capsys) -> None:
+    assert bench.main(["--profile", "--models", "mobilesam-amg", "--device", "cpu",
+                       "--amg-points", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "mobilesam-amg: one image 800x556, 2x2 points" in text
+    for stage in ("image encoder", "prompt encoder + mask decoder", "other"):
+        assert stage in text, text
+
+
+def test_bad_amg_points() -> None:
+    with pytest.raises(SystemExit, match="--amg-points must be at least 1"):
+        bench.main(["--models", "mobilesam-amg", "--amg-points", "0"])
