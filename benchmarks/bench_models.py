@@ -187,12 +187,6 @@ def _sam_decoder_torch() -> Any:
     return PromptDecode()
 
 
-def _sam_ours(vb: "VarBuilder") -> Forward:
-    from candle_nn_models.segment_anything import Sam
-
-    return Sam.load_tiny(vb)
-
-
 def _no_torch_module() -> Any:
     raise NotImplementedError("a pipeline: benchmarks/bench_amg.py builds its PyTorch side")
 
@@ -217,7 +211,7 @@ def _registry() -> dict[str, BenchModel]:
                    _sam_decoder_ours, _sam_decoder_torch, ul, _sam_decoder_inputs),
         # Automatic masks end to end (one image, 32x32 point prompts) vs MobileSAM's own generator.
         BenchModel("mobilesam-amg", (556, 800), 1, "mobile_sam",
-                   _sam_ours, _no_torch_module, ms, pipeline=True),
+                   _mobile_sam, _no_torch_module, ms, pipeline=True),
     ]
     return {m.name: m for m in models}
 
