@@ -384,11 +384,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if out:
             _check_writable(out)
     if args.report:
-        try:
-            report = json.loads(Path(args.report).read_text())
-        except (OSError, ValueError) as exc:
-            raise CandleNNError(f"cannot read the saved run {args.report}: {exc}") from None
-        _emit(report, args)
+        _emit(bench_report.read_saved_run(args.report), args)
         return 0
     args.models = args.models or list(QUICK_MODELS if args.quick else MODELS)
     if args.rounds < 1:
@@ -423,7 +419,6 @@ def _main(argv: Sequence[str] | None) -> int:
                 row = run_job(job) if args.in_process else _run_isolated(job, args.timeout)
                 rows[i] = _best(rows[i], row)
     report = bench_report.build(meta, rows)
-    from candle_nn import CandleNNError
 
     try:
         if args.json:

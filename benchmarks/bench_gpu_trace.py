@@ -302,7 +302,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="append the rows to this JSON-lines file")
     args = p.parse_args(argv)
     if args.report:
-        rows = [row for path in args.report for row in bench_rows(json.load(open(path)))]
+        from benchmarks.bench_report import read_saved_run
+        from candle_nn import CandleNNError
+
+        try:
+            rows = [row for path in args.report for row in bench_rows(read_saved_run(path))]
+        except CandleNNError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         for row in rows:
             _print(row)
         print(markdown(rows))

@@ -9,10 +9,24 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
+from candle_nn import CandleNNError
 from candle_nn.atomic_write import atomic_write
 
 OURS_PREFIX = "candle_nn"
+
+
+def read_saved_run(path: str) -> dict:
+    """A run saved by ``--json``, or :class:`CandleNNError` (one line: what, where, how to fix)."""
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise CandleNNError(f"cannot read the saved run {path}: {exc}") from None
+    if not isinstance(report, dict) or not isinstance(report.get("results"), list):
+        raise CandleNNError(f"{path} is not a run saved by candle-nn-bench --json (no 'results' "
+                            "list); make one with `python -m benchmarks ... --json FILE`")
+    return report
 
 
 def _key(row: dict) -> tuple:

@@ -85,3 +85,17 @@ def test_torch_peer_traces_host_time_when_asked(monkeypatch):
     assert row["status"] == "ok", row
     for key in ("bs1", "batch"):
         assert row["trace"][key]["host_ms"] > 0 and "busy_ms" in row["trace"][key], row["trace"]
+
+
+def test_report_of_a_missing_or_foreign_file_is_one_error_line(capsys, tmp_path):
+    from benchmarks.bench_gpu_trace import main
+
+    not_json, foreign = tmp_path / "garbage.json", tmp_path / "list.json"
+    not_json.write_text("garbage")
+    foreign.write_text("[1, 2]")
+    for path in (tmp_path / "missing.json", not_json, foreign):
+        assert main(["--report", str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("error: ") for line in err), err
+    assert "missing.json" in err[0] and "garbage.json" in err[1]
+    assert "list.json" in err[2] and "--json" in err[2]
