@@ -53,3 +53,21 @@ def test_huggingface_hub_is_a_regular_dependency() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
     dependencies = re.search(r"^dependencies = \[(.*?)^\]", pyproject, flags=re.S | re.M).group(1)
     assert re.search(r'^\s*"huggingface_hub>=', dependencies, flags=re.M)
+
+
+def test_no_unresolved_merge_conflict_markers_in_tracked_text() -> None:
+    """A merge left `<<<<<<< HEAD` blocks in the README once; no tracked file may carry them."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    marker = re.compile(r"^(<{7} |>{7} |={7}$)", flags=re.M)
+    found = []
+    for name in tracked:
+        path = ROOT / name
+        if path.suffix not in {".py", ".md", ".toml", ".txt", ".cpp", ".h", ".cfg", ""} \
+                or not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        found += [f"{name}: {m.group(0)!r}" for m in marker.finditer(text)]
+    assert not found, "unresolved merge conflict markers: " + "; ".join(found)
