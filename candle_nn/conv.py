@@ -149,6 +149,12 @@ class Conv2d(_Conv):
                                     activation, residual, residual_after_activation)
             if fused is not None:
                 return fused
+        if cin == 1 and c.groups == out == x.shape[-1] and x.ndim == 4:
+            fused = cpu_fast.depthwise_conv2d_fused(
+                x, self.weight, bias, _pair(c.stride), _pair(c.padding), _pair(c.dilation),
+                activation, residual, residual_after_activation)
+            if fused is not None:
+                return fused
         if (kh, kw) == (1, 1) and c.groups == 1 and _pair(c.stride) == (1, 1) \
                 and _pair(c.padding) == (0, 0):
             # A pointwise conv is a matmul; MLX's CPU conv runs it 1.5-3.5x slower (same result).

@@ -317,6 +317,102 @@ def test_conv2d_against_float64(path, kernel, stride, pad, c, o, hw, act) -> Non
     assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
 
 
+def _depthwise64(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], pad: tuple[int, int],
+                 dilation: tuple[int, int]) -> np.ndarray:
+    """float64 NHWC depthwise conv, ``w`` ``(C, kH, kW)``, by shifted multiply-adds."""
+    (sh, sw), (ph, pw), (dh, dw) = stride, pad, dilation
+    x = np.pad(x.astype(np.float64), [(0, 0), (ph, ph), (pw, pw), (0, 0)])
+    _, kh, kw = w.shape
+    oh, ow = (x.shape[1] - dh * (kh - 1) - 1) // sh + 1, (x.shape[2] - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((x.shape[0], oh, ow, x.shape[3]))
+    for i in range(kh):
+        for j in range(kw):
+            out += x[:, i * dh:i * dh + sh * (oh - 1) + 1:sh,
+                     j * dw:j * dw + sw * (ow - 1) + 1:sw] * w[:, i, j].astype(np.float64)
+    return out
+
+
+@pytest.mark.parametrize("kernel,stride,pad,dilation,c,hw", [
+    ((3, 3), (1, 1), (1, 1), (1, 1), 256, (9, 8)),  # TinyViT's MBConv / local conv
+    ((3, 3), (2, 2), (1, 1), (1, 1), 160, (11, 10)),  # TinyViT's patch merging
+    ((3, 3), (1, 1), (1, 1), (1, 1), 37, (5, 7)),  # channels past the last multiple of 8
+    ((5, 3), (2, 1), (2, 0), (1, 2), 20, (9, 11)),
+    ((3, 3), (1, 1), (2, 2), (2, 2), 8, (6, 6)),
+])
+@pytest.mark.parametrize("act,mode", [(None, "none"), ("gelu", "none"), ("relu", "before"),
+                                      ("silu", "after")])
+def test_depthwise_conv2d_against_float64(path, kernel, stride, pad, dilation, c, hw, act,
+                                          mode) -> None:
+    """A depthwise ``Conv2d`` (groups = channels) with ``activation=``/``residual=`` (the compiled
+    kernel, or the pure-MLX path and MLX's grouped conv) vs float64: within 1e-5 of the max."""
+    rng = np.random.default_rng(c + sum(kernel) + len(mode))
+    w = rng.standard_normal((c, 1, *kernel), dtype=np.float32) * 0.5
+    bias = rng.standard_normal(c, dtype=np.float32)
+    vb = cn.VarBuilder.from_tensors({"weight": w, "bias": bias}, device=cn.Device.cpu())
+    conv = cn.Conv2d.load(vb, c, c, kernel, cn.Conv2dConfig(padding=pad, stride=stride,
+                                                           dilation=dilation, groups=c))
+    x = rng.standard_normal((2, *hw, c), dtype=np.float32)
+    v = _depthwise64(x, w[:, 0], stride, pad, dilation) + bias
+    residual = rng.standard_normal(v.shape, dtype=np.float32)
+    ours = np.array(conv(mx.array(x), activation=act,
+                         residual=None if mode == "none" else mx.array(residual),
+                         residual_after_activation=mode == "after"))
+    ref = _reference(v + residual if mode == "before" else v, act or "identity")
+    ref = ref + residual if mode == "after" else ref
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
+
+
+def test_depthwise_kernel_gives_the_same_bits_on_one_and_two_threads() -> None:
+    """Each output pixel is computed by one thread in a fixed order: no split changes a bit."""
+    if not NATIVE:
+        x = mx.zeros((1, 4, 4, 8))
+        assert cpu_fast.depthwise_conv2d_fused(x, mx.zeros((8, 3, 3, 1)), None, (1, 1), (1, 1),
+                                               (1, 1), None) is None
+        return
+    kernels = cpu_native.module()
+    rng = np.random.default_rng(6)
+    x = mx.array(rng.standard_normal((2, 33, 29, 48), dtype=np.float32))
+    w = mx.array(rng.standard_normal((48, 3, 3, 1), dtype=np.float32))
+    b = mx.array(rng.standard_normal((48,), dtype=np.float32))
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            kernels.set_num_threads(threads)
+            with mx.stream(mx.cpu):
+                results.append(np.array(kernels.depthwise_conv2d(x, w, b, None, (1, 1), (1, 1),
+                                                                  (1, 1), 3, 0)))
+    finally:
+        cpu_native._threads = None
+        cpu_native.sync_threads()
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0], other)
+
+
+def test_depthwise_gradients_match_the_plain_ops(path) -> None:
+    """Under mx.grad the depthwise kernel builds MLX's grouped conv: the plain ops' gradients."""
+    rng = np.random.default_rng(22)
+    tensors = {"weight": rng.standard_normal((16, 1, 3, 3), dtype=np.float32),
+               "bias": rng.standard_normal(16, dtype=np.float32)}
+    conv = cn.Conv2d.load(cn.VarBuilder.from_tensors(tensors, device=cn.Device.cpu()), 16, 16, 3,
+                          cn.Conv2dConfig(padding=1, stride=2, groups=16))
+    x = mx.array(rng.standard_normal((2, 9, 9, 16), dtype=np.float32))
+
+    def loss(weight: mx.array) -> mx.array:
+        conv.weight = weight
+        return (conv(x, activation="gelu") ** 2).sum()
+
+    with mx.stream(mx.cpu):
+        weight = conv.weight
+        ours = np.array(mx.grad(loss)(weight))
+        cpu_fast.set_enabled(False)
+        try:
+            plain = np.array(mx.grad(loss)(weight))
+        finally:
+            cpu_fast.set_enabled(True)
+    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+
+
 def test_convs_stay_on_mlx_without_an_optimized_sgemm() -> None:
     """No optimized BLAS (blas.py found none): the compiled conv has no sgemm and is not used."""
     if not NATIVE:

@@ -50,5 +50,21 @@ NB_MODULE(_cpu_kernels, m) {
   m.def("set_num_threads",
         [](int n) { candle_nn::ThreadPool::instance().set_threads(n); }, "n"_a);
   m.def("num_threads", [] { return candle_nn::ThreadPool::instance().threads(); });
+  m.def(
+      "depthwise_conv2d",
+      [](const mx::array& x, const mx::array& w, std::optional<mx::array> bias,
+         std::optional<mx::array> residual, std::pair<int, int> stride,
+         std::pair<int, int> padding, std::pair<int, int> dilation, int act, int residual_mode) {
+        if (act < 0 || act > 3) throw std::invalid_argument("act must be 0..3");
+        if (residual_mode < 0 || residual_mode > 2)
+          throw std::invalid_argument("residual_mode must be 0..2");
+        return candle_nn::depthwise_conv2d(x, w, bias, residual, stride, padding, dilation,
+                                           static_cast<candle_nn::Act>(act),
+                                           static_cast<candle_nn::Residual>(residual_mode));
+      },
+      "x"_a, "w"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "stride"_a, "padding"_a,
+      "dilation"_a, "act"_a = 0, "residual_mode"_a = 0,
+      "act(depthwise conv2d(x, w) + bias [+ residual]): x (N, H, W, C), w (C, kH, kW, 1), "
+      "float32; multithreaded direct kernel with the epilogue fused.");
   m.attr("LIBMLX_SIZE") = static_cast<int64_t>(CANDLE_NN_LIBMLX_SIZE);
 }

@@ -85,6 +85,9 @@ CANDLE_NN_INLINE void bias_act_act(const float* x, const float* bias, const floa
     bias_act_mode<A, false>(x, bias, res, out, begin, end, c, mode);
 }
 
+}  // namespace
+
+// Shared with the other kernel files (declared in kernels.h): the epilogue pass and the checks.
 CANDLE_NN_MULTIVERSION
 void bias_act_range(const float* x, const float* bias, const float* res, float* out,
                     int64_t begin, int64_t end, int64_t c, Act act, Residual mode) {
@@ -99,6 +102,8 @@ void bias_act_range(const float* x, const float* bias, const float* res, float* 
       return bias_act_act<Act::Gelu>(x, bias, res, out, begin, end, c, mode);
   }
 }
+
+namespace {
 
 // softmax of rows [row0, row1) of length n; 8 partial maxima/sums so the reductions vectorise.
 CANDLE_NN_MULTIVERSION
@@ -135,6 +140,8 @@ void softmax_rows(const float* x, float* out, int64_t row0, int64_t row1, int64_
     for (j = 0; j < n; ++j) o[j] *= inv;
   }
 }
+
+}  // namespace
 
 void check_float32_cpu(const mx::array& a, const char* op) {
   if (a.dtype() != mx::float32)
@@ -184,8 +191,6 @@ mx::array bias_act_ops(mx::array v, const std::optional<mx::array>& bias,
   if (mode == Residual::AfterAct) v = mx::add(v, *residual, s);
   return v;
 }
-
-}  // namespace
 
 mx::array bias_act(const mx::array& x, const std::optional<mx::array>& bias,
                    const std::optional<mx::array>& residual, Act act, Residual mode,

@@ -2,6 +2,8 @@
 // eval_gpu throws, and candle_nn never builds them for another device (cpu_fast.py decides).
 #pragma once
 
+#include <initializer_list>
+
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 
@@ -76,6 +78,48 @@ class SoftmaxLast : public mx::Primitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     return dynamic_cast<const SoftmaxLast*>(&other) != nullptr;
   }
+};
+
+// -- shared by the kernel files (defined in kernels.cpp) ------------------------------------------
+// The bias_act epilogue on [begin, end) of a (rows, c) float32 matrix; out may be x. Without a
+// bias, c may be any multiple-free length (one long row).
+void bias_act_range(const float* x, const float* bias, const float* res, float* out,
+                    int64_t begin, int64_t end, int64_t c, Act act, Residual mode);
+// Throws unless `a` is float32.
+void check_float32_cpu(const mx::array& a, const char* op);
+// True when any array is a tracer (mx.grad / vmap / compile): then the ops below are used.
+bool traced(std::initializer_list<const mx::array*> arrays);
+// The epilogue as MLX ops (the traced path).
+mx::array bias_act_ops(mx::array v, const std::optional<mx::array>& bias,
+                       const std::optional<mx::array>& residual, Act act, Residual mode,
+                       mx::Stream s);
+
+// -- depthwise conv (depthwise.cpp) --------------------------------------------------------------
+// act(depthwise_conv2d(x, w) + bias [+ residual]): x (N, H, W, C), w (C, kH, kW, 1) (MLX's
+// layout for groups = C), bias (C,), float32; any kernel size, stride, padding, dilation. Output
+// rows spread over the thread pool, 8-channel vectors, the epilogue fused per chunk of pixels.
+mx::array depthwise_conv2d(const mx::array& x, const mx::array& w,
+                           const std::optional<mx::array>& bias,
+                           const std::optional<mx::array>& residual, std::pair<int, int> stride,
+                           std::pair<int, int> padding, std::pair<int, int> dilation, Act act,
+                           Residual mode, mx::StreamOrDevice s = {});
+
+class DepthwiseConv2d : public mx::Primitive {
+ public:
+  DepthwiseConv2d(mx::Stream stream, std::pair<int, int> stride, std::pair<int, int> padding,
+                  std::pair<int, int> dilation, Act act, Residual mode, bool has_bias)
+      : mx::Primitive(stream), stride_(stride), padding_(padding), dilation_(dilation), act_(act),
+        mode_(mode), has_bias_(has_bias) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNDepthwiseConv2d"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  std::pair<int, int> stride_, padding_, dilation_;
+  Act act_;
+  Residual mode_;
+  bool has_bias_;
 };
 
 }  // namespace candle_nn
