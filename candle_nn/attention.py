@@ -33,3 +33,27 @@ def scaled_dot_product_attention(q: mx.array, k: mx.array, v: mx.array, *,
                       if mask.dtype == mx.bool_ else scores + mask)
         return cpu_fast.softmax_last(scores) @ v
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+
+def packed_qkv_attention(qkv: mx.array, heads: int, *, scale: float | None = None,
+                         bias: mx.array | None = None) -> mx.array:
+    """Multi-head attention straight from a packed projection: per token and head, ``q``, ``k``
+    and ``v`` of ``D`` features each (TinyViT's ``qkv`` layout, ``heads * 3 * D`` in all).
+
+    Shapes: ``qkv`` ``(B, N, heads * 3 * D)``, ``bias`` ``(heads, N, N)`` (added to the scores)
+    or ``None``; returns ``(B, N, heads * D)`` (heads concatenated, ready for the output
+    projection). ``scale`` defaults to ``1 / sqrt(D)``. On the CPU in float32 one compiled kernel
+    (one (sequence, head) per task, no transposes or split copies); elsewhere the reshapes and
+    :func:`scaled_dot_product_attention`.
+    """
+    b, n, width = qkv.shape
+    d = width // (3 * heads)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    fused = cpu_fast.attention_packed(qkv, heads, scale, bias)
+    if fused is not None:
+        return fused
+    q, k, v = mx.split(qkv.reshape(b, n, heads, 3 * d).transpose(0, 2, 1, 3), 3, axis=-1)
+    out = scaled_dot_product_attention(q, k, v, scale=scale,
+                                       mask=None if bias is None else bias[None])
+    return out.transpose(0, 2, 1, 3).reshape(b, n, heads * d)

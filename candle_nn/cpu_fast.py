@@ -19,6 +19,11 @@ native ``conv2d_fused``          the CPU conv is im2col by single-threaded gener
 (:func:`conv2d`, used by        (a zero fill, the padded input, then the patches) before one
 ``Conv2d`` for groups 1)        sgemm, then the epilogue passes: here a multithreaded im2col
                                 (none for 1x1 stride 1), the same sgemm, one epilogue pass
+native ``attention_packed``     CPU attention of short sequences (TinyViT's windows) is a
+(:func:`attention_packed`, used transpose and three split copies, per-matrix sgemm calls on one
+by ``packed_qkv_attention``)    thread, a broadcast bias add, a transpose back: here one
+                                (sequence, head) per task, q/k^T/v in L1 scratch, register-tiled
+                                products, the output in (B, N, heads * D) order
 native ``softmax_last``         CPU softmax is single-threaded with a scalar ``exp``; used by
 (:func:`softmax_last`)          ``softmax`` and by attention on the CPU (MLX's CPU attention is
                                 matmul + softmax + matmul anyway)
@@ -184,6 +189,20 @@ def depthwise_conv2d_fused(x: mx.array, weight: mx.array, bias: mx.array | None,
     cpu_native.sync_threads()
     return cpu_native.module().depthwise_conv2d(x, weight, bias, residual, stride, padding,
                                                 dilation, _ACT_CODES[activation], mode)
+
+
+def attention_packed(qkv: mx.array, heads: int, scale: float,
+                     bias: mx.array | None) -> mx.array | None:
+    """``softmax(q k^T * scale + bias) v`` per (sequence, head) from ``qkv`` ``(B, N, heads * 3 *
+    D)`` (q, k, v per head) by the compiled kernel; ``(B, N, heads * D)``, ``None`` where it
+    cannot run."""
+    if not native_applies(qkv.dtype) or qkv.ndim != 3 or qkv.shape[-1] % (3 * heads):
+        return None
+    if bias is not None and (bias.dtype != mx.float32
+                             or bias.shape != (heads, qkv.shape[1], qkv.shape[1])):
+        return None
+    cpu_native.sync_threads()
+    return cpu_native.module().attention_packed(qkv, bias, heads, scale)
 
 
 def silu(x: mx.array) -> mx.array:

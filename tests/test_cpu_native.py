@@ -174,6 +174,53 @@ def test_attention_matches_mlx_fast_attention(path) -> None:
             assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
 
 
+def _packed_attention64(qkv: np.ndarray, heads: int, scale: float,
+                        bias: np.ndarray | None) -> np.ndarray:
+    b, n, width = qkv.shape
+    d = width // (3 * heads)
+    q, k, v = qkv.astype(np.float64).reshape(b, n, heads, 3, d).transpose(3, 0, 2, 1, 4)
+    s = q @ k.swapaxes(-1, -2) * scale + (0 if bias is None else bias)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return (p @ v).transpose(0, 2, 1, 3).reshape(b, n, heads * d)
+
+
+@pytest.mark.parametrize("b,n,heads,d", [(5, 49, 4, 32), (2, 196, 5, 32), (3, 7, 3, 5),
+                                         (1, 50, 2, 20)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_packed_qkv_attention_against_float64(path, b, n, heads, d, with_bias) -> None:
+    """``cn.packed_qkv_attention`` (the compiled kernel, or the reshapes + MLX attention) vs
+    float64: within 1e-5 of the output's max (TinyViT's windows 7x7 and 14x14, odd sizes)."""
+    rng = np.random.default_rng(n * heads + d)
+    qkv = (rng.standard_normal((b, n, heads * 3 * d)) * 2).astype(np.float32)
+    bias = rng.standard_normal((heads, n, n)).astype(np.float32) if with_bias else None
+    with mx.stream(mx.cpu):
+        ours = np.array(cn.packed_qkv_attention(
+            mx.array(qkv), heads, scale=d ** -0.5, bias=None if bias is None else mx.array(bias)))
+    ref = _packed_attention64(qkv, heads, d ** -0.5, bias)
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
+
+
+def test_packed_qkv_attention_gradients_match_the_plain_ops(path) -> None:
+    """Under mx.grad the kernel builds MLX's ops (reshape, split, matmul, softmax)."""
+    rng = np.random.default_rng(23)
+    qkv = mx.array(rng.standard_normal((3, 49, 2 * 3 * 8), dtype=np.float32))
+    bias = mx.array(rng.standard_normal((2, 49, 49), dtype=np.float32))
+
+    def loss(x: mx.array) -> mx.array:
+        return (cn.packed_qkv_attention(x, 2, bias=bias) ** 2).sum()
+
+    with mx.stream(mx.cpu):
+        ours = np.array(mx.grad(loss)(qkv))
+        cpu_fast.set_enabled(False)
+        try:
+            plain = np.array(mx.grad(loss)(qkv))
+        finally:
+            cpu_fast.set_enabled(True)
+    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+
+
 def test_kernels_give_the_same_bits_on_one_and_two_threads() -> None:
     """Each element is computed alone, so the thread split cannot change a result."""
     if not NATIVE:
@@ -189,7 +236,9 @@ def test_kernels_give_the_same_bits_on_one_and_two_threads() -> None:
             kernels.set_num_threads(threads)
             with mx.stream(mx.cpu):
                 results.append([np.array(kernels.bias_act(x, b, x, 2, 1)),
-                                np.array(kernels.softmax_last(x))])
+                                np.array(kernels.softmax_last(x)),
+                                np.array(kernels.attention_packed(x[:, :49, 0, :36], None, 2,
+                                                                  0.3))])
     finally:
         cpu_native._threads = None
         cpu_native.sync_threads()

@@ -66,5 +66,13 @@ NB_MODULE(_cpu_kernels, m) {
       "dilation"_a, "act"_a = 0, "residual_mode"_a = 0,
       "act(depthwise conv2d(x, w) + bias [+ residual]): x (N, H, W, C), w (C, kH, kW, 1), "
       "float32; multithreaded direct kernel with the epilogue fused.");
+  m.def(
+      "attention_packed",
+      [](const mx::array& qkv, std::optional<mx::array> bias, int heads, float scale) {
+        return candle_nn::attention_packed(qkv, bias, heads, scale);
+      },
+      "qkv"_a, "bias"_a = nb::none(), "heads"_a, "scale"_a,
+      "softmax(q k^T * scale + bias) v per (sequence, head): qkv (B, N, heads * 3 * D) packed "
+      "q, k, v per head, bias (heads, N, N); -> (B, N, heads * D). float32.");
   m.attr("LIBMLX_SIZE") = static_cast<int64_t>(CANDLE_NN_LIBMLX_SIZE);
 }

@@ -122,4 +122,26 @@ class DepthwiseConv2d : public mx::Primitive {
   bool has_bias_;
 };
 
+// -- attention from a packed qkv projection (attention.cpp) --------------------------------------
+// softmax(q k^T * scale + bias) v for every (sequence, head): qkv (B, N, heads * 3 * D) with,
+// per token and head, q, k, v of D each (TinyViT's packing); bias (heads, N, N) or none;
+// output (B, N, heads * D). One (sequence, head) per task on the thread pool.
+mx::array attention_packed(const mx::array& qkv, const std::optional<mx::array>& bias, int heads,
+                           float scale, mx::StreamOrDevice s = {});
+
+class AttentionPacked : public mx::Primitive {
+ public:
+  AttentionPacked(mx::Stream stream, int heads, float scale, bool has_bias)
+      : mx::Primitive(stream), heads_(heads), scale_(scale), has_bias_(has_bias) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNAttentionPacked"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  int heads_;
+  float scale_;
+  bool has_bias_;
+};
+
 }  // namespace candle_nn

@@ -187,13 +187,10 @@ class WindowAttention(Module):
                    vb.get((num_heads, offsets), "attention_biases"), window)
 
     def forward(self, x: mx.array) -> mx.array:
-        b, n, _ = x.shape
-        qkv = self.qkv(self.norm(x)).reshape(b, n, self.num_heads, 3 * self.head_dim)
-        qkv = qkv.transpose(0, 2, 1, 3)
-        q, k, v = mx.split(qkv, 3, axis=-1)
-        bias = mx.take(self.attention_biases, self._bias_index, axis=1)[None]  # (1, heads, N, N)
-        out = cn.scaled_dot_product_attention(q, k, v, scale=self.head_dim ** -0.5, mask=bias)
-        return self.proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+        bias = mx.take(self.attention_biases, self._bias_index, axis=1)  # (heads, N, N)
+        out = cn.packed_qkv_attention(self.qkv(self.norm(x)), self.num_heads,
+                                      scale=self.head_dim ** -0.5, bias=bias)
+        return self.proj(out)
 
 
 def window_partition(x: mx.array, window: int) -> mx.array:

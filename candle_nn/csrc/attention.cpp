@@ -1,0 +1,206 @@
+// Multi-head attention over short sequences (window attention) straight from a packed qkv
+// projection: softmax(q k^T * scale + bias) v per (sequence, head), one task each on the thread
+// pool, the result written in (B, N, heads * D) order. MLX 0.32's CPU path for the same math is
+// a transpose + three split copies, two batched matmuls of tiny matrices on one thread, a
+// broadcast bias add and a transpose back; here q, k^T and v of one head sit in L1-sized scratch
+// and the products run as small register-tiled loops.
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels.h"
+#include "math_f32.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "thread_pool.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#define CANDLE_NN_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define CANDLE_NN_MULTIVERSION
+#endif
+#define CANDLE_NN_INLINE inline __attribute__((always_inline))
+
+namespace candle_nn {
+
+namespace {
+
+typedef float V8 __attribute__((vector_size(32), aligned(4), may_alias));
+constexpr int kLanes = 8;
+
+CANDLE_NN_INLINE V8 load8(const float* p) { return *reinterpret_cast<const V8*>(p); }
+CANDLE_NN_INLINE void store8(float* p, V8 v) { *reinterpret_cast<V8*>(p) = v; }
+
+// C[MR rows, 8 NV cols] = A[MR, K] @ B[K, 8 NV] (row-major, leading dims lda, ldb, ldc).
+template <int MR, int NV>
+CANDLE_NN_INLINE void tile(const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                           int64_t ldc, int k) {
+  V8 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = V8{};
+  for (int p = 0; p < k; ++p) {
+    V8 bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = load8(b + p * ldb + v * kLanes);
+    // scalar * vector, not a splat helper: a vector built in an inlined helper is lowered for
+    // the baseline target before target_clones specialises it (8 inserts instead of a broadcast)
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] += a[r * lda + p] * bv[v];
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) store8(c + r * ldc + v * kLanes, acc[r][v]);
+}
+
+template <int MR>
+CANDLE_NN_INLINE void row_block(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                float* c, int64_t ldc, int n_vec, int k) {
+  int v = 0;
+  for (; v + 4 <= n_vec; v += 4) tile<MR, 4>(a, lda, b + v * kLanes, ldb, c + v * kLanes, ldc, k);
+  switch (n_vec - v) {
+    case 3: tile<MR, 3>(a, lda, b + v * kLanes, ldb, c + v * kLanes, ldc, k); break;
+    case 2: tile<MR, 2>(a, lda, b + v * kLanes, ldb, c + v * kLanes, ldc, k); break;
+    case 1: tile<MR, 1>(a, lda, b + v * kLanes, ldb, c + v * kLanes, ldc, k); break;
+    default: break;
+  }
+}
+
+// C[M, 8 n_vec] = A[M, K] @ B[K, 8 n_vec]: rows three at a time (12 accumulators of 16 ymm).
+CANDLE_NN_INLINE void small_gemm(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                 float* c, int64_t ldc, int m, int n_vec, int k) {
+  int r = 0;
+  for (; r + 3 <= m; r += 3) row_block<3>(a + r * lda, lda, b, ldb, c + r * ldc, ldc, n_vec, k);
+  if (m - r == 2) row_block<2>(a + r * lda, lda, b, ldb, c + r * ldc, ldc, n_vec, k);
+  if (m - r == 1) row_block<1>(a + r * lda, lda, b, ldb, c + r * ldc, ldc, n_vec, k);
+}
+
+struct AttentionShape {
+  int n, heads, d;  // tokens per sequence, heads, head width
+  float scale;
+};
+
+// One (sequence, head): out[s, i, h * d + e] = sum_j softmax_j(q_i . k_j * scale + bias[h, i, j])
+// v[j, e], with q, k, v of token i at qkv[s, i, h, 0 / 1 / 2, :].
+CANDLE_NN_MULTIVERSION
+void attention_head(const float* qkv, const float* bias, float* out, int64_t seq, int h,
+                    AttentionShape sh) {
+  const int n = sh.n, d = sh.d;
+  const int np = (n + kLanes - 1) / kLanes * kLanes;  // score columns, padded to whole vectors
+  const int dp = (d + kLanes - 1) / kLanes * kLanes;  // v / output columns, padded
+  const int64_t token_stride = static_cast<int64_t>(sh.heads) * 3 * d;
+  thread_local std::vector<float> scratch;
+  size_t need = static_cast<size_t>(n) * d + static_cast<size_t>(d) * np +
+                2 * static_cast<size_t>(n) * dp + static_cast<size_t>(n) * np;
+  if (scratch.size() < need) scratch.resize(need);
+  float* q = scratch.data();  // (n, d), scaled
+  float* kt = q + static_cast<size_t>(n) * d;  // (d, np), zero past n
+  float* v = kt + static_cast<size_t>(d) * np;  // (n, dp), zero past d
+  float* o = v + static_cast<size_t>(n) * dp;  // (n, dp)
+  float* s = o + static_cast<size_t>(n) * dp;  // (n, np)
+  const float* base = qkv + seq * n * token_stride + static_cast<int64_t>(h) * 3 * d;
+  for (int i = 0; i < n; ++i) {
+    const float* t = base + i * token_stride;
+    for (int e = 0; e < d; ++e) q[i * d + e] = t[e] * sh.scale;
+    for (int e = 0; e < d; ++e) kt[static_cast<int64_t>(e) * np + i] = t[d + e];
+    for (int e = 0; e < d; ++e) v[i * dp + e] = t[2 * d + e];
+    for (int e = d; e < dp; ++e) v[i * dp + e] = 0.0f;
+  }
+  for (int e = 0; e < d; ++e)
+    for (int i = n; i < np; ++i) kt[static_cast<int64_t>(e) * np + i] = 0.0f;
+  small_gemm(q, d, kt, np, s, np, n, np / kLanes, d);
+  const float* bh = bias ? bias + static_cast<int64_t>(h) * n * n : nullptr;
+  for (int i = 0; i < n; ++i) {
+    float* row = s + static_cast<int64_t>(i) * np;
+    if (bh)
+      for (int j = 0; j < n; ++j) row[j] += bh[static_cast<int64_t>(i) * n + j];
+    for (int j = n; j < np; ++j) row[j] = -__builtin_inff();  // exp gives 0 there
+    // 8 partial maxima / sums (np is a multiple of 8) so the reductions vectorise.
+    float m8[kLanes], s8[kLanes] = {};
+    for (int l = 0; l < kLanes; ++l) m8[l] = row[l];
+    for (int j = kLanes; j < np; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) m8[l] = row[j + l] > m8[l] ? row[j + l] : m8[l];
+    float m = m8[0];
+    for (int l = 1; l < kLanes; ++l) m = m8[l] > m ? m8[l] : m;
+    if (m == -__builtin_inff()) m = 0.0f;  // a fully masked row
+    for (int j = 0; j < np; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        float e = exp_f32(row[j + l] - m);
+        row[j + l] = e;
+        s8[l] += e;
+      }
+    float sum = 0.0f;
+    for (int l = 0; l < kLanes; ++l) sum += s8[l];
+    float inv = 1.0f / sum;
+    for (int j = 0; j < np; ++j) row[j] *= inv;
+  }
+  small_gemm(s, np, v, dp, o, dp, n, dp / kLanes, n);
+  float* dst = out + seq * n * static_cast<int64_t>(sh.heads) * d + static_cast<int64_t>(h) * d;
+  for (int i = 0; i < n; ++i)
+    std::copy(o + static_cast<int64_t>(i) * dp, o + static_cast<int64_t>(i) * dp + d,
+              dst + static_cast<int64_t>(i) * sh.heads * d);
+}
+
+mx::array attention_ops(const mx::array& qkv, const std::optional<mx::array>& bias, int heads,
+                        float scale, mx::Stream s) {
+  int b = qkv.shape(0), n = qkv.shape(1), d = qkv.shape(2) / (3 * heads);
+  auto t = mx::transpose(mx::reshape(qkv, {b, n, heads, 3, d}, s), {3, 0, 2, 1, 4}, s);
+  auto parts = mx::split(t, 3, 0, s);
+  auto q = mx::squeeze(parts[0], 0, s), k = mx::squeeze(parts[1], 0, s),
+       v = mx::squeeze(parts[2], 0, s);
+  auto scores = mx::matmul(mx::multiply(q, mx::array(scale), s), mx::swapaxes(k, -1, -2, s), s);
+  if (bias) scores = mx::add(scores, *bias, s);
+  auto o = mx::matmul(mx::softmax(scores, std::vector<int>{-1}, true, s), v, s);
+  return mx::reshape(mx::transpose(o, {0, 2, 1, 3}, s), {b, n, heads * d}, s);
+}
+
+}  // namespace
+
+mx::array attention_packed(const mx::array& qkv, const std::optional<mx::array>& bias, int heads,
+                           float scale, mx::StreamOrDevice s) {
+  check_float32_cpu(qkv, "attention_packed");
+  if (qkv.ndim() != 3 || heads < 1 || qkv.shape(2) % (3 * heads) != 0)
+    throw std::invalid_argument(
+        "candle_nn.attention_packed: qkv (B, N, heads * 3 * D) with per head q, k, v");
+  int n = qkv.shape(1), d = qkv.shape(2) / (3 * heads);
+  auto stream = mx::to_stream(s);
+  std::vector<mx::array> inputs{mx::contiguous(qkv, false, stream)};
+  if (bias) {
+    check_float32_cpu(*bias, "attention_packed");
+    if (bias->shape() != mx::Shape{heads, n, n})
+      throw std::invalid_argument("candle_nn.attention_packed: bias must be (heads, N, N)");
+    inputs.push_back(mx::contiguous(*bias, false, stream));
+  }
+  if (traced({&qkv, bias ? &*bias : nullptr})) return attention_ops(qkv, bias, heads, scale, stream);
+  return mx::array(mx::Shape{qkv.shape(0), n, heads * d}, mx::float32,
+                   std::make_shared<AttentionPacked>(stream, heads, scale, bias.has_value()),
+                   inputs);
+}
+
+void AttentionPacked::eval_cpu(const std::vector<mx::array>& inputs,
+                               std::vector<mx::array>& outputs) {
+  const auto& qkv = inputs[0];
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  const float* bias = has_bias_ ? inputs[1].data<float>() : nullptr;
+  AttentionShape sh{qkv.shape(1), heads_, qkv.shape(2) / (3 * heads_), scale_};
+  int64_t tasks = static_cast<int64_t>(qkv.shape(0)) * heads_;
+  encoder.dispatch([x = qkv.data<float>(), bias, o = out.data<float>(), tasks, sh]() {
+    if (tasks == 0 || sh.n == 0 || sh.d == 0) return;
+    parallel_for(tasks, 1, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t)
+        attention_head(x, bias, o, t / sh.heads, static_cast<int>(t % sh.heads), sh);
+    });
+  });
+}
+
+void AttentionPacked::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error(
+      "candle_nn.attention_packed: a CPU-only kernel (run on the CPU device)");
+}
+
+bool AttentionPacked::is_equivalent(const mx::Primitive& other) const {
+  auto* p = dynamic_cast<const AttentionPacked*>(&other);
+  return p && p->heads_ == heads_ && p->scale_ == scale_ && p->has_bias_ == has_bias_;
+}
+
+}  // namespace candle_nn
