@@ -8,10 +8,13 @@ busy shared machine slows them alike and the ratios stay meaningful:
   off (what a source checkout without ``pip install`` runs),
 - ``native-no-conv``: the compiled element-wise kernels (epilogues, GELU, softmax) on, convs
   on MLX's path (the compiled conv's sgemm unset),
+- ``native-no-dw-attn``: every compiled kernel except the depthwise conv and the packed-qkv
+  attention (depthwise convs on the pure-MLX path, attention as reshapes + matmuls + softmax),
 - ``native``: every compiled kernel (``candle_nn._cpu_kernels``) on.
 
 Example: ``python -m benchmarks.bench_cpu_paths --threads 2 --repeat 5 --models resnet50 yolov8n``
-prints each setting's median ms and the ratios native / mlx-fast and native / plain.
+prints each setting's median ms and the ratios of ``native`` to each other setting;
+``--settings native-no-dw-attn native`` times only those.
 """
 
 from __future__ import annotations
@@ -28,13 +31,20 @@ from candle_nn import cpu_fast, cpu_native
 from benchmarks.bench import load_ours, ours_inputs
 from benchmarks.bench_models import MODELS
 
-SETTINGS = ("plain", "mlx-fast", "native-no-conv", "native")
+SETTINGS = ("plain", "mlx-fast", "native-no-conv", "native-no-dw-attn", "native")
+# the cpu_fast entry points that native-no-dw-attn turns off (each returns None: not applied)
+_DW_ATTN = ("depthwise_conv2d_fused", "attention_packed")
+_ORIGINAL = {name: getattr(cpu_fast, name) for name in _DW_ATTN}
 
 
 def _apply(setting: str, kernels: object) -> None:
     cpu_fast.set_enabled(setting != "plain")
     cpu_native._module = kernels if setting.startswith("native") else None
-    kernels.set_sgemm(cpu_native._sgemm_address() if setting == "native" else 0)
+    kernels.set_sgemm(cpu_native._sgemm_address() if setting.startswith("native") and
+                      setting != "native-no-conv" else 0)
+    for name in _DW_ATTN:
+        setattr(cpu_fast, name, (lambda *a, **k: None) if setting == "native-no-dw-attn"
+                else _ORIGINAL[name])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
                    choices=sorted(MODELS))
     p.add_argument("--threads", type=int, default=None, help="BLAS and kernel threads")
     p.add_argument("--repeat", type=int, default=5, help="timed calls per setting")
+    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS,
+                   help="the settings to time (native always included)")
     args = p.parse_args(argv)
     kernels = cpu_native.module()
     if kernels is None:
@@ -57,21 +69,21 @@ def main(argv: list[str] | None = None) -> int:
             model = MODELS[name]
             forward, _, _ = load_ours(model, "cpu", "float32", cache_dir)
             inputs = ours_inputs(model, 1, "float32")
-            times: dict[str, list[float]] = {s: [] for s in SETTINGS}
-            for setting in SETTINGS:  # warm-up: compiles, first-touch allocations
+            settings = [s for s in SETTINGS if s in args.settings or s == "native"]
+            times: dict[str, list[float]] = {s: [] for s in settings}
+            for setting in settings:  # warm-up: compiles, first-touch allocations
                 _apply(setting, kernels)
                 mx.eval(forward(*inputs))
             for _ in range(args.repeat):
-                for setting in SETTINGS:
+                for setting in settings:
                     _apply(setting, kernels)
                     start = time.perf_counter()
                     mx.eval(forward(*inputs))
                     times[setting].append((time.perf_counter() - start) * 1e3)
             ms = {s: statistics.median(t) for s, t in times.items()}
-            print(f"{name}: " + ", ".join(f"{s} {ms[s]:.1f} ms" for s in SETTINGS)
-                  + f"; native / mlx-fast {ms['native'] / ms['mlx-fast']:.2f}, "
-                  f"native-no-conv / mlx-fast {ms['native-no-conv'] / ms['mlx-fast']:.2f}, "
-                  f"native / plain {ms['native'] / ms['plain']:.2f}")
+            print(f"{name}: " + ", ".join(f"{s} {ms[s]:.1f} ms" for s in settings) + "; "
+                  + ", ".join(f"native / {s} {ms['native'] / ms[s]:.2f}"
+                              for s in settings if s != "native"))
     finally:
         _apply("native", kernels)
     return 0
