@@ -249,7 +249,10 @@ class ConvTranspose2d(_Conv):
             out[f"{prefix}.bias"] = self.bias
         return out
 
-    def forward(self, x: mx.array) -> mx.array:
+    def forward(self, x: mx.array, *, activation: str | None = None) -> mx.array:
+        """``activation(conv_transpose(x) + bias)`` (``activation``: a name in
+        ``candle_nn.ACTIVATIONS`` or ``None``); on the CPU in float32 bias and activation are one
+        fused multithreaded pass."""
         c = self.config
         stride, dilation = _pair(c.stride), _pair(c.dilation)
         _, kh, kw, _ = self.weight.shape
@@ -258,7 +261,7 @@ class ConvTranspose2d(_Conv):
         else:
             y = _transposed_conv_as_conv(x, self.weight, stride, dilation)
         y = _crop_transposed(y, _pair(c.padding), _pair(c.output_padding))
-        return y + self.bias if "bias" in self else y
+        return bias_act(y, self.get("bias"), activation)
 
 
 # MLX's own conv_transpose2d is not used: MLX 0.32's CUDA backend computes strided cases with

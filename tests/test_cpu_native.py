@@ -289,6 +289,26 @@ def test_conv_epilogue_equals_the_plain_ops(device, act, after) -> None:
         np.testing.assert_array_equal(fused, plain)
 
 
+@pytest.mark.parametrize("act", ["gelu", None])
+def test_conv_transpose_epilogue_equals_the_plain_ops(device, act) -> None:
+    """``ConvTranspose2d(x, activation=)`` vs the conv then the ops one by one (bit for bit off
+    the CPU)."""
+    rng = np.random.default_rng(13)
+    tensors = {"weight": rng.standard_normal((8, 6, 2, 2), dtype=np.float32),
+               "bias": rng.standard_normal(6, dtype=np.float32)}
+    conv = cn.ConvTranspose2d.load(cn.VarBuilder.from_tensors(tensors, device=device), 8, 6, 2,
+                                   cn.ConvTranspose2dConfig(stride=2))
+    x = mx.array(rng.standard_normal((2, 5, 7, 8), dtype=np.float32))
+    fused = np.array(conv(x, activation=act))
+    with conv.on_device():
+        y = cn.conv._transposed_conv_blocks(x, conv.weight) + conv.bias
+        plain = np.array(cn.gelu(y) if act else y)
+    if device.kind == "cpu":
+        assert np.abs(fused - plain).max() <= 2e-6 * np.abs(plain).max()
+    else:
+        np.testing.assert_array_equal(fused, plain)
+
+
 def test_linear_epilogue_equals_the_plain_ops(device) -> None:
     rng = np.random.default_rng(12)
     tensors = {"weight": rng.standard_normal((24, 16), dtype=np.float32),

@@ -124,7 +124,7 @@ class MaskDecoder(Module):
 
         src = src.reshape(-1, h, w, c)
         up = cn.gelu(self.output_upscaling_ln(self.output_upscaling_conv1(src)))
-        up = cn.gelu(self.output_upscaling_conv2(up))  # (B, 4h, 4w, c/8)
+        up = self.output_upscaling_conv2(up, activation="gelu")  # (B, 4h, 4w, c/8)
         hyper_in = mx.stack([mlp(mask_tokens_out[:, i])
                              for i, mlp in enumerate(self.output_hypernetworks_mlps)], axis=1)
         masks = up @ hyper_in[:, None].swapaxes(-1, -2)  # (B, 4h, 4w, c/8) @ (B, 1, c/8, M)

@@ -42,12 +42,22 @@ class PositionEmbeddingRandom(Module):
         return mx.concatenate([mx.sin(coords), mx.cos(coords)], axis=-1)
 
     def forward(self, height: int, width: int) -> mx.array:
-        """Encoding of the centres of a ``height x width`` grid: ``(height, width, 2F)``."""
-        x = (mx.arange(width, dtype=mx.float32) + 0.5) / width
-        y = (mx.arange(height, dtype=mx.float32) + 0.5) / height
-        grid = mx.stack([mx.broadcast_to(x[None, :], (height, width)),
-                         mx.broadcast_to(y[:, None], (height, width))], axis=-1)
-        return self.encode(grid)
+        """Encoding of the centres of a ``height x width`` grid: ``(height, width, 2F)``.
+
+        The grid is separable: the angle at pixel ``(y, x)`` is ``a_x + b_y`` with
+        ``a_x = 2π (2x' - 1) G[0]`` and ``b_y = 2π (2y' - 1) G[1]``, so sin and cos are taken of
+        the ``(height + width) F`` row and column angles only and combined by the angle-sum
+        identities (``height * width * F`` of each before: on MLX's CPU a scalar call per
+        element, a third of the MobileSAM decoder's time).
+        """
+        g = self.positional_encoding_gaussian_matrix
+        x = 2.0 * ((mx.arange(width, dtype=mx.float32) + 0.5) / width) - 1.0
+        y = 2.0 * ((mx.arange(height, dtype=mx.float32) + 0.5) / height) - 1.0
+        a = (2.0 * math.pi) * (x[:, None] * g[0])[None]  # (1, width, F)
+        b = (2.0 * math.pi) * (y[:, None] * g[1])[:, None]  # (height, 1, F)
+        sin_a, cos_a, sin_b, cos_b = mx.sin(a), mx.cos(a), mx.sin(b), mx.cos(b)
+        return mx.concatenate([sin_a * cos_b + cos_a * sin_b, cos_a * cos_b - sin_a * sin_b],
+                              axis=-1)
 
     def forward_with_coords(self, coords: mx.array, image_size: tuple[int, int]) -> mx.array:
         """Pixel ``(x, y)`` ``(..., 2)`` in an image of ``image_size`` (h, w) → ``(..., 2F)``."""
