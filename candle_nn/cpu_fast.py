@@ -24,6 +24,9 @@ native ``attention_packed``     CPU attention of short sequences (TinyViT's wind
 by ``packed_qkv_attention``)    thread, a broadcast bias add, a transpose back: here one
                                 (sequence, head) per task, q/k^T/v in L1 scratch, register-tiled
                                 products, the output in (B, N, heads * D) order
+native ``layer_norm``           ``mx.fast.layer_norm`` runs on one thread on the CPU: here rows
+(:func:`layer_norm`, used by    over the thread pool (two passes per row: mean, then the
+``LayerNorm``/``LayerNorm2d``)  centred sum of squares)
 native ``softmax_last``         CPU softmax is single-threaded with a scalar ``exp``; used by
 (:func:`softmax_last`)          ``softmax`` and by attention on the CPU (MLX's CPU attention is
                                 matmul + softmax + matmul anyway)
@@ -203,6 +206,19 @@ def attention_packed(qkv: mx.array, heads: int, scale: float,
         return None
     cpu_native.sync_threads()
     return cpu_native.module().attention_packed(qkv, bias, heads, scale)
+
+
+def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None,
+               eps: float) -> mx.array | None:
+    """LayerNorm over the last axis by the compiled kernel; ``None`` where it cannot run.
+    ``x`` ``(..., D)``, ``weight`` and ``bias`` ``(D,)`` or ``None``."""
+    if not native_applies(x.dtype) or x.ndim == 0:
+        return None
+    for p in (weight, bias):
+        if p is not None and (p.dtype != mx.float32 or p.shape != (x.shape[-1],)):
+            return None
+    cpu_native.sync_threads()
+    return cpu_native.module().layer_norm(x, weight, bias, eps)
 
 
 def silu(x: mx.array) -> mx.array:

@@ -174,6 +174,27 @@ def test_attention_matches_mlx_fast_attention(path) -> None:
             assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
 
 
+@pytest.mark.parametrize("shape", [(2, 9, 7, 128), (4096, 256), (3, 5, 37), (1, 3)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_against_float64(path, shape, affine) -> None:
+    """``LayerNorm`` (the compiled kernel, or ``mx.fast.layer_norm``) vs float64, rows with a
+    large mean too: within 1e-5 of the output's max."""
+    rng = np.random.default_rng(shape[-1])
+    x = (rng.standard_normal(shape) * 3 + rng.standard_normal(shape[:-1] + (1,)) * 20)
+    x = x.astype(np.float32)
+    tensors = {"weight": rng.standard_normal(shape[-1], dtype=np.float32),
+               "bias": rng.standard_normal(shape[-1], dtype=np.float32)}
+    config = cn.LayerNormConfig(eps=1e-5, affine=affine)
+    norm = cn.LayerNorm.load(cn.VarBuilder.from_tensors(tensors, device=cn.Device.cpu()),
+                             shape[-1], config)
+    ours = np.array(norm(mx.array(x)))
+    x64 = x.astype(np.float64)
+    ref = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    if affine:
+        ref = ref * tensors["weight"] + tensors["bias"]
+    assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
+
+
 def _packed_attention64(qkv: np.ndarray, heads: int, scale: float,
                         bias: np.ndarray | None) -> np.ndarray:
     b, n, width = qkv.shape

@@ -74,5 +74,11 @@ NB_MODULE(_cpu_kernels, m) {
       "qkv"_a, "bias"_a = nb::none(), "heads"_a, "scale"_a,
       "softmax(q k^T * scale + bias) v per (sequence, head): qkv (B, N, heads * 3 * D) packed "
       "q, k, v per head, bias (heads, N, N); -> (B, N, heads * D). float32.");
+  m.def(
+      "layer_norm",
+      [](const mx::array& x, std::optional<mx::array> weight, std::optional<mx::array> bias,
+         float eps) { return candle_nn::layer_norm(x, weight, bias, eps); },
+      "x"_a, "weight"_a = nb::none(), "bias"_a = nb::none(), "eps"_a,
+      "LayerNorm over the last axis (float32), rows spread over the thread pool.");
   m.attr("LIBMLX_SIZE") = static_cast<int64_t>(CANDLE_NN_LIBMLX_SIZE);
 }

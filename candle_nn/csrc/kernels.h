@@ -144,4 +144,24 @@ class AttentionPacked : public mx::Primitive {
   bool has_bias_;
 };
 
+// -- LayerNorm (layer_norm.cpp) ------------------------------------------------------------------
+// (x - mean) / sqrt(var + eps) * weight + bias over the last axis; x float32, weight and bias
+// (D,) or none. Rows spread over the thread pool.
+mx::array layer_norm(const mx::array& x, const std::optional<mx::array>& weight,
+                     const std::optional<mx::array>& bias, float eps, mx::StreamOrDevice s = {});
+
+class LayerNormRows : public mx::Primitive {
+ public:
+  LayerNormRows(mx::Stream stream, float eps, bool has_weight, bool has_bias)
+      : mx::Primitive(stream), eps_(eps), has_weight_(has_weight), has_bias_(has_bias) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNLayerNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  float eps_;
+  bool has_weight_, has_bias_;
+};
+
 }  // namespace candle_nn
