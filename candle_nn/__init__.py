@@ -16,7 +16,7 @@ from .sysinfo import info
 from .activation import (
     ACTIVATIONS, Activation, gelu, gelu_tanh, relu, sigmoid, silu, softmax,
 )
-from .attention import packed_qkv_attention, scaled_dot_product_attention
+from .attention import multi_head_attention, packed_qkv_attention, scaled_dot_product_attention
 from .batch_norm import BatchNorm2d
 from .checkpoint import save_safetensors, state_dict
 from .conv import Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig
@@ -50,6 +50,7 @@ __all__ = [
     "WeightsFileError",
     "avg_pool2d", "check_image_batch", "check_same_device", "check_weights_path",
     "float32_precision", "gelu", "gelu_tanh", "info", "max_pool2d", "model_dtype",
+    "multi_head_attention",
     "open_safetensors", "packed_qkv_attention", "read_tensor", "relu", "save_safetensors",
     "scaled_dot_product_attention", "seq", "set_float32_precision", "sigmoid", "silu",
     "softmax", "state_dict", "upsample_bilinear2d", "upsample_nearest2d",

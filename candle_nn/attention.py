@@ -57,3 +57,27 @@ def packed_qkv_attention(qkv: mx.array, heads: int, *, scale: float | None = Non
     out = scaled_dot_product_attention(q, k, v, scale=scale,
                                        mask=None if bias is None else bias[None])
     return out.transpose(0, 2, 1, 3).reshape(b, n, heads * d)
+
+
+def multi_head_attention(q: mx.array, k: mx.array, v: mx.array, heads: int, *,
+                         scale: float | None = None) -> mx.array:
+    """``softmax(q k^T * scale) v`` per head, with the heads side by side in the last axis (the
+    layout the q/k/v projections give and the output projection takes).
+
+    Shapes: ``q`` ``(B, Lq, heads * D)``, ``k`` ``(B, Lk, heads * D)``, ``v`` ``(B, Lk, heads *
+    Dv)``; returns ``(B, Lq, heads * Dv)``. ``scale`` defaults to ``1 / sqrt(D)``. On the CPU in
+    float32 one compiled kernel (one (sequence, head) per task, no transposes to ``(B, heads, L,
+    D)`` and back); elsewhere those transposes and :func:`scaled_dot_product_attention`.
+    """
+    d = q.shape[-1] // heads
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    fused = cpu_fast.attention_heads(q, k, v, heads, scale)
+    if fused is not None:
+        return fused
+
+    def split(x: mx.array) -> mx.array:
+        return x.reshape(x.shape[0], x.shape[1], heads, -1).transpose(0, 2, 1, 3)
+
+    out = scaled_dot_product_attention(split(q), split(k), split(v), scale=scale)
+    return out.transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[1], -1)

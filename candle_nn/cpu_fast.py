@@ -24,6 +24,9 @@ native ``attention_packed``     CPU attention of short sequences (TinyViT's wind
 by ``packed_qkv_attention``)    thread, a broadcast bias add, a transpose back: here one
                                 (sequence, head) per task, q/k^T/v in L1 scratch, register-tiled
                                 products, the output in (B, N, heads * D) order
+native ``attention_heads``      the same for q, k, v with the heads side by side in the last
+(:func:`attention_heads`, used  axis (SAM's decoder: 7 tokens <-> 4096 image tokens), no
+by ``multi_head_attention``)    transposes to (B, heads, L, D) and back
 native ``layer_norm``           ``mx.fast.layer_norm`` runs on one thread on the CPU: here rows
 (:func:`layer_norm`, used by    over the thread pool (two passes per row: mean, then the
 ``LayerNorm``/``LayerNorm2d``)  centred sum of squares)
@@ -206,6 +209,21 @@ def attention_packed(qkv: mx.array, heads: int, scale: float,
         return None
     cpu_native.sync_threads()
     return cpu_native.module().attention_packed(qkv, bias, heads, scale)
+
+
+def attention_heads(q: mx.array, k: mx.array, v: mx.array, heads: int,
+                    scale: float) -> mx.array | None:
+    """``softmax(q k^T * scale) v`` per (sequence, head), heads side by side in the last axis
+    (``q`` ``(B, Lq, heads * D)``, ``k`` ``(B, Lk, heads * D)``, ``v`` ``(B, Lk, heads * Dv)``),
+    by the compiled kernel; ``None`` where it cannot run."""
+    if not native_applies(q.dtype) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return None
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or q.shape[0] != k.shape[0] \
+            or k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2] \
+            or q.shape[2] % heads or v.shape[2] % heads or k.shape[1] == 0:
+        return None
+    cpu_native.sync_threads()
+    return cpu_native.module().attention_heads(q, k, v, heads, scale)
 
 
 def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None,

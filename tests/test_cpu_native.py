@@ -223,6 +223,43 @@ def test_packed_qkv_attention_against_float64(path, b, n, heads, d, with_bias) -
     assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
 
 
+@pytest.mark.parametrize("b,lq,lk,heads,d,dv", [(2, 7, 4096, 8, 16, 16), (1, 4096, 7, 8, 16, 16),
+                                              (3, 5, 9, 2, 12, 20), (1, 1, 1, 1, 3, 3)])
+def test_multi_head_attention_against_float64(path, b, lq, lk, heads, d, dv) -> None:
+    """``cn.multi_head_attention`` (the compiled kernel, or transposes + MLX attention) vs
+    float64: SAM decoder's token <-> image shapes, odd widths, one key."""
+    rng = np.random.default_rng(lq + lk + d)
+    q, k = (rng.standard_normal((b, n, heads * d)).astype(np.float32) * 2 for n in (lq, lk))
+    v = rng.standard_normal((b, lk, heads * dv)).astype(np.float32)
+    with mx.stream(mx.cpu):
+        ours = np.array(cn.multi_head_attention(mx.array(q), mx.array(k), mx.array(v), heads))
+    q64, k64, v64 = (x.astype(np.float64).reshape(b, x.shape[1], heads, -1).transpose(0, 2, 1, 3)
+                     for x in (q, k, v))
+    s = q64 @ k64.swapaxes(-1, -2) / math.sqrt(d)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    ref = ((p / p.sum(axis=-1, keepdims=True)) @ v64).transpose(0, 2, 1, 3).reshape(b, lq, -1)
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
+
+
+def test_multi_head_attention_gradients_match_the_plain_ops(path) -> None:
+    rng = np.random.default_rng(24)
+    q = mx.array(rng.standard_normal((2, 5, 16), dtype=np.float32))
+    kv = mx.array(rng.standard_normal((2, 11, 16), dtype=np.float32))
+
+    def loss(x: mx.array) -> mx.array:
+        return (cn.multi_head_attention(x, kv, kv * 2, 4) ** 2).sum()
+
+    with mx.stream(mx.cpu):
+        ours = np.array(mx.grad(loss)(q))
+        cpu_fast.set_enabled(False)
+        try:
+            plain = np.array(mx.grad(loss)(q))
+        finally:
+            cpu_fast.set_enabled(True)
+    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+
+
 def test_packed_qkv_attention_gradients_match_the_plain_ops(path) -> None:
     """Under mx.grad the kernel builds MLX's ops (reshape, split, matmul, softmax)."""
     rng = np.random.default_rng(23)

@@ -71,46 +71,47 @@ CANDLE_NN_INLINE void small_gemm(const float* a, int64_t lda, const float* b, in
   if (m - r == 1) row_block<1>(a + r * lda, lda, b, ldb, c + r * ldc, ldc, n_vec, k);
 }
 
-struct AttentionShape {
-  int n, heads, d;  // tokens per sequence, heads, head width
-  float scale;
+// Where one (sequence, head)'s q, k and v rows are: token i's q at q + i * q_stride (d floats),
+// k and v likewise; the output row of token i at out + i * out_stride (dv floats).
+struct HeadView {
+  const float *q, *k, *v;
+  int64_t q_stride, k_stride, v_stride;
+  float* out;
+  int64_t out_stride;
 };
 
-// One (sequence, head): out[s, i, h * d + e] = sum_j softmax_j(q_i . k_j * scale + bias[h, i, j])
-// v[j, e], with q, k, v of token i at qkv[s, i, h, 0 / 1 / 2, :].
+// out_i = sum_j softmax_j(q_i . k_j * scale + bias[i, j]) v_j for lq queries, lk keys of width d,
+// values of width dv; bias (lq, lk) row-major or null.
 CANDLE_NN_MULTIVERSION
-void attention_head(const float* qkv, const float* bias, float* out, int64_t seq, int h,
-                    AttentionShape sh) {
-  const int n = sh.n, d = sh.d;
-  const int np = (n + kLanes - 1) / kLanes * kLanes;  // score columns, padded to whole vectors
-  const int dp = (d + kLanes - 1) / kLanes * kLanes;  // v / output columns, padded
-  const int64_t token_stride = static_cast<int64_t>(sh.heads) * 3 * d;
+void attention_head(const HeadView& hv, const float* bias, int lq, int lk, int d, int dv,
+                    float scale) {
+  const int np = (lk + kLanes - 1) / kLanes * kLanes;  // score columns, padded to whole vectors
+  const int dp = (dv + kLanes - 1) / kLanes * kLanes;  // v / output columns, padded
   thread_local std::vector<float> scratch;
-  size_t need = static_cast<size_t>(n) * d + static_cast<size_t>(d) * np +
-                2 * static_cast<size_t>(n) * dp + static_cast<size_t>(n) * np;
+  size_t need = static_cast<size_t>(lq) * d + static_cast<size_t>(d) * np +
+                static_cast<size_t>(lk) * dp + static_cast<size_t>(lq) * dp +
+                static_cast<size_t>(lq) * np;
   if (scratch.size() < need) scratch.resize(need);
-  float* q = scratch.data();  // (n, d), scaled
-  float* kt = q + static_cast<size_t>(n) * d;  // (d, np), zero past n
-  float* v = kt + static_cast<size_t>(d) * np;  // (n, dp), zero past d
-  float* o = v + static_cast<size_t>(n) * dp;  // (n, dp)
-  float* s = o + static_cast<size_t>(n) * dp;  // (n, np)
-  const float* base = qkv + seq * n * token_stride + static_cast<int64_t>(h) * 3 * d;
-  for (int i = 0; i < n; ++i) {
-    const float* t = base + i * token_stride;
-    for (int e = 0; e < d; ++e) q[i * d + e] = t[e] * sh.scale;
-    for (int e = 0; e < d; ++e) kt[static_cast<int64_t>(e) * np + i] = t[d + e];
-    for (int e = 0; e < d; ++e) v[i * dp + e] = t[2 * d + e];
-    for (int e = d; e < dp; ++e) v[i * dp + e] = 0.0f;
+  float* q = scratch.data();  // (lq, d), scaled
+  float* kt = q + static_cast<size_t>(lq) * d;  // (d, np), zero past lk
+  float* v = kt + static_cast<size_t>(d) * np;  // (lk, dp), zero past dv
+  float* o = v + static_cast<size_t>(lk) * dp;  // (lq, dp)
+  float* s = o + static_cast<size_t>(lq) * dp;  // (lq, np)
+  for (int i = 0; i < lq; ++i)
+    for (int e = 0; e < d; ++e) q[i * d + e] = hv.q[i * hv.q_stride + e] * scale;
+  for (int j = 0; j < lk; ++j) {
+    for (int e = 0; e < d; ++e) kt[static_cast<int64_t>(e) * np + j] = hv.k[j * hv.k_stride + e];
+    for (int e = 0; e < dv; ++e) v[j * dp + e] = hv.v[j * hv.v_stride + e];
+    for (int e = dv; e < dp; ++e) v[j * dp + e] = 0.0f;
   }
   for (int e = 0; e < d; ++e)
-    for (int i = n; i < np; ++i) kt[static_cast<int64_t>(e) * np + i] = 0.0f;
-  small_gemm(q, d, kt, np, s, np, n, np / kLanes, d);
-  const float* bh = bias ? bias + static_cast<int64_t>(h) * n * n : nullptr;
-  for (int i = 0; i < n; ++i) {
+    for (int j = lk; j < np; ++j) kt[static_cast<int64_t>(e) * np + j] = 0.0f;
+  small_gemm(q, d, kt, np, s, np, lq, np / kLanes, d);
+  for (int i = 0; i < lq; ++i) {
     float* row = s + static_cast<int64_t>(i) * np;
-    if (bh)
-      for (int j = 0; j < n; ++j) row[j] += bh[static_cast<int64_t>(i) * n + j];
-    for (int j = n; j < np; ++j) row[j] = -__builtin_inff();  // exp gives 0 there
+    if (bias)
+      for (int j = 0; j < lk; ++j) row[j] += bias[static_cast<int64_t>(i) * lk + j];
+    for (int j = lk; j < np; ++j) row[j] = -__builtin_inff();  // exp gives 0 there
     // 8 partial maxima / sums (np is a multiple of 8) so the reductions vectorise.
     float m8[kLanes], s8[kLanes] = {};
     for (int l = 0; l < kLanes; ++l) m8[l] = row[l];
@@ -130,11 +131,10 @@ void attention_head(const float* qkv, const float* bias, float* out, int64_t seq
     float inv = 1.0f / sum;
     for (int j = 0; j < np; ++j) row[j] *= inv;
   }
-  small_gemm(s, np, v, dp, o, dp, n, dp / kLanes, n);
-  float* dst = out + seq * n * static_cast<int64_t>(sh.heads) * d + static_cast<int64_t>(h) * d;
-  for (int i = 0; i < n; ++i)
-    std::copy(o + static_cast<int64_t>(i) * dp, o + static_cast<int64_t>(i) * dp + d,
-              dst + static_cast<int64_t>(i) * sh.heads * d);
+  small_gemm(s, np, v, dp, o, dp, lq, dp / kLanes, lk);
+  for (int i = 0; i < lq; ++i)
+    std::copy(o + static_cast<int64_t>(i) * dp, o + static_cast<int64_t>(i) * dp + dv,
+              hv.out + i * hv.out_stride);
 }
 
 mx::array attention_ops(const mx::array& qkv, const std::optional<mx::array>& bias, int heads,
@@ -148,6 +148,17 @@ mx::array attention_ops(const mx::array& qkv, const std::optional<mx::array>& bi
   if (bias) scores = mx::add(scores, *bias, s);
   auto o = mx::matmul(mx::softmax(scores, std::vector<int>{-1}, true, s), v, s);
   return mx::reshape(mx::transpose(o, {0, 2, 1, 3}, s), {b, n, heads * d}, s);
+}
+
+mx::array heads_ops(const mx::array& q, const mx::array& k, const mx::array& v, int heads,
+                    float scale, mx::Stream s) {
+  auto split_heads = [&](const mx::array& x) {
+    return mx::transpose(mx::reshape(x, {x.shape(0), x.shape(1), heads, -1}, s), {0, 2, 1, 3}, s);
+  };
+  auto scores = mx::matmul(mx::multiply(split_heads(q), mx::array(scale), s),
+                           mx::swapaxes(split_heads(k), -1, -2, s), s);
+  auto o = mx::matmul(mx::softmax(scores, std::vector<int>{-1}, true, s), split_heads(v), s);
+  return mx::reshape(mx::transpose(o, {0, 2, 1, 3}, s), {q.shape(0), q.shape(1), -1}, s);
 }
 
 }  // namespace
@@ -182,13 +193,23 @@ void AttentionPacked::eval_cpu(const std::vector<mx::array>& inputs,
   for (const auto& a : inputs) encoder.set_input_array(a);
   encoder.set_output_array(out);
   const float* bias = has_bias_ ? inputs[1].data<float>() : nullptr;
-  AttentionShape sh{qkv.shape(1), heads_, qkv.shape(2) / (3 * heads_), scale_};
-  int64_t tasks = static_cast<int64_t>(qkv.shape(0)) * heads_;
-  encoder.dispatch([x = qkv.data<float>(), bias, o = out.data<float>(), tasks, sh]() {
-    if (tasks == 0 || sh.n == 0 || sh.d == 0) return;
+  const int n = qkv.shape(1), heads = heads_, d = qkv.shape(2) / (3 * heads_);
+  int64_t tasks = static_cast<int64_t>(qkv.shape(0)) * heads;
+  encoder.dispatch([x = qkv.data<float>(), bias, o = out.data<float>(), tasks, n, heads, d,
+                    scale = scale_]() {
+    if (tasks == 0 || n == 0 || d == 0) return;
+    const int64_t stride = static_cast<int64_t>(heads) * 3 * d;
     parallel_for(tasks, 1, 1, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t)
-        attention_head(x, bias, o, t / sh.heads, static_cast<int>(t % sh.heads), sh);
+      for (int64_t t = b; t < e; ++t) {
+        int64_t seq = t / heads;
+        int h = static_cast<int>(t % heads);
+        const float* base = x + seq * n * stride + static_cast<int64_t>(h) * 3 * d;
+        HeadView hv{base, base + d, base + 2 * d, stride, stride, stride,
+                    o + seq * n * static_cast<int64_t>(heads) * d + static_cast<int64_t>(h) * d,
+                    static_cast<int64_t>(heads) * d};
+        attention_head(hv, bias ? bias + static_cast<int64_t>(h) * n * n : nullptr, n, n, d, d,
+                       scale);
+      }
     });
   });
 }
@@ -201,6 +222,70 @@ void AttentionPacked::eval_gpu(const std::vector<mx::array>&, std::vector<mx::ar
 bool AttentionPacked::is_equivalent(const mx::Primitive& other) const {
   auto* p = dynamic_cast<const AttentionPacked*>(&other);
   return p && p->heads_ == heads_ && p->scale_ == scale_ && p->has_bias_ == has_bias_;
+}
+
+}  // namespace candle_nn
+
+namespace candle_nn {
+
+mx::array attention_heads(const mx::array& q, const mx::array& k, const mx::array& v, int heads,
+                          float scale, mx::StreamOrDevice s) {
+  for (const auto* a : {&q, &k, &v}) check_float32_cpu(*a, "attention_heads");
+  if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3 || heads < 1 ||
+      q.shape(0) != k.shape(0) || k.shape(0) != v.shape(0) || k.shape(1) != v.shape(1) ||
+      q.shape(2) != k.shape(2) || q.shape(2) % heads != 0 || v.shape(2) % heads != 0)
+    throw std::invalid_argument(
+        "candle_nn.attention_heads: q (B, Lq, heads * D), k (B, Lk, heads * D), "
+        "v (B, Lk, heads * Dv)");
+  auto stream = mx::to_stream(s);
+  if (traced({&q, &k, &v})) return heads_ops(q, k, v, heads, scale, stream);
+  return mx::array(mx::Shape{q.shape(0), q.shape(1), v.shape(2)}, mx::float32,
+                   std::make_shared<AttentionHeads>(stream, heads, scale),
+                   {mx::contiguous(q, false, stream), mx::contiguous(k, false, stream),
+                    mx::contiguous(v, false, stream)});
+}
+
+void AttentionHeads::eval_cpu(const std::vector<mx::array>& inputs,
+                              std::vector<mx::array>& outputs) {
+  const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  const int lq = q.shape(1), lk = k.shape(1), heads = heads_;
+  const int d = q.shape(2) / heads, dv = v.shape(2) / heads;
+  int64_t tasks = static_cast<int64_t>(q.shape(0)) * heads;
+  encoder.dispatch([qp = q.data<float>(), kp = k.data<float>(), vp = v.data<float>(),
+                    o = out.data<float>(), tasks, lq, lk, heads, d, dv, scale = scale_]() {
+    if (tasks == 0 || lq == 0 || dv == 0) return;
+    const int64_t qs = static_cast<int64_t>(heads) * d, vs = static_cast<int64_t>(heads) * dv;
+    parallel_for(tasks, 1, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        int64_t seq = t / heads;
+        int h = static_cast<int>(t % heads);
+        HeadView hv{qp + seq * lq * qs + static_cast<int64_t>(h) * d,
+                    kp + seq * lk * qs + static_cast<int64_t>(h) * d,
+                    vp + seq * lk * vs + static_cast<int64_t>(h) * dv, qs, qs, vs,
+                    o + seq * lq * vs + static_cast<int64_t>(h) * dv, vs};
+        if (lk == 0) {  // no keys: softmax of nothing, MLX gives NaN
+          for (int i = 0; i < lq; ++i)
+            for (int x = 0; x < dv; ++x) hv.out[i * vs + x] = __builtin_nanf("");
+          continue;
+        }
+        attention_head(hv, nullptr, lq, lk, d, dv, scale);
+      }
+    });
+  });
+}
+
+void AttentionHeads::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("candle_nn.attention_heads: a CPU-only kernel (run on the CPU device)");
+}
+
+bool AttentionHeads::is_equivalent(const mx::Primitive& other) const {
+  auto* p = dynamic_cast<const AttentionHeads*>(&other);
+  return p && p->heads_ == heads_ && p->scale_ == scale_;
 }
 
 }  // namespace candle_nn

@@ -80,5 +80,13 @@ NB_MODULE(_cpu_kernels, m) {
          float eps) { return candle_nn::layer_norm(x, weight, bias, eps); },
       "x"_a, "weight"_a = nb::none(), "bias"_a = nb::none(), "eps"_a,
       "LayerNorm over the last axis (float32), rows spread over the thread pool.");
+  m.def(
+      "attention_heads",
+      [](const mx::array& q, const mx::array& k, const mx::array& v, int heads, float scale) {
+        return candle_nn::attention_heads(q, k, v, heads, scale);
+      },
+      "q"_a, "k"_a, "v"_a, "heads"_a, "scale"_a,
+      "softmax(q k^T * scale) v per (sequence, head), heads side by side in the last axis: "
+      "q (B, Lq, heads * D), k (B, Lk, heads * D), v (B, Lk, heads * Dv). float32.");
   m.attr("LIBMLX_SIZE") = static_cast<int64_t>(CANDLE_NN_LIBMLX_SIZE);
 }

@@ -164,4 +164,24 @@ class LayerNormRows : public mx::Primitive {
   bool has_weight_, has_bias_;
 };
 
+// softmax(q k^T * scale) v per (sequence, head) with the heads side by side in the last axis:
+// q (B, Lq, heads * D), k (B, Lk, heads * D), v (B, Lk, heads * Dv) -> (B, Lq, heads * Dv)
+// (attention.cpp; no transposes to (B, heads, L, D) and back).
+mx::array attention_heads(const mx::array& q, const mx::array& k, const mx::array& v, int heads,
+                          float scale, mx::StreamOrDevice s = {});
+
+class AttentionHeads : public mx::Primitive {
+ public:
+  AttentionHeads(mx::Stream stream, int heads, float scale)
+      : mx::Primitive(stream), heads_(heads), scale_(scale) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNAttentionHeads"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  int heads_;
+  float scale_;
+};
+
 }  // namespace candle_nn

@@ -33,16 +33,9 @@ class Attention(Module):
                      for name in ("q_proj", "k_proj", "v_proj")),
                    Linear.load(vb.pp("out_proj"), internal, dim), num_heads)
 
-    def _heads(self, x: mx.array) -> mx.array:
-        b, n, c = x.shape
-        return x.reshape(b, n, self.num_heads, c // self.num_heads).transpose(0, 2, 1, 3)
-
     def forward(self, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
-        out = cn.scaled_dot_product_attention(self._heads(self.q_proj(q)),
-                                              self._heads(self.k_proj(k)),
-                                              self._heads(self.v_proj(v)))
-        b, _, n, _ = out.shape
-        return self.out_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+        return self.out_proj(cn.multi_head_attention(self.q_proj(q), self.k_proj(k),
+                                                     self.v_proj(v), self.num_heads))
 
 
 class MlpBlock(Module):
