@@ -8,13 +8,14 @@ busy shared machine slows them alike and the ratios stay meaningful:
   off (what a source checkout without ``pip install`` runs),
 - ``native-no-conv``: the compiled element-wise kernels (epilogues, GELU, softmax) on, convs
   on MLX's path (the compiled conv's sgemm unset),
-- ``native-no-dw-attn``: every compiled kernel except the depthwise conv and the packed-qkv
-  attention (depthwise convs on the pure-MLX path, attention as reshapes + matmuls + softmax),
+- ``native-no-dw-attn-ln``: every compiled kernel except the depthwise conv, the two attention
+  kernels and LayerNorm (depthwise convs on the pure-MLX path, attention as transposes + matmuls
+  + the softmax kernel, ``mx.fast.layer_norm``),
 - ``native``: every compiled kernel (``candle_nn._cpu_kernels``) on.
 
 Example: ``python -m benchmarks.bench_cpu_paths --threads 2 --repeat 5 --models resnet50 yolov8n``
 prints each setting's median ms and the ratios of ``native`` to each other setting;
-``--settings native-no-dw-attn native`` times only those.
+``--settings native-no-dw-attn-ln native`` times only those.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from candle_nn import cpu_fast, cpu_native
 from benchmarks.bench import load_ours, ours_inputs
 from benchmarks.bench_models import MODELS
 
-SETTINGS = ("plain", "mlx-fast", "native-no-conv", "native-no-dw-attn", "native")
-# the cpu_fast entry points that native-no-dw-attn turns off (each returns None: not applied)
-_DW_ATTN = ("depthwise_conv2d_fused", "attention_packed")
+SETTINGS = ("plain", "mlx-fast", "native-no-conv", "native-no-dw-attn-ln", "native")
+# the cpu_fast entry points that native-no-dw-attn-ln turns off (each returns None: not applied)
+_DW_ATTN = ("depthwise_conv2d_fused", "attention_packed", "attention_heads", "layer_norm")
 _ORIGINAL = {name: getattr(cpu_fast, name) for name in _DW_ATTN}
 
 
@@ -43,7 +44,7 @@ def _apply(setting: str, kernels: object) -> None:
     kernels.set_sgemm(cpu_native._sgemm_address() if setting.startswith("native") and
                       setting != "native-no-conv" else 0)
     for name in _DW_ATTN:
-        setattr(cpu_fast, name, (lambda *a, **k: None) if setting == "native-no-dw-attn"
+        setattr(cpu_fast, name, (lambda *a, **k: None) if setting == "native-no-dw-attn-ln"
                 else _ORIGINAL[name])
 
 
