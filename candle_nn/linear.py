@@ -57,11 +57,14 @@ class Linear(Module):
     def out_features(self) -> int:
         return int(self.weight.shape[0])
 
-    def forward(self, x: mx.array, *, activation: str | None = None) -> mx.array:
-        """``activation(x @ W.T + b)`` (``activation``: a name in ``candle_nn.ACTIVATIONS`` or
-        ``None``); on the CPU in float32 bias and activation are one fused multithreaded pass."""
+    def forward(self, x: mx.array, *, activation: str | None = None,
+                residual: mx.array | None = None) -> mx.array:
+        """``activation(x @ W.T + b) [+ residual]`` (``activation``: a name in
+        ``candle_nn.ACTIVATIONS`` or ``None``; ``residual``: the output's shape, added last); on
+        the CPU in float32 bias, activation and residual are one fused multithreaded pass."""
         if "bias" in self and cpu_fast.native_applies(x.dtype):
-            return bias_act(x @ self.weight.T, self.bias, activation)
+            return bias_act(x @ self.weight.T, self.bias, activation, residual,
+                            residual_after_activation=True)
         y = mx.addmm(self.bias, x, self.weight.T) if "bias" in self else x @ self.weight.T
-        return bias_act(y, None, activation)
+        return bias_act(y, None, activation, residual, residual_after_activation=True)
 

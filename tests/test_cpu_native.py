@@ -382,6 +382,25 @@ def test_linear_epilogue_equals_the_plain_ops(device) -> None:
         np.testing.assert_array_equal(fused, plain)
 
 
+@pytest.mark.parametrize("act", ["gelu", None])
+def test_linear_residual_equals_the_plain_ops(device, act) -> None:
+    """``Linear(x, activation=, residual=)`` == ``act(x @ W.T + b) + residual``: bit for bit off
+    the CPU, within float32 rounding on it (the fused pass may contract GELU's last multiply with
+    the residual add into one FMA)."""
+    rng = np.random.default_rng(14)
+    tensors = {"weight": rng.standard_normal((24, 16), dtype=np.float32),
+               "bias": rng.standard_normal(24, dtype=np.float32)}
+    lin = cn.Linear.load(cn.VarBuilder.from_tensors(tensors, device=device), 16, 24)
+    x = mx.array(rng.standard_normal((3, 5, 16), dtype=np.float32))
+    r = mx.array(rng.standard_normal((3, 5, 24), dtype=np.float32))
+    fused = np.array(lin(x, activation=act, residual=r))
+    plain = np.array(lin(x, activation=act) + r)
+    if device.kind == "cpu":
+        assert np.abs(fused - plain).max() <= 2e-6 * np.abs(plain).max()
+    else:
+        np.testing.assert_array_equal(fused, plain)
+
+
 def test_switch_off_takes_no_kernel(monkeypatch) -> None:
     """``CANDLE_NN_CPU_FAST=0`` (set_enabled(False)) turns the compiled kernels off too."""
     calls = []

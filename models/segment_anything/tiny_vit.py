@@ -142,8 +142,9 @@ class Mlp(Module):
         return cls(LayerNorm.load(vb.pp("norm"), dim, 1e-5), Linear.load(vb.pp("fc1"), dim, hidden),
                    Linear.load(vb.pp("fc2"), hidden, dim))
 
-    def forward(self, x: mx.array) -> mx.array:
-        return self.fc2(self.fc1(self.norm(x), activation="gelu"))
+    def forward(self, x: mx.array, residual: mx.array | None = None) -> mx.array:
+        """``fc2(gelu(fc1(norm(x)))) [+ residual]`` (the add fused into fc2's epilogue)."""
+        return self.fc2(self.fc1(self.norm(x), activation="gelu"), residual=residual)
 
 
 def attention_bias_index(window: int) -> np.ndarray:
@@ -231,7 +232,7 @@ class TinyViTBlock(Module):
         y = window_merge(self.attn(window_partition(y, ws)), b, h + pad_b, w + pad_r, ws)
         x = x + y[:, :h, :w, :]
         x = self.local_conv(x)
-        return x + self.mlp(x)
+        return self.mlp(x, residual=x)
 
 
 class BasicLayer(Module):
