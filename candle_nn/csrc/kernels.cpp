@@ -9,13 +9,10 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "thread_pool.h"
 
-// x86-64: each hot loop is compiled three times (AVX-512, AVX2+FMA and the baseline), the loader
-// picks the one the CPU runs (GCC/Clang function multiversioning), so one build works on every
-// x86-64 CPU. The AVX-512 clone halves the exact-GELU epilogue's time on this Zen 5 (0.85 ->
-// 0.45 ms for 1.3M elements, 2 threads; bias_act_range's loops are auto-vectorised 16 wide).
+// x86-64: each hot loop is compiled twice (AVX2+FMA and the baseline), the loader picks the one
+// the CPU runs (GCC/Clang function multiversioning), so one build works on every x86-64 CPU.
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
-#define CANDLE_NN_MULTIVERSION \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define CANDLE_NN_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define CANDLE_NN_MULTIVERSION
 #endif
