@@ -27,6 +27,10 @@ by ``packed_qkv_attention``)    thread, a broadcast bias add, a transpose back: 
 native ``attention_heads``      the same for q, k, v with the heads side by side in the last
 (:func:`attention_heads`, used  axis (SAM's decoder: 7 tokens <-> 4096 image tokens), no
 by ``multi_head_attention``)    transposes to (B, heads, L, D) and back
+native ``linear_rows``          a product of a few rows (SAM's decoder: 7 tokens) goes to the
+(:func:`linear_rows`, used by   threaded sgemm, whose threads synchronise several times per
+``Linear`` for <= 8 rows)       call (a descheduled one stalls it for a time slice on a busy
+                                machine): here dot products over the pool, one join
 native ``layer_norm``           ``mx.fast.layer_norm`` runs on one thread on the CPU: here rows
 (:func:`layer_norm`, used by    over the thread pool (two passes per row: mean, then the
 ``LayerNorm``/``LayerNorm2d``)  centred sum of squares)
@@ -224,6 +228,20 @@ def attention_heads(q: mx.array, k: mx.array, v: mx.array, heads: int,
         return None
     cpu_native.sync_threads()
     return cpu_native.module().attention_heads(q, k, v, heads, scale)
+
+
+LINEAR_ROWS_MAX = 8  # rows up to which linear_rows is no slower than the sgemm (decoder tokens)
+
+
+def linear_rows(x: mx.array, weight: mx.array, bias: mx.array | None) -> mx.array | None:
+    """``x @ weight.T + bias`` for at most :data:`LINEAR_ROWS_MAX` rows by the compiled kernel;
+    ``None`` otherwise. ``x`` ``(..., K)``, ``weight`` ``(N, K)``, ``bias`` ``(N,)``."""
+    if not native_applies(x.dtype) or x.ndim == 0 or weight.dtype != mx.float32:
+        return None
+    if x.size > LINEAR_ROWS_MAX * x.shape[-1] or (bias is not None and bias.dtype != mx.float32):
+        return None
+    cpu_native.sync_threads()
+    return cpu_native.module().linear_rows(x, weight, bias)
 
 
 def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None,

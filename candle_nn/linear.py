@@ -62,8 +62,12 @@ class Linear(Module):
         """``activation(x @ W.T + b) [+ residual]`` (``activation``: a name in
         ``candle_nn.ACTIVATIONS`` or ``None``; ``residual``: the output's shape, added last); on
         the CPU in float32 bias, activation and residual are one fused multithreaded pass."""
-        if "bias" in self and cpu_fast.native_applies(x.dtype):
-            return bias_act(x @ self.weight.T, self.bias, activation, residual,
+        bias = self.get("bias")
+        few_rows = cpu_fast.linear_rows(x, self.weight, bias)
+        if few_rows is not None:
+            return bias_act(few_rows, None, activation, residual, residual_after_activation=True)
+        if bias is not None and cpu_fast.native_applies(x.dtype):
+            return bias_act(x @ self.weight.T, bias, activation, residual,
                             residual_after_activation=True)
         y = mx.addmm(self.bias, x, self.weight.T) if "bias" in self else x @ self.weight.T
         return bias_act(y, None, activation, residual, residual_after_activation=True)

@@ -382,6 +382,21 @@ def test_linear_epilogue_equals_the_plain_ops(device) -> None:
         np.testing.assert_array_equal(fused, plain)
 
 
+@pytest.mark.parametrize("rows,k,n", [(7, 2048, 256), (7, 256, 2048), (1, 37, 9), (8, 5, 3)])
+def test_linear_few_rows_against_float64(path, rows, k, n) -> None:
+    """``Linear`` on a few rows (the compiled dot-product kernel, or MLX's addmm) vs float64:
+    within 1e-6 of the output's max (SAM's decoder token shapes, odd K and N)."""
+    rng = np.random.default_rng(rows * k + n)
+    tensors = {"weight": rng.standard_normal((n, k), dtype=np.float32),
+               "bias": rng.standard_normal(n, dtype=np.float32)}
+    lin = cn.Linear.load(cn.VarBuilder.from_tensors(tensors, device=cn.Device.cpu()), k, n)
+    x = rng.standard_normal((1, rows, k), dtype=np.float32)
+    ours = np.array(lin(mx.array(x)))
+    ref = x.astype(np.float64) @ tensors["weight"].T.astype(np.float64) + tensors["bias"]
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() <= 1e-6 * np.abs(ref).max(), path
+
+
 @pytest.mark.parametrize("act", ["gelu", None])
 def test_linear_residual_equals_the_plain_ops(device, act) -> None:
     """``Linear(x, activation=, residual=)`` == ``act(x @ W.T + b) + residual``: bit for bit off

@@ -88,5 +88,12 @@ NB_MODULE(_cpu_kernels, m) {
       "q"_a, "k"_a, "v"_a, "heads"_a, "scale"_a,
       "softmax(q k^T * scale) v per (sequence, head), heads side by side in the last axis: "
       "q (B, Lq, heads * D), k (B, Lk, heads * D), v (B, Lk, heads * Dv). float32.");
+  m.def(
+      "linear_rows",
+      [](const mx::array& x, const mx::array& w, std::optional<mx::array> bias) {
+        return candle_nn::linear_rows(x, w, bias);
+      },
+      "x"_a, "w"_a, "bias"_a = nb::none(),
+      "x (..., K) @ w (N, K)^T + bias for a few rows (float32): dot products on the pool.");
   m.attr("LIBMLX_SIZE") = static_cast<int64_t>(CANDLE_NN_LIBMLX_SIZE);
 }

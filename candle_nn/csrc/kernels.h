@@ -184,4 +184,22 @@ class AttentionHeads : public mx::Primitive {
   float scale_;
 };
 
+// -- few-row Linear (linear_rows.cpp) ------------------------------------------------------------
+// x (..., K) @ w (N, K)^T + bias (N,) for a handful of rows (SAM's decoder tokens): dot products
+// along K, output columns over the thread pool (no BLAS threads to synchronise).
+mx::array linear_rows(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
+                      mx::StreamOrDevice s = {});
+
+class LinearRows : public mx::Primitive {
+ public:
+  LinearRows(mx::Stream stream, bool has_bias) : mx::Primitive(stream), has_bias_(has_bias) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNLinearRows"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  bool has_bias_;
+};
+
 }  // namespace candle_nn
