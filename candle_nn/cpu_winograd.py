@@ -1,0 +1,79 @@
+"""Winograd F(4x4, 3x3) for 3x3 stride-1 convs on the CPU (``candle_nn._cpu_kernels``).
+
+MLX 0.32.4's CPU conv is im2col + one sgemm (cpu_fast's native ``conv2d_fused`` is the same,
+multithreaded): 9 multiply-adds per tap. Winograd F(4x4, 3x3) (Lavin & Gray 2016) computes each
+4x4 output tile from a 6x6 input tile with 36 instead of 144 multiplies per channel pair: 36
+batched GEMMs ``[tiles x C] . [C x O]`` between an input and an output transform (winograd.cpp).
+
+The weight transform ``U = G w G^T`` ``(36, C, O)`` (C, O rounded up to 8) is computed once per
+weight array, in float64, and kept while that array lives (:func:`transformed_weights`).
+
+Accuracy: float32 F(4x4, 3x3) with the points 0, +-1, +-2, infinity is ~10x less accurate than
+im2col: max error vs float64 ~1e-6 to 1e-5 of the output's max |value| (im2col ~5e-7) for
+C = 16 to 256, well inside the fixtures' 1e-4 of max |value| (tests/test_cpu_winograd.py checks
+2e-5 per layer against float64; the model parity tests run through it).
+
+When: 3x3, stride 1, dilation 1, groups 1, float32 on the CPU (cpu_fast.applies), at least
+``MIN_TILES`` output tiles (N * ceil(H'/4) * ceil(W'/4)). With fewer (ResNet-50's 7x7 stage:
+4 tiles) the GEMMs are 36 tiny ones over a weight 4x larger than the original, and im2col wins
+(measured with ``python -m benchmarks.bench_cpu_paths --convs``).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import mlx.core as mx
+
+from . import cpu_native
+
+MIN_TILES = 16
+_enabled = True
+_transformed: dict[int, mx.array] = {}  # id(weight) -> U, dropped when the weight is collected
+
+
+def enabled() -> bool:
+    """Whether 3x3 stride-1 convs take the Winograd path where it applies (default: yes)."""
+    return _enabled
+
+
+def set_enabled(flag: bool) -> None:
+    """Turn the Winograd path on or off (off: ``conv2d_fused``'s im2col); for A/B benchmarks."""
+    global _enabled
+    _enabled = bool(flag)
+
+
+def applies(x_shape: tuple[int, ...], weight_shape: tuple[int, ...],
+            stride: tuple[int, int], padding: tuple[int, int]) -> bool:
+    """Whether a groups-1 conv of ``x`` ``(N, H, W, C)`` with ``weight`` ``(O, kH, kW, C)`` takes
+    the Winograd path (the caller has checked float32, CPU, groups 1, dilation 1)."""
+    if not _enabled or len(x_shape) != 4 or tuple(weight_shape[1:3]) != (3, 3) or stride != (1, 1):
+        return False
+    n, h, w, _ = x_shape
+    oh, ow = h + 2 * padding[0] - 2, w + 2 * padding[1] - 2
+    return oh > 0 and ow > 0 and n * -(-oh // 4) * -(-ow // 4) >= MIN_TILES
+
+
+def transformed_weights(weight: mx.array) -> mx.array | None:
+    """``U = G w G^T`` of ``weight`` ``(O, 3, 3, C)``, computed on first use and cached while
+    ``weight`` lives; ``None`` for a traced weight (under ``mx.grad`` and the like)."""
+    key = id(weight)
+    u = _transformed.get(key)
+    if u is None:
+        u = cpu_native.module().winograd_weights(weight)
+        if u is None:
+            return None
+        _transformed[key] = u
+        weakref.finalize(weight, _transformed.pop, key, None)
+    return u
+
+
+def conv3x3(x: mx.array, weight: mx.array, bias: mx.array | None, padding: tuple[int, int],
+            act_code: int, residual: mx.array | None, residual_mode: int) -> mx.array | None:
+    """``act(conv2d(x, weight, stride 1, padding) + bias [+ residual])`` by Winograd (the
+    epilogue codes of ``_cpu_kernels.conv2d_fused``); ``None`` where the weight is traced."""
+    u = transformed_weights(weight)
+    if u is None:
+        return None
+    return cpu_native.module().winograd_conv3x3(x, weight, u, bias, residual, padding, act_code,
+                                                residual_mode)
