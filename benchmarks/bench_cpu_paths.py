@@ -8,10 +8,13 @@ busy shared machine slows them alike and the ratios stay meaningful:
   off (what a source checkout without ``pip install`` runs),
 - ``native-no-conv``: the compiled element-wise kernels (epilogues, GELU, softmax) on, convs
   on MLX's path (the compiled conv's sgemm unset),
+- ``native-im2col``: every compiled kernel, but 3x3 stride-1 convs by im2col instead of
+  Winograd (cpu_winograd.py off),
 - ``native``: every compiled kernel (``candle_nn._cpu_kernels``) on.
 
 Example: ``python -m benchmarks.bench_cpu_paths --threads 2 --repeat 5 --models resnet50 yolov8n``
-prints each setting's median ms and the ratios native / mlx-fast and native / plain.
+prints each setting's median ms and the ratios native / mlx-fast, native / native-im2col and
+native / plain; ``--settings native-im2col native`` times only those (shorter runs).
 """
 
 from __future__ import annotations
@@ -23,18 +26,20 @@ import time
 
 import candle_nn as cn  # before mlx: picks the CPU BLAS
 import mlx.core as mx
-from candle_nn import cpu_fast, cpu_native
+from candle_nn import cpu_fast, cpu_native, cpu_winograd
 
 from benchmarks.bench import load_ours, ours_inputs
 from benchmarks.bench_models import MODELS
 
-SETTINGS = ("plain", "mlx-fast", "native-no-conv", "native")
+SETTINGS = ("plain", "mlx-fast", "native-no-conv", "native-im2col", "native")
 
 
 def _apply(setting: str, kernels: object) -> None:
     cpu_fast.set_enabled(setting != "plain")
     cpu_native._module = kernels if setting.startswith("native") else None
-    kernels.set_sgemm(cpu_native._sgemm_address() if setting == "native" else 0)
+    kernels.set_sgemm(cpu_native._sgemm_address() if setting in ("native", "native-im2col")
+                      else 0)
+    cpu_winograd.set_enabled(setting != "native-im2col")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
                    choices=sorted(MODELS))
     p.add_argument("--threads", type=int, default=None, help="BLAS and kernel threads")
     p.add_argument("--repeat", type=int, default=5, help="timed calls per setting")
+    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS,
+                   help="the settings to time (default: all)")
+    p.add_argument("--batch", type=int, default=1, help="batch size")
     args = p.parse_args(argv)
     kernels = cpu_native.module()
     if kernels is None:
@@ -56,22 +64,24 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.models:
             model = MODELS[name]
             forward, _, _ = load_ours(model, "cpu", "float32", cache_dir)
-            inputs = ours_inputs(model, 1, "float32")
-            times: dict[str, list[float]] = {s: [] for s in SETTINGS}
-            for setting in SETTINGS:  # warm-up: compiles, first-touch allocations
+            inputs = ours_inputs(model, args.batch, "float32")
+            settings = [s for s in SETTINGS if s in args.settings]
+            times: dict[str, list[float]] = {s: [] for s in settings}
+            for setting in settings:  # warm-up: compiles, first-touch allocations
                 _apply(setting, kernels)
                 mx.eval(forward(*inputs))
             for _ in range(args.repeat):
-                for setting in SETTINGS:
+                for setting in settings:
                     _apply(setting, kernels)
                     start = time.perf_counter()
                     mx.eval(forward(*inputs))
                     times[setting].append((time.perf_counter() - start) * 1e3)
             ms = {s: statistics.median(t) for s, t in times.items()}
-            print(f"{name}: " + ", ".join(f"{s} {ms[s]:.1f} ms" for s in SETTINGS)
-                  + f"; native / mlx-fast {ms['native'] / ms['mlx-fast']:.2f}, "
-                  f"native-no-conv / mlx-fast {ms['native-no-conv'] / ms['mlx-fast']:.2f}, "
-                  f"native / plain {ms['native'] / ms['plain']:.2f}")
+            ratios = [f"native / {s} {ms['native'] / ms[s]:.2f}" for s in settings
+                      if s != "native" and "native" in ms]
+            print(f"{name} (batch {args.batch}): "
+                  + ", ".join(f"{s} {ms[s]:.1f} ms" for s in settings)
+                  + ("; " + ", ".join(ratios) if ratios else ""), flush=True)
     finally:
         _apply("native", kernels)
     return 0

@@ -85,7 +85,12 @@ CANDLE_NN_INLINE void input_tile(const float* src, int64_t row_stride, int64_t c
 
 struct Geometry {
   int64_t n, h, w, c, cp, o, op, oh, ow, ph, pw, th, tw, tiles;
+  int64_t v_stride, m_stride;  // floats between the 36 matrices of V and of M
 };
+
+// A stride for 36 matrices of `size` floats whose starts do not share their 4 KiB offset: the
+// transforms touch all 36 at once, and 36 streams at equal offsets would fight over one L1 set.
+int64_t position_stride(int64_t size) { return (size + 1023) / 1024 * 1024 + 16; }
 
 // Input transform of tiles [t0, t1): V[p][t][cp]. Tiles that overlap the padding (or channels
 // that are not a multiple of 8) go through a zero-padded 6x6xCp copy.
@@ -93,7 +98,7 @@ CANDLE_NN_MULTIVERSION
 void input_transform(const float* x, float* v, int64_t t0, int64_t t1, const Geometry& g) {
   thread_local std::vector<float> patch;
   if (patch.size() < static_cast<size_t>(kPos * g.cp)) patch.resize(kPos * g.cp);
-  const int64_t pos_stride = g.tiles * g.cp;
+  const int64_t pos_stride = g.v_stride;
   for (int64_t t = t0; t < t1; ++t) {
     int64_t n = t / (g.th * g.tw), ty = (t / g.tw) % g.th, tx = t % g.tw;
     int64_t iy0 = ty * kOut - g.ph, ix0 = tx * kOut - g.pw;
@@ -135,7 +140,7 @@ CANDLE_NN_INLINE float activate(float v) {
 template <Act A, Residual R>
 CANDLE_NN_INLINE void output_transform_t(const float* m, const float* bias, const float* res,
                                          float* out, int64_t t0, int64_t t1, const Geometry& g) {
-  const int64_t pos_stride = g.tiles * g.op;
+  const int64_t pos_stride = g.m_stride;
   alignas(32) float y[kOut * kOut * kLanes];
   for (int64_t t = t0; t < t1; ++t) {
     int64_t n = t / (g.th * g.tw), ty = (t / g.tw) % g.th, tx = t % g.tw;
@@ -319,12 +324,13 @@ void WinogradConv3x3::eval_cpu(const std::vector<mx::array>& inputs,
   g.ph = padding_.first, g.pw = padding_.second;
   g.th = (g.oh + kOut - 1) / kOut, g.tw = (g.ow + kOut - 1) / kOut;
   g.tiles = g.n * g.th * g.tw;
+  g.v_stride = position_stride(g.tiles * g.cp), g.m_stride = position_stride(g.tiles * g.op);
   encoder.dispatch([xp = x.data<float>(), up = u.data<float>(), bias, res,
                     op = out.data<float>(), g, act = act_, mode = mode_]() {
     if (g.tiles == 0) return;
     // Scratch kept per stream thread and reused (no page faults per call).
     thread_local std::vector<float> v, m, b;
-    size_t nv = static_cast<size_t>(kPos * g.tiles * g.cp), nm = kPos * g.tiles * g.op;
+    size_t nv = static_cast<size_t>(kPos * g.v_stride), nm = kPos * g.m_stride;
     if (v.size() < nv) v = std::vector<float>(nv);
     if (m.size() < nm) m = std::vector<float>(nm);
     b.assign(g.op, 0.0f);
@@ -341,8 +347,8 @@ void WinogradConv3x3::eval_cpu(const std::vector<mx::array>& inputs,
     auto sgemm = sgemm_function();
     for (int p = 0; p < kPos; ++p)
       sgemm(101, 111, 111, static_cast<int>(g.tiles), static_cast<int>(g.op),
-            static_cast<int>(g.cp), 1.0f, vp + p * g.tiles * g.cp, static_cast<int>(g.cp),
-            up + p * g.cp * g.op, static_cast<int>(g.op), 0.0f, mp + p * g.tiles * g.op,
+            static_cast<int>(g.cp), 1.0f, vp + p * g.v_stride, static_cast<int>(g.cp),
+            up + p * g.cp * g.op, static_cast<int>(g.op), 0.0f, mp + p * g.m_stride,
             static_cast<int>(g.op));
     min_tiles = std::max<int64_t>(1, (1 << 13) / (kPos * g.op));
     parallel_for(g.tiles, min_tiles, 1, [&](int64_t t0, int64_t t1) {
