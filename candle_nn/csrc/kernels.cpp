@@ -425,7 +425,3 @@ bool Conv2dFused::is_equivalent(const mx::Primitive& other) const {
 }
 
 }  // namespace candle_nn
-
-namespace candle_nn {
-CblasSgemm sgemm_function() { return g_sgemm.load(); }
-}  // namespace candle_nn

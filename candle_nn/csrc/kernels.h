@@ -83,11 +83,6 @@ class SoftmaxLast : public mx::Primitive {
 // -- Winograd F(4x4, 3x3) for 3x3 stride-1 convs (winograd.cpp) -------------------------------
 namespace candle_nn {
 
-// The cblas_sgemm set by set_sgemm (nullptr: none), for the kernels of other files.
-using CblasSgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*,
-                            int, float, float*, int);
-CblasSgemm sgemm_function();
-
 // U = G w G^T of a 3x3 weight w (O, 3, 3, C) float32, computed in float64 now (not lazily):
 // (36, Cp, Op) float32, Cp/Op = C/O rounded up to 8, zeros past C/O. None for a traced w (under
 // mx.grad / vmap / compile as an input: it has no values yet).

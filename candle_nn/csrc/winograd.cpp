@@ -1,9 +1,12 @@
 // Winograd F(4x4, 3x3) convolution for 3x3 stride-1 convs (Lavin & Gray 2016, "Fast Algorithms
 // for Convolutional Neural Networks"), points 0, +-1, +-2, infinity:
 //   Y = A^T [ (G g G^T) . (B^T d B) ] A   for each 6x6 input tile d -> 4x4 output tile Y.
-// NHWC: every transform runs over 8 channels at a time. With T tiles the conv is
-//   V[36][T][Cp] = input transform (multithreaded),
-//   M[36][T][Op] = V[p] . U[p]        (36 sgemm calls of the BLAS set by set_sgemm),
+// NHWC: every transform runs over 8 channels at a time. The tiles are split into blocks of B
+// (V and M of a block stay in L2), each block one task of the thread pool:
+//   V[36][B][Cp] = input transform,
+//   M[36][B][Op] = V[p] . U[p] for p < 36 (a 6x16 AVX2 register-tile GEMM: 36 small products a
+//                  block; one sgemm call of a multithreaded BLAS each hands its threads over 36
+//                  times a conv, which stalls badly when other processes share the cores),
 //   out          = output transform of M, fused with the bias/act/residual epilogue.
 // U[36][Cp][Op] = G g G^T is computed once per weight (winograd_weights, in float64).
 // Cp, Op: channels rounded up to 8 (zero rows/columns in U), so every transform is whole vectors.
@@ -85,14 +88,18 @@ CANDLE_NN_INLINE void input_tile(const float* src, int64_t row_stride, int64_t c
 
 struct Geometry {
   int64_t n, h, w, c, cp, o, op, oh, ow, ph, pw, th, tw, tiles;
-  int64_t v_stride, m_stride;  // floats between the 36 matrices of V and of M
+  int64_t block;               // tiles per task
+  int64_t v_stride, m_stride;  // floats between the 36 matrices of a block's V and M
 };
 
 // A stride for 36 matrices of `size` floats whose starts do not share their 4 KiB offset: the
 // transforms touch all 36 at once, and 36 streams at equal offsets would fight over one L1 set.
-int64_t position_stride(int64_t size) { return (size + 1023) / 1024 * 1024 + 16; }
+int64_t position_stride(int64_t size) {
+  int64_t stride = (size + 15) / 16 * 16;  // whole cache lines
+  return stride % 1024 == 0 ? stride + 16 : stride;
+}
 
-// Input transform of tiles [t0, t1): V[p][t][cp]. Tiles that overlap the padding (or channels
+// Input transform of tiles [t0, t1): V[p][t - t0][cp]. Tiles that overlap the padding (or channels
 // that are not a multiple of 8) go through a zero-padded 6x6xCp copy.
 CANDLE_NN_MULTIVERSION
 void input_transform(const float* x, float* v, int64_t t0, int64_t t1, const Geometry& g) {
@@ -103,7 +110,7 @@ void input_transform(const float* x, float* v, int64_t t0, int64_t t1, const Geo
     int64_t n = t / (g.th * g.tw), ty = (t / g.tw) % g.th, tx = t % g.tw;
     int64_t iy0 = ty * kOut - g.ph, ix0 = tx * kOut - g.pw;
     const float* img = x + n * g.h * g.w * g.c;
-    float* vt = v + t * g.cp;
+    float* vt = v + (t - t0) * g.cp;
     bool interior = g.c == g.cp && iy0 >= 0 && ix0 >= 0 && iy0 + kIn <= g.h && ix0 + kIn <= g.w;
     if (interior) {
       const float* src = img + (iy0 * g.w + ix0) * g.c;
@@ -127,6 +134,56 @@ void input_transform(const float* x, float* v, int64_t t0, int64_t t1, const Geo
   }
 }
 
+// c[R x 8W] = a[R x k] . b[k x 8W] (row strides lda, ldb, ldc): R x W accumulators in registers.
+template <int R, int W>
+CANDLE_NN_INLINE void gemm_tile(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                float* c, int64_t ldc, int64_t k) {
+  v8 acc[R][W];
+  for (int r = 0; r < R; ++r)
+    for (int w = 0; w < W; ++w) acc[r][w] = v8{};
+  for (int64_t kk = 0; kk < k; ++kk) {
+    v8 bv[W];
+    for (int w = 0; w < W; ++w) bv[w] = load8(b + kk * ldb + w * kLanes);
+    for (int r = 0; r < R; ++r) {
+      float av = a[r * lda + kk];
+      for (int w = 0; w < W; ++w) acc[r][w] += av * bv[w];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int w = 0; w < W; ++w) store8(c + r * ldc + w * kLanes, acc[r][w]);
+}
+
+template <int W>
+CANDLE_NN_INLINE void gemm_rows(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                float* c, int64_t ldc, int64_t m, int64_t k) {
+  constexpr int R = 6;
+  int64_t i = 0;
+  for (; i + R <= m; i += R) gemm_tile<R, W>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
+  switch (m - i) {
+    case 5: return gemm_tile<5, W>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
+    case 4: return gemm_tile<4, W>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
+    case 3: return gemm_tile<3, W>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
+    case 2: return gemm_tile<2, W>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
+    case 1: return gemm_tile<1, W>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
+    default: return;
+  }
+}
+
+// M[p] = V[p] . U[p] for the 36 positions of a block of `nt` tiles: (nt x Cp) . (Cp x Op),
+// 16 output channels (a 6 x 16 register tile) at a time.
+CANDLE_NN_MULTIVERSION
+void batched_gemm(const float* v, const float* u, float* m, int64_t nt, const Geometry& g) {
+  for (int p = 0; p < kPos; ++p) {
+    const float* a = v + p * g.v_stride;
+    const float* b = u + p * g.cp * g.op;
+    float* c = m + p * g.m_stride;
+    int64_t j = 0;
+    for (; j + 2 * kLanes <= g.op; j += 2 * kLanes)
+      gemm_rows<2>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
+    if (j < g.op) gemm_rows<1>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
+  }
+}
+
 template <Act A>
 CANDLE_NN_INLINE float activate(float v) {
   if constexpr (A == Act::Relu) return v > 0.0f ? v : 0.0f;
@@ -135,7 +192,7 @@ CANDLE_NN_INLINE float activate(float v) {
   return v;
 }
 
-// Output transform of tiles [t0, t1) with the epilogue act(y + bias [+ residual]) (BeforeAct) or
+// Output transform of tiles [t0, t1) (M[p][t - t0][op]) with the epilogue act(y + bias [+ residual]) (BeforeAct) or
 // act(y + bias) + residual (AfterAct); bias has Op entries (zeros past O).
 template <Act A, Residual R>
 CANDLE_NN_INLINE void output_transform_t(const float* m, const float* bias, const float* res,
@@ -146,7 +203,7 @@ CANDLE_NN_INLINE void output_transform_t(const float* m, const float* bias, cons
     int64_t n = t / (g.th * g.tw), ty = (t / g.tw) % g.th, tx = t % g.tw;
     int rows = static_cast<int>(std::min<int64_t>(kOut, g.oh - ty * kOut));
     int cols = static_cast<int>(std::min<int64_t>(kOut, g.ow - tx * kOut));
-    const float* mt = m + t * g.op;
+    const float* mt = m + (t - t0) * g.op;
     for (int64_t ob = 0; ob < g.op; ob += kLanes) {
       v8 tmp[kOut][kIn];
       for (int j = 0; j < kIn; ++j) {
@@ -269,7 +326,6 @@ mx::array winograd_conv3x3(const mx::array& x, const mx::array& w, const mx::arr
                            mx::StreamOrDevice s) {
   check_f32(x, "x");
   check_f32(u, "u");
-  if (!has_sgemm()) throw std::runtime_error("candle_nn.winograd_conv3x3: no sgemm set");
   if (x.ndim() != 4 || w.ndim() != 4 || w.shape(1) != 3 || w.shape(2) != 3 ||
       w.shape(3) != x.shape(3) || u.ndim() != 3 || u.shape(0) != kPos ||
       u.shape(1) != round8(x.shape(3)) || u.shape(2) != round8(w.shape(0)))
@@ -324,35 +380,31 @@ void WinogradConv3x3::eval_cpu(const std::vector<mx::array>& inputs,
   g.ph = padding_.first, g.pw = padding_.second;
   g.th = (g.oh + kOut - 1) / kOut, g.tw = (g.ow + kOut - 1) / kOut;
   g.tiles = g.n * g.th * g.tw;
-  g.v_stride = position_stride(g.tiles * g.cp), g.m_stride = position_stride(g.tiles * g.op);
+  // Tiles per block: V and M in ~512 KiB (half an L2), or more where U (read once a block) is
+  // larger than V and M together; at most one block per thread; a multiple of the GEMM's 6 rows.
+  int64_t threads = ThreadPool::instance().threads();
+  int64_t block = std::max((1 << 17) / (kPos * (g.cp + g.op)), g.cp * g.op / (2 * (g.cp + g.op)));
+  block = std::min(block, (g.tiles + threads - 1) / threads);
+  g.block = std::clamp<int64_t>((block + 5) / 6 * 6, 6, 120);
+  g.v_stride = position_stride(g.block * g.cp), g.m_stride = position_stride(g.block * g.op);
   encoder.dispatch([xp = x.data<float>(), up = u.data<float>(), bias, res,
                     op = out.data<float>(), g, act = act_, mode = mode_]() {
     if (g.tiles == 0) return;
-    // Scratch kept per stream thread and reused (no page faults per call).
-    thread_local std::vector<float> v, m, b;
-    size_t nv = static_cast<size_t>(kPos * g.v_stride), nm = kPos * g.m_stride;
-    if (v.size() < nv) v = std::vector<float>(nv);
-    if (m.size() < nm) m = std::vector<float>(nm);
-    b.assign(g.op, 0.0f);
+    std::vector<float> b(g.op, 0.0f);
     if (bias) std::copy(bias, bias + g.o, b.begin());
-    // Raw pointers: the thread_local names would mean each worker's own (empty) vectors below.
-    float* vp = v.data();
-    float* mp = m.data();
     const float* bp = b.data();
-    // ~32 KiB of transform output per task.
-    int64_t min_tiles = std::max<int64_t>(1, (1 << 13) / (kPos * g.cp));
-    parallel_for(g.tiles, min_tiles, 1, [&](int64_t t0, int64_t t1) {
-      input_transform(xp, vp, t0, t1, g);
-    });
-    auto sgemm = sgemm_function();
-    for (int p = 0; p < kPos; ++p)
-      sgemm(101, 111, 111, static_cast<int>(g.tiles), static_cast<int>(g.op),
-            static_cast<int>(g.cp), 1.0f, vp + p * g.v_stride, static_cast<int>(g.cp),
-            up + p * g.cp * g.op, static_cast<int>(g.op), 0.0f, mp + p * g.m_stride,
-            static_cast<int>(g.op));
-    min_tiles = std::max<int64_t>(1, (1 << 13) / (kPos * g.op));
-    parallel_for(g.tiles, min_tiles, 1, [&](int64_t t0, int64_t t1) {
-      output_transform(mp, bp, res, op, t0, t1, g, act, mode);
+    int64_t blocks = (g.tiles + g.block - 1) / g.block;
+    parallel_for(blocks, 1, 1, [&](int64_t b0, int64_t b1) {
+      // Scratch per thread, kept and reused (no page faults per call).
+      thread_local std::vector<float> v, m;
+      if (v.size() < static_cast<size_t>(kPos * g.v_stride)) v.resize(kPos * g.v_stride);
+      if (m.size() < static_cast<size_t>(kPos * g.m_stride)) m.resize(kPos * g.m_stride);
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        int64_t t0 = blk * g.block, t1 = std::min(g.tiles, t0 + g.block);
+        input_transform(xp, v.data(), t0, t1, g);
+        batched_gemm(v.data(), up, m.data(), t1 - t0, g);
+        output_transform(m.data(), bp, res, op, t0, t1, g, act, mode);
+      }
     });
   });
 }
