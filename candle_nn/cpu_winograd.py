@@ -13,10 +13,13 @@ im2col: max error vs float64 ~1e-6 to 1e-5 of the output's max |value| (im2col ~
 C = 16 to 256, well inside the fixtures' 1e-4 of max |value| (tests/test_cpu_winograd.py checks
 2e-5 per layer against float64; the model parity tests run through it).
 
-When: 3x3, stride 1, dilation 1, groups 1, float32 on the CPU (cpu_fast.applies), at least
-``MIN_TILES`` output tiles (N * ceil(H'/4) * ceil(W'/4)). With fewer (ResNet-50's 7x7 stage:
-4 tiles) the GEMMs are 36 tiny ones over a weight 4x larger than the original, and im2col wins
-(measured with ``python -m benchmarks.bench_cpu_paths --convs``).
+When: 3x3, stride 1, dilation 1, groups 1, float32 on the CPU (cpu_fast.applies), with at least
+``MIN_TILES`` output tiles (N * ceil(H'/4) * ceil(W'/4)) or at most ``MAX_SMALL_WEIGHT`` = C * O.
+With few tiles and a wide weight (ResNet-50's 7x7 stage: 4 tiles, 512 x 512) the time is reading
+U, 4x the original weight, and im2col wins (1 thread: 2.75 ms vs 4.2 ms at 7x7x512 -> 512;
+a tie at 10x10x256 -> 256, 9 tiles; Winograd 0.46x at 12x12x128 -> 128, 9 tiles; 0.72x at
+14x14x256 -> 256, 16 tiles). Model-level A/B: ``python -m benchmarks.bench_cpu_paths --settings
+native-im2col native``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import mlx.core as mx
 from . import cpu_native
 
 MIN_TILES = 16
+MAX_SMALL_WEIGHT = 128 * 128
 _enabled = True
 _transformed: dict[int, mx.array] = {}  # id(weight) -> U, dropped when the weight is collected
 
@@ -49,9 +53,11 @@ def applies(x_shape: tuple[int, ...], weight_shape: tuple[int, ...],
     the Winograd path (the caller has checked float32, CPU, groups 1, dilation 1)."""
     if not _enabled or len(x_shape) != 4 or tuple(weight_shape[1:3]) != (3, 3) or stride != (1, 1):
         return False
-    n, h, w, _ = x_shape
+    n, h, w, c = x_shape
     oh, ow = h + 2 * padding[0] - 2, w + 2 * padding[1] - 2
-    return oh > 0 and ow > 0 and n * -(-oh // 4) * -(-ow // 4) >= MIN_TILES
+    if oh <= 0 or ow <= 0:
+        return False
+    return n * -(-oh // 4) * -(-ow // 4) >= MIN_TILES or c * weight_shape[0] <= MAX_SMALL_WEIGHT
 
 
 def transformed_weights(weight: mx.array) -> mx.array | None:

@@ -105,10 +105,12 @@ def test_conv2d_layer_takes_winograd_and_matches_mlx(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("x_shape, w_shape, stride, padding, expected", [
-    ((1, 16, 16, 8), (8, 3, 3, 8), (1, 1), (1, 1), True),     # 16 tiles
-    ((1, 12, 12, 8), (8, 3, 3, 8), (1, 1), (1, 1), False),    # 9 tiles: im2col
-    ((2, 12, 12, 8), (8, 3, 3, 8), (1, 1), (1, 1), True),     # 18 tiles over the batch
-    ((1, 7, 7, 512), (512, 3, 3, 512), (1, 1), (1, 1), False),  # ResNet-50's last stage
+    ((1, 16, 16, 256), (256, 3, 3, 256), (1, 1), (1, 1), True),   # 16 tiles
+    ((1, 12, 12, 256), (256, 3, 3, 256), (1, 1), (1, 1), False),  # 9 tiles, wide: im2col
+    ((1, 12, 12, 128), (128, 3, 3, 128), (1, 1), (1, 1), True),   # 9 tiles, narrow
+    ((2, 12, 12, 256), (256, 3, 3, 256), (1, 1), (1, 1), True),   # 18 tiles over the batch
+    ((1, 7, 7, 512), (512, 3, 3, 512), (1, 1), (1, 1), False),    # ResNet-50's last stage
+    ((1, 2, 2, 8), (8, 3, 3, 8), (1, 1), (0, 0), False),          # no output
     ((1, 64, 64, 8), (8, 3, 3, 8), (2, 2), (1, 1), False),    # stride 2
     ((1, 64, 64, 8), (8, 1, 1, 8), (1, 1), (0, 0), False),    # 1x1
 ])
