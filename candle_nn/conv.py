@@ -149,6 +149,11 @@ class Conv2d(_Conv):
                                     activation, residual, residual_after_activation)
             if fused is not None:
                 return fused
+            if activation is not None:  # one the fused epilogue lacks (sigmoid, tanh GELU)
+                y = cpu_fast.conv2d(x, self.weight, bias, _pair(c.stride), _pair(c.padding), None)
+                if y is not None:
+                    return bias_act(y, None, activation, residual,
+                                    residual_after_activation=residual_after_activation)
         if (kh, kw) == (1, 1) and c.groups == 1 and _pair(c.stride) == (1, 1) \
                 and _pair(c.padding) == (0, 0):
             # A pointwise conv is a matmul; MLX's CPU conv runs it 1.5-3.5x slower (same result).
