@@ -381,11 +381,12 @@ void WinogradConv3x3::eval_cpu(const std::vector<mx::array>& inputs,
   g.th = (g.oh + kOut - 1) / kOut, g.tw = (g.ow + kOut - 1) / kOut;
   g.tiles = g.n * g.th * g.tw;
   // Tiles per block: V and M in ~512 KiB (half an L2), or more where U (read once a block) is
-  // larger than V and M together; at most one block per thread; a multiple of the GEMM's 6 rows.
+  // larger than V and M together, a multiple of the GEMM's 6 rows; but at least one block per
+  // thread.
   int64_t threads = ThreadPool::instance().threads();
   int64_t block = std::max((1 << 17) / (kPos * (g.cp + g.op)), g.cp * g.op / (2 * (g.cp + g.op)));
-  block = std::min(block, (g.tiles + threads - 1) / threads);
-  g.block = std::clamp<int64_t>((block + 5) / 6 * 6, 6, 120);
+  block = std::min<int64_t>((block + 5) / 6 * 6, 120);
+  g.block = std::max<int64_t>(1, std::min(block, (g.tiles + threads - 1) / threads));
   g.v_stride = position_stride(g.block * g.cp), g.m_stride = position_stride(g.block * g.op);
   encoder.dispatch([xp = x.data<float>(), up = u.data<float>(), bias, res,
                     op = out.data<float>(), g, act = act_, mode = mode_]() {
