@@ -51,15 +51,19 @@ def _data(n: int, h: int, w: int, c: int, o: int, seed: int):
 
 
 @needs_native
+@pytest.mark.parametrize("avx512", ["auto", "0"])
 @pytest.mark.parametrize("act", ["identity", "relu", "silu", "gelu"])
 @pytest.mark.parametrize("mode", ["none", "before", "after"])
 @pytest.mark.parametrize("n, h, w, c, o, padding", [
     (1, 17, 19, 5, 3, (1, 1)),      # odd sizes, channels below one vector, partial tiles
     (2, 13, 22, 16, 24, (1, 0)),    # batch 2, asymmetric padding
     (1, 30, 9, 20, 13, (2, 1)),     # padding 2, channel tails on both sides
-    (3, 10, 10, 64, 8, (0, 0)),     # no padding
+    (3, 10, 10, 64, 56, (0, 0)),    # no padding; 32 + 16 + 8 output channels
 ])
-def test_winograd_conv_against_float64(act, mode, n, h, w, c, o, padding) -> None:
+def test_winograd_conv_against_float64(monkeypatch, avx512, act, mode, n, h, w, c, o,
+                                       padding) -> None:
+    """``avx512="0"``: the AVX2 GEMM also where the CPU has AVX-512 (read at every call)."""
+    monkeypatch.setenv("CANDLE_NN_WINOGRAD_AVX512", avx512)
     x, wt, b = _data(n, h, w, c, o, seed=h * w + c)
     ref = _conv64(x, wt, padding) + b
     r = np.random.default_rng(1).standard_normal(ref.shape).astype(np.float32)
