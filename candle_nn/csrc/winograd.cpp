@@ -5,8 +5,9 @@
 // (V and M of a block stay in L2), each block one task of the thread pool:
 //   V[36][B][Cp] = input transform,
 //   M[36][B][Op] = V[p] . U[p] for p < 36 (a 6x16 AVX2 or 6x32 AVX-512 register-tile GEMM: 36
-//                  small products a block; one sgemm call of a multithreaded BLAS each hands its threads over 36
-//                  times a conv, which stalls badly when other processes share the cores),
+//                  small products a block; one sgemm call of a multithreaded BLAS each would
+//                  hand its threads over 36 times a conv, which stalls badly when other
+//                  processes share the cores),
 //   out          = output transform of M, fused with the bias/act/residual epilogue.
 // U[36][Cp][Op] = G g G^T is computed once per weight (winograd_weights, in float64).
 // Cp, Op: channels rounded up to 8 (zero rows/columns in U), so every transform is whole vectors.
@@ -227,8 +228,9 @@ CANDLE_NN_INLINE float activate(float v) {
   return v;
 }
 
-// Output transform of tiles [t0, t1) (M[p][t - t0][op]) with the epilogue act(y + bias [+ residual]) (BeforeAct) or
-// act(y + bias) + residual (AfterAct); bias has Op entries (zeros past O).
+// Output transform of tiles [t0, t1) (M[p][t - t0][op]) with the epilogue
+// act(y + bias [+ residual]) (BeforeAct) or act(y + bias) + residual (AfterAct); bias has Op
+// entries (zeros past O).
 template <Act A, Residual R>
 CANDLE_NN_INLINE void output_transform_t(const float* m, const float* bias, const float* res,
                                          float* out, int64_t t0, int64_t t1, const Geometry& g) {
