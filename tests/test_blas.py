@@ -10,6 +10,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +86,28 @@ def test_a_plain_install_gives_the_pip_openblas() -> None:
     assert report["blas"]["threads"] and report["blas"]["threads"] >= 1
 
 
+@pytest.mark.parametrize("forced", ["Haswell", ""])
+def test_a_forced_openblas_core_is_named(forced: str) -> None:
+    """OPENBLAS_CORETYPE overrides OpenBLAS's CPU detection (an AVX2 kernel on an AVX-512 CPU
+    halves sgemm throughput), so the BLAS description says when the core was forced."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    if forced:
+        env["OPENBLAS_CORETYPE"] = forced
+    done = subprocess.run([sys.executable, "-m", "candle_nn"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.startswith("CPU BLAS:"))
+    if "OpenBLAS" not in line:
+        assert "forced by" not in line
+        return
+    if forced:
+        assert f"core {forced} (forced by OPENBLAS_CORETYPE={forced})" in line, line
+    else:
+        assert "forced by" not in line, line
+
+
 def test_the_pip_openblas_is_found_first(tmp_path) -> None:
     """Detection without the real package: a package dir named ngsolve_openblas on the path."""
     package = tmp_path / "ngsolve_openblas"
@@ -108,12 +131,15 @@ def test_a_bundled_gfortran_runtime_stands_in_for_libgfortran() -> None:
 import candle_nn.blas as b, candle_nn.blas_copy as c, json
 b._loader_finds = lambda soname: soname != "libgfortran.so.5"
 lib, source, copy = b._bind(b._pip_openblas()[0], b._bundled_reference_blas())
-print(json.dumps({"runtimes": b._gfortran_runtimes(),
+print(json.dumps({"runtimes": b._gfortran_runtimes(), "mlx_blas": b._bundled_reference_blas(),
                   "needed": c._run("--print-needed", copy).split(), "soname": c.soname(copy),
                   "sgemm": hasattr(lib, "cblas_sgemm")}))
 """
     result, _ = _python(code, CANDLE_NN_BLAS="off")
-    assert "mlx_cpu.libs" in result["runtimes"][0], result  # MLX's own: its LAPACK loads it too
+    # MLX's own (its LAPACK loads it too): beside the reference BLAS that MLX's wheel bundles, in
+    # mlx_cpu.libs/ or, with MLX's CUDA build, mlx_cuda_13.libs/
+    assert Path(result["runtimes"][0]).parent == Path(result["mlx_blas"]).parent, result
+    assert Path(result["mlx_blas"]).parent.name.startswith("mlx_"), result
     assert result["runtimes"][0] in result["needed"] and "libgfortran.so.5" not in result["needed"]
     assert result["soname"].startswith("libblas-"), result
     assert result["sgemm"], result
