@@ -12,10 +12,11 @@ counts are small and alike on both sides — fine for timing (the work per promp
 the values), but no measure of segmentation quality.
 
 The image is the fixtures' ``images/bike.jpg`` (800x556), else a seeded photo-like image of that
-size. A pipeline is timed at batch 1 only, every call timed (the first, cold one too: against a
-call of seconds to minutes its start-up cost is noise), ``--repeat`` calls at most, stopping once
-``budget_s`` has passed. No ``mx.compile`` / ``torch.compile`` / ONNX rows: the generator is model
-calls plus host-side NumPy, not one graph. float32 only.
+size. A pipeline is timed at batch 1 only (:func:`~benchmarks.bench_timing.time_pipeline`): every
+call timed, ``--repeat`` calls at most, stopping once ``budget_s`` has passed; the first, cold call
+is reported apart (``first s``) and the median is over the later ones (on a GPU the cold call is
+mostly kernel compilation: 29 s vs 0.5 s on the H100). No ``mx.compile`` / ``torch.compile`` /
+ONNX rows: the generator is model calls plus host-side NumPy, not one graph. float32 only.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ busy shared machine slows them alike and the ratios stay meaningful:
   off (what a source checkout without ``pip install`` runs),
 - ``native-no-conv``: the compiled element-wise kernels (epilogues, GELU, softmax) on, convs
   on MLX's path (the compiled conv's sgemm unset),
+- ``native-im2col``: every compiled kernel, but 3x3 stride-1 convs by im2col instead of
+  Winograd (cpu_winograd.py off),
 - ``native-no-dw-attn-ln``: every compiled kernel except the depthwise conv, the two attention
   kernels and LayerNorm (depthwise convs on the pure-MLX path, attention as transposes + matmuls
   + the softmax kernel, ``mx.fast.layer_norm``),
@@ -15,7 +17,8 @@ busy shared machine slows them alike and the ratios stay meaningful:
 
 Example: ``python -m benchmarks.bench_cpu_paths --threads 2 --repeat 5 --models resnet50 yolov8n``
 prints each setting's median ms and the ratios of ``native`` to each other setting;
-``--settings native-no-dw-attn-ln native`` times only those.
+``--settings native-im2col native`` (or ``native-no-dw-attn-ln native``) times only those
+(shorter runs).
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ import time
 
 import candle_nn as cn  # before mlx: picks the CPU BLAS
 import mlx.core as mx
-from candle_nn import cpu_fast, cpu_native
+from candle_nn import cpu_fast, cpu_native, cpu_winograd
 
 from benchmarks.bench import load_ours, ours_inputs
 from benchmarks.bench_models import MODELS
 
-SETTINGS = ("plain", "mlx-fast", "native-no-conv", "native-no-dw-attn-ln", "native")
+SETTINGS = ("plain", "mlx-fast", "native-no-conv", "native-im2col", "native-no-dw-attn-ln",
+            "native")
 # the cpu_fast entry points that native-no-dw-attn-ln turns off (each returns None: not applied)
 _DW_ATTN = ("depthwise_conv2d_fused", "attention_packed", "attention_heads", "layer_norm")
 _ORIGINAL = {name: getattr(cpu_fast, name) for name in _DW_ATTN}
@@ -43,6 +47,7 @@ def _apply(setting: str, kernels: object) -> None:
     cpu_native._module = kernels if setting.startswith("native") else None
     kernels.set_sgemm(cpu_native._sgemm_address() if setting.startswith("native") and
                       setting != "native-no-conv" else 0)
+    cpu_winograd.set_enabled(setting != "native-im2col")
     for name in _DW_ATTN:
         setattr(cpu_fast, name, (lambda *a, **k: None) if setting == "native-no-dw-attn-ln"
                 else _ORIGINAL[name])
@@ -55,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="BLAS and kernel threads")
     p.add_argument("--repeat", type=int, default=5, help="timed calls per setting")
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS,
-                   help="the settings to time (native always included)")
+                   help="the settings to time (default: all)")
+    p.add_argument("--batch", type=int, default=1, help="batch size")
     args = p.parse_args(argv)
     kernels = cpu_native.module()
     if kernels is None:
@@ -69,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.models:
             model = MODELS[name]
             forward, _, _ = load_ours(model, "cpu", "float32", cache_dir)
-            inputs = ours_inputs(model, 1, "float32")
-            settings = [s for s in SETTINGS if s in args.settings or s == "native"]
+            inputs = ours_inputs(model, args.batch, "float32")
+            settings = [s for s in SETTINGS if s in args.settings]
             times: dict[str, list[float]] = {s: [] for s in settings}
             for setting in settings:  # warm-up: compiles, first-touch allocations
                 _apply(setting, kernels)
@@ -82,9 +88,11 @@ def main(argv: list[str] | None = None) -> int:
                     mx.eval(forward(*inputs))
                     times[setting].append((time.perf_counter() - start) * 1e3)
             ms = {s: statistics.median(t) for s, t in times.items()}
-            print(f"{name}: " + ", ".join(f"{s} {ms[s]:.1f} ms" for s in settings) + "; "
-                  + ", ".join(f"native / {s} {ms['native'] / ms[s]:.2f}"
-                              for s in settings if s != "native"))
+            ratios = [f"native / {s} {ms['native'] / ms[s]:.2f}" for s in settings
+                      if s != "native" and "native" in ms]
+            print(f"{name} (batch {args.batch}): "
+                  + ", ".join(f"{s} {ms[s]:.1f} ms" for s in settings)
+                  + ("; " + ", ".join(ratios) if ratios else ""), flush=True)
     finally:
         _apply("native", kernels)
     return 0

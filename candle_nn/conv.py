@@ -149,6 +149,11 @@ class Conv2d(_Conv):
                                     activation, residual, residual_after_activation)
             if fused is not None:
                 return fused
+            if activation is not None:  # one the fused epilogue lacks (sigmoid, tanh GELU)
+                y = cpu_fast.conv2d(x, self.weight, bias, _pair(c.stride), _pair(c.padding), None)
+                if y is not None:
+                    return bias_act(y, None, activation, residual,
+                                    residual_after_activation=residual_after_activation)
         if cin == 1 and c.groups == out == x.shape[-1] and x.ndim == 4:
             fused = cpu_fast.depthwise_conv2d_fused(
                 x, self.weight, bias, _pair(c.stride), _pair(c.padding), _pair(c.dilation),

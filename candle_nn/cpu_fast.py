@@ -41,6 +41,9 @@ native ``softmax_last``         CPU softmax is single-threaded with a scalar ``e
 (``silu_f32``)                  polynomial exp fused by ``mx.compile`` is ~4x faster, 2.2 ulp
 :func:`gelu` without native     ``erf`` is a scalar call (MobileSAM's encoder: GELU was about
 (``cpu_fast_gelu.gelu_f32``)    half the CPU time); erf from multiply-adds, see cpu_fast_gelu.py
+native ``winograd_conv3x3``     the same im2col + sgemm for 3x3 stride-1 convs: 9 multiply-adds
+(cpu_winograd.py, used by       per tap; Winograd F(4x4, 3x3) needs 2.25 (36 GEMMs between an
+``conv2d`` for 3x3 stride 1)    input and an output transform, the epilogue fused), 2-5x faster
 native ``depthwise_conv2d``     grouped convs run a naive scalar loop on one thread: here a
 (:func:`depthwise_conv2d_fused`, direct kernel on 8-channel vectors over the thread pool, the
 used by ``Conv2d`` when         bias in the accumulators, the epilogue fused per chunk of
@@ -71,7 +74,7 @@ import os
 
 import mlx.core as mx
 
-from . import cpu_native
+from . import cpu_native, cpu_winograd
 
 ENV_VAR = "CANDLE_NN_CPU_FAST"
 _enabled = os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "off", "false", "no")
@@ -177,6 +180,11 @@ def conv2d(x: mx.array, weight: mx.array, bias: mx.array | None, stride: tuple[i
         return None
     mode = 0 if residual is None else (2 if residual_after_activation else 1)
     cpu_native.sync_threads()
+    # 3x3 stride 1: Winograd F(4x4, 3x3) where it is faster (cpu_winograd.py).
+    if cpu_winograd.applies(x.shape, weight.shape, stride, padding):
+        y = cpu_winograd.conv3x3(x, weight, bias, padding, _ACT_CODES[activation], residual, mode)
+        if y is not None:
+            return y
     return cpu_native.module().conv2d_fused(x, weight, bias, residual, stride, padding,
                                             _ACT_CODES[activation], mode)
 

@@ -10,6 +10,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -130,12 +131,15 @@ def test_a_bundled_gfortran_runtime_stands_in_for_libgfortran() -> None:
 import candle_nn.blas as b, candle_nn.blas_copy as c, json
 b._loader_finds = lambda soname: soname != "libgfortran.so.5"
 lib, source, copy = b._bind(b._pip_openblas()[0], b._bundled_reference_blas())
-print(json.dumps({"runtimes": b._gfortran_runtimes(),
+print(json.dumps({"runtimes": b._gfortran_runtimes(), "mlx_blas": b._bundled_reference_blas(),
                   "needed": c._run("--print-needed", copy).split(), "soname": c.soname(copy),
                   "sgemm": hasattr(lib, "cblas_sgemm")}))
 """
     result, _ = _python(code, CANDLE_NN_BLAS="off")
-    assert "mlx_cpu.libs" in result["runtimes"][0], result  # MLX's own: its LAPACK loads it too
+    # MLX's own (its LAPACK loads it too): beside the reference BLAS that MLX's wheel bundles, in
+    # mlx_cpu.libs/ or, with MLX's CUDA build, mlx_cuda_13.libs/
+    assert Path(result["runtimes"][0]).parent == Path(result["mlx_blas"]).parent, result
+    assert Path(result["mlx_blas"]).parent.name.startswith("mlx_"), result
     assert result["runtimes"][0] in result["needed"] and "libgfortran.so.5" not in result["needed"]
     assert result["soname"].startswith("libblas-"), result
     assert result["sgemm"], result

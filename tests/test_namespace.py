@@ -115,19 +115,30 @@ def test_readme_and_entry_points_use_the_installed_names() -> None:
 
 def test_the_editable_install_adds_only_the_two_names(tmp_path) -> None:
     """This venv's `pip install -e .` (setuptools' import finder, not a path entry for the
-    repository): outside the checkout only candle_nn and candle_nn_models import."""
+    repository): outside the checkout only candle_nn and candle_nn_models import from it. A
+    top-level package of another name's owner (the H100 image's site-packages holds a `scripts`
+    package of its own) may import; it must not be one of this checkout's folders."""
     probe = textwrap.dedent("""
         import importlib.util, json
         import candle_nn_models.weights, candle_nn_models.scripts
-        print(json.dumps({"found": {n: importlib.util.find_spec(n) is not None
-                                    for n in %r},
+
+        def where(name):
+            spec = importlib.util.find_spec(name)
+            return None if spec is None else [p for p in [spec.origin,
+                                              *(spec.submodule_search_locations or [])] if p]
+
+        print(json.dumps({"found": {n: where(n) for n in %r},
                           "weights": candle_nn_models.weights.__file__}))
     """ % [*NAMES, *OLD, *NOT_INSTALLED])
     proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120, env=_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
-    assert out["found"] == {n: n in NAMES for n in [*NAMES, *OLD, *NOT_INSTALLED]}
+    assert all(out["found"][n] for n in NAMES), out
+    from_checkout = {n: [p for p in out["found"][n] or [] if Path(p).resolve().is_relative_to(ROOT)]
+                     for n in [*NAMES, *OLD, *NOT_INSTALLED]}
+    assert {n: bool(paths) for n, paths in from_checkout.items()} == {
+        n: n in NAMES for n in [*NAMES, *OLD, *NOT_INSTALLED]}, out
     assert Path(out["weights"]) == ROOT / "weights" / "__init__.py"
 
 

@@ -56,11 +56,20 @@ def test_huggingface_hub_is_a_regular_dependency() -> None:
 
 
 def test_no_unresolved_merge_conflict_markers_in_tracked_text() -> None:
-    """A merge left `<<<<<<< HEAD` blocks in the README once; no tracked file may carry them."""
+    """A merge left `<<<<<<< HEAD` blocks in the README once; no tracked file may carry them.
+    Outside a git checkout (a copy of the tree, as on the GPU machine, or no `git` there) every
+    file of the source folders and the top-level text files is read instead."""
     import subprocess
 
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.split()
+    try:
+        tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                                 check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        folders = ("candle_nn", "models", "weights", "scripts", "benchmarks", "tests", ".ci")
+        tracked = [str(p.relative_to(ROOT)) for folder in folders
+                   for p in sorted((ROOT / folder).rglob("*")) if "__pycache__" not in p.parts]
+        tracked += [p.name for p in ROOT.iterdir() if p.is_file()]
+    assert "README.md" in tracked and "tests/test_readme.py" in tracked, tracked[:20]
     marker = re.compile(r"^(<{7} |>{7} |={7}$)", flags=re.M)
     found = []
     for name in tracked:

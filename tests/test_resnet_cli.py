@@ -10,6 +10,7 @@ import pytest
 from conftest import FIXTURES, fixture_dir, one_error_line
 
 import candle_nn as cn
+from candle_nn import device as cn_device
 from candle_nn_models.imagenet import class_names
 from candle_nn_models.resnet import ResNet
 from candle_nn_models.scripts.resnet import main
@@ -112,9 +113,16 @@ def test_offline_default_weights_say_what_to_download(capsys, monkeypatch, tmp_p
     _fails(capsys, ["--image", BIKE, "--variant", "resnet34"], "resnet34.safetensors", "--weights")
 
 
-@pytest.mark.skipif(bool(cn.Device.available()[1:]), reason="this machine has a GPU")
-def test_gpu_without_gpu(capsys, weights):
-    _fails(capsys, ["--image", BIKE, "--weights", weights, "--device", "gpu"], "no GPU")
+@pytest.mark.parametrize("gpus", ["this machine's", 2])
+def test_a_gpu_the_machine_lacks(capsys, monkeypatch, weights, gpus):
+    """`--device gpu:N` one past the GPUs there are (gpu:0 without a GPU, gpu:1 on a one-GPU
+    machine; and with MLX's GPU count patched to 2, gpu:2) is one line saying what there is."""
+    if gpus != "this machine's":
+        monkeypatch.setattr(cn_device, "_gpu_count", lambda: gpus)
+    count = cn_device._gpu_count()  # (Device.available() would intern fake GPU devices)
+    have = "no GPU" if count == 0 else f"{count} GPU(s)"
+    _fails(capsys, ["--image", BIKE, "--weights", weights, "--device", f"gpu:{count}"],
+           f"gpu:{count} was requested", have)
 
 
 def test_bad_numbers(capsys, weights):

@@ -96,4 +96,25 @@ NB_MODULE(_cpu_kernels, m) {
       "x"_a, "w"_a, "bias"_a = nb::none(),
       "x (..., K) @ w (N, K)^T + bias for a few rows (float32): dot products on the pool.");
   m.attr("LIBMLX_SIZE") = static_cast<int64_t>(CANDLE_NN_LIBMLX_SIZE);
+  // -- Winograd F(4x4, 3x3) (winograd.cpp) --
+  m.def("winograd_weights", [](const mx::array& w) { return candle_nn::winograd_weights(w); },
+        "w"_a,
+        "U = G w G^T (float64, rounded once) of a 3x3 weight w (O, 3, 3, C) float32: "
+        "(36, C, O) with C, O rounded up to 8, for winograd_conv3x3; None for a traced w.");
+  m.def(
+      "winograd_conv3x3",
+      [](const mx::array& x, const mx::array& w, const mx::array& u,
+         std::optional<mx::array> bias, std::optional<mx::array> residual,
+         std::pair<int, int> padding, int act, int residual_mode) {
+        if (act < 0 || act > 3) throw std::invalid_argument("act must be 0..3");
+        if (residual_mode < 0 || residual_mode > 2)
+          throw std::invalid_argument("residual_mode must be 0..2");
+        return candle_nn::winograd_conv3x3(x, w, u, bias, residual, padding,
+                                           static_cast<candle_nn::Act>(act),
+                                           static_cast<candle_nn::Residual>(residual_mode));
+      },
+      "x"_a, "w"_a, "u"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "padding"_a,
+      "act"_a = 0, "residual_mode"_a = 0,
+      "act(conv2d(x, w, stride 1) + bias [+ residual]) by Winograd F(4x4, 3x3): x (N, H, W, C), "
+      "w (O, 3, 3, C), u = winograd_weights(w), float32; same epilogue as conv2d_fused.");
 }

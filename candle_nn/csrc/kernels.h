@@ -203,3 +203,38 @@ class LinearRows : public mx::Primitive {
 };
 
 }  // namespace candle_nn
+
+// -- Winograd F(4x4, 3x3) for 3x3 stride-1 convs (winograd.cpp) -------------------------------
+namespace candle_nn {
+
+// U = G w G^T of a 3x3 weight w (O, 3, 3, C) float32, computed in float64 now (not lazily):
+// (36, Cp, Op) float32, Cp/Op = C/O rounded up to 8, zeros past C/O. None for a traced w (under
+// mx.grad / vmap / compile as an input: it has no values yet).
+std::optional<mx::array> winograd_weights(const mx::array& w);
+
+// act(conv2d(x, w, stride 1, padding) + bias [+ residual]) by Winograd F(4x4, 3x3), u =
+// winograd_weights(w) (w itself is used only under MLX transforms, through conv2d_fused).
+// x (N, H, W, C) float32; output (N, H + 2 ph - 2, W + 2 pw - 2, O).
+mx::array winograd_conv3x3(const mx::array& x, const mx::array& w, const mx::array& u,
+                           const std::optional<mx::array>& bias,
+                           const std::optional<mx::array>& residual, std::pair<int, int> padding,
+                           Act act, Residual mode, mx::StreamOrDevice s = {});
+
+class WinogradConv3x3 : public mx::Primitive {
+ public:
+  WinogradConv3x3(mx::Stream stream, std::pair<int, int> padding, Act act, Residual mode,
+                  bool has_bias)
+      : mx::Primitive(stream), padding_(padding), act_(act), mode_(mode), has_bias_(has_bias) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNWinogradConv3x3"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  std::pair<int, int> padding_;
+  Act act_;
+  Residual mode_;
+  bool has_bias_;
+};
+
+}  // namespace candle_nn

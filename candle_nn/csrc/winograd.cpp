@@ -1,0 +1,468 @@
+// Winograd F(4x4, 3x3) convolution for 3x3 stride-1 convs (Lavin & Gray 2016, "Fast Algorithms
+// for Convolutional Neural Networks"), points 0, +-1, +-2, infinity:
+//   Y = A^T [ (G g G^T) . (B^T d B) ] A   for each 6x6 input tile d -> 4x4 output tile Y.
+// NHWC: every transform runs over 8 channels at a time. The tiles are split into blocks of B
+// (V and M of a block stay in L2), each block one task of the thread pool:
+//   V[36][B][Cp] = input transform,
+//   M[36][B][Op] = V[p] . U[p] for p < 36 (a 6x16 AVX2 or 6x32 AVX-512 register-tile GEMM: 36
+//                  small products a block; one sgemm call of a multithreaded BLAS each would
+//                  hand its threads over 36 times a conv, which stalls badly when other
+//                  processes share the cores),
+//   out          = output transform of M, fused with the bias/act/residual epilogue.
+// U[36][Cp][Op] = G g G^T is computed once per weight (winograd_weights, in float64).
+// Cp, Op: channels rounded up to 8 (zero rows/columns in U), so every transform is whole vectors.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels.h"
+#include "math_f32.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "thread_pool.h"
+
+// As in kernels.cpp: each hot loop compiled for AVX2+FMA and the baseline, picked at load.
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#define CANDLE_NN_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define CANDLE_NN_MULTIVERSION
+#endif
+#define CANDLE_NN_INLINE inline __attribute__((always_inline))
+
+namespace candle_nn {
+
+namespace {
+
+constexpr int kOut = 4;           // output tile side
+constexpr int kIn = 6;            // input tile side
+constexpr int kPos = kIn * kIn;   // 36 transformed positions, one GEMM each
+constexpr int kLanes = 8;         // channels per vector
+
+typedef float v8 __attribute__((vector_size(32)));
+
+CANDLE_NN_INLINE v8 load8(const float* p) {
+  v8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+CANDLE_NN_INLINE void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
+
+int64_t round8(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+// B^T applied to 6 values (one row or column of a tile).
+CANDLE_NN_INLINE void bt6(v8 d0, v8 d1, v8 d2, v8 d3, v8 d4, v8 d5, v8* r) {
+  r[0] = 4.0f * d0 - 5.0f * d2 + d4;
+  r[1] = (d3 + d4) - 4.0f * (d1 + d2);
+  r[2] = (d4 - d3) + 4.0f * (d1 - d2);
+  r[3] = (d4 - d2) + 2.0f * (d3 - d1);
+  r[4] = (d4 - d2) - 2.0f * (d3 - d1);
+  r[5] = 4.0f * d1 - 5.0f * d3 + d5;
+}
+
+// A^T applied to 6 values.
+CANDLE_NN_INLINE void at6(v8 m0, v8 m1, v8 m2, v8 m3, v8 m4, v8 m5, v8* o) {
+  v8 s12 = m1 + m2, d12 = m1 - m2, s34 = m3 + m4, d34 = m3 - m4;
+  o[0] = m0 + s12 + s34;
+  o[1] = d12 + 2.0f * d34;
+  o[2] = s12 + 4.0f * s34;
+  o[3] = d12 + 8.0f * d34 + m5;
+}
+
+// The 36 transformed values of 8 channels of one tile whose pixel (i, j) is at
+// src + i * row_stride + j * col_stride, stored at v + p * pos_stride.
+CANDLE_NN_INLINE void input_tile(const float* src, int64_t row_stride, int64_t col_stride,
+                                 float* v, int64_t pos_stride) {
+  v8 t[kIn][kIn];
+  for (int j = 0; j < kIn; ++j) {
+    const float* c = src + j * col_stride;
+    v8 r[kIn];
+    bt6(load8(c), load8(c + row_stride), load8(c + 2 * row_stride), load8(c + 3 * row_stride),
+        load8(c + 4 * row_stride), load8(c + 5 * row_stride), r);
+    for (int i = 0; i < kIn; ++i) t[i][j] = r[i];
+  }
+  for (int i = 0; i < kIn; ++i) {
+    v8 r[kIn];
+    bt6(t[i][0], t[i][1], t[i][2], t[i][3], t[i][4], t[i][5], r);
+    for (int j = 0; j < kIn; ++j) store8(v + (i * kIn + j) * pos_stride, r[j]);
+  }
+}
+
+struct Geometry {
+  int64_t n, h, w, c, cp, o, op, oh, ow, ph, pw, th, tw, tiles;
+  int64_t block;               // tiles per task
+  int64_t v_stride, m_stride;  // floats between the 36 matrices of a block's V and M
+};
+
+// A stride for 36 matrices of `size` floats whose starts do not share their 4 KiB offset: the
+// transforms touch all 36 at once, and 36 streams at equal offsets would fight over one L1 set.
+int64_t position_stride(int64_t size) {
+  int64_t stride = (size + 15) / 16 * 16;  // whole cache lines
+  return stride % 1024 == 0 ? stride + 16 : stride;
+}
+
+// Input transform of tiles [t0, t1): V[p][t - t0][cp]. Tiles that overlap the padding (or channels
+// that are not a multiple of 8) go through a zero-padded 6x6xCp copy.
+CANDLE_NN_MULTIVERSION
+void input_transform(const float* x, float* v, int64_t t0, int64_t t1, const Geometry& g) {
+  thread_local std::vector<float> patch;
+  if (patch.size() < static_cast<size_t>(kPos * g.cp)) patch.resize(kPos * g.cp);
+  const int64_t pos_stride = g.v_stride;
+  for (int64_t t = t0; t < t1; ++t) {
+    int64_t n = t / (g.th * g.tw), ty = (t / g.tw) % g.th, tx = t % g.tw;
+    int64_t iy0 = ty * kOut - g.ph, ix0 = tx * kOut - g.pw;
+    const float* img = x + n * g.h * g.w * g.c;
+    float* vt = v + (t - t0) * g.cp;
+    bool interior = g.c == g.cp && iy0 >= 0 && ix0 >= 0 && iy0 + kIn <= g.h && ix0 + kIn <= g.w;
+    if (interior) {
+      const float* src = img + (iy0 * g.w + ix0) * g.c;
+      for (int64_t cb = 0; cb < g.cp; cb += kLanes)
+        input_tile(src + cb, g.w * g.c, g.c, vt + cb, pos_stride);
+      continue;
+    }
+    float* pt = patch.data();
+    std::memset(pt, 0, sizeof(float) * kPos * g.cp);
+    for (int i = 0; i < kIn; ++i) {
+      int64_t iy = iy0 + i;
+      if (iy < 0 || iy >= g.h) continue;
+      for (int j = 0; j < kIn; ++j) {
+        int64_t ix = ix0 + j;
+        if (ix < 0 || ix >= g.w) continue;
+        std::memcpy(pt + (i * kIn + j) * g.cp, img + (iy * g.w + ix) * g.c, sizeof(float) * g.c);
+      }
+    }
+    for (int64_t cb = 0; cb < g.cp; cb += kLanes)
+      input_tile(pt + cb, kIn * g.cp, g.cp, vt + cb, pos_stride);
+  }
+}
+
+typedef float v16 __attribute__((vector_size(64)));
+
+// c[R x LW] = a[R x k] . b[k x LW] (row strides lda, ldb, ldc; L = Vec's lanes): R x W
+// accumulators in registers.
+template <typename Vec, int R, int W>
+CANDLE_NN_INLINE void gemm_tile(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                float* c, int64_t ldc, int64_t k) {
+  constexpr int L = sizeof(Vec) / sizeof(float);
+  Vec acc[R][W];
+  for (int r = 0; r < R; ++r)
+    for (int w = 0; w < W; ++w) acc[r][w] = Vec{};
+  for (int64_t kk = 0; kk < k; ++kk) {
+    Vec bv[W];
+    for (int w = 0; w < W; ++w) std::memcpy(&bv[w], b + kk * ldb + w * L, sizeof(Vec));
+    for (int r = 0; r < R; ++r) {
+      float av = a[r * lda + kk];
+      for (int w = 0; w < W; ++w) acc[r][w] += av * bv[w];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int w = 0; w < W; ++w) std::memcpy(c + r * ldc + w * L, &acc[r][w], sizeof(Vec));
+}
+
+template <typename Vec, int W>
+CANDLE_NN_INLINE void gemm_rows(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                float* c, int64_t ldc, int64_t m, int64_t k) {
+  constexpr int R = 6;
+  int64_t i = 0;
+  for (; i + R <= m; i += R)
+    gemm_tile<Vec, R, W>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
+  switch (m - i) {
+    case 5: return gemm_tile<Vec, 5, W>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
+    case 4: return gemm_tile<Vec, 4, W>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
+    case 3: return gemm_tile<Vec, 3, W>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
+    case 2: return gemm_tile<Vec, 2, W>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
+    case 1: return gemm_tile<Vec, 1, W>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
+    default: return;
+  }
+}
+
+// M[p] = V[p] . U[p] for the 36 positions of a block of `nt` tiles: (nt x Cp) . (Cp x Op),
+// 16 output channels (a 6 x 16 register tile of 8-lane vectors) at a time.
+CANDLE_NN_MULTIVERSION
+void batched_gemm(const float* v, const float* u, float* m, int64_t nt, const Geometry& g) {
+  for (int p = 0; p < kPos; ++p) {
+    const float* a = v + p * g.v_stride;
+    const float* b = u + p * g.cp * g.op;
+    float* c = m + p * g.m_stride;
+    int64_t j = 0;
+    for (; j + 2 * kLanes <= g.op; j += 2 * kLanes)
+      gemm_rows<v8, 2>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
+    if (j < g.op) gemm_rows<v8, 1>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+// The same with AVX-512 (16-lane vectors, a 6 x 32 register tile): twice the multiply-adds per
+// instruction where the CPU has it (Zen 4/5, Xeons). CANDLE_NN_WINOGRAD_AVX512=0 turns it off.
+__attribute__((target("arch=x86-64-v4"))) void batched_gemm_avx512(const float* v,
+                                                                    const float* u, float* m,
+                                                                    int64_t nt,
+                                                                    const Geometry& g) {
+  for (int p = 0; p < kPos; ++p) {
+    const float* a = v + p * g.v_stride;
+    const float* b = u + p * g.cp * g.op;
+    float* c = m + p * g.m_stride;
+    int64_t j = 0;
+    for (; j + 32 <= g.op; j += 32)
+      gemm_rows<v16, 2>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
+    if (j + 16 <= g.op) {
+      gemm_rows<v16, 1>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
+      j += 16;
+    }
+    if (j < g.op) gemm_rows<v8, 1>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
+  }
+}
+
+bool use_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+  const char* env = std::getenv("CANDLE_NN_WINOGRAD_AVX512");
+  return has && !(env && env[0] == '0');
+}
+#endif
+
+template <Act A>
+CANDLE_NN_INLINE float activate(float v) {
+  if constexpr (A == Act::Relu) return v > 0.0f ? v : 0.0f;
+  if constexpr (A == Act::Silu) return silu_f32(v);
+  if constexpr (A == Act::Gelu) return gelu_f32(v);
+  return v;
+}
+
+// Output transform of tiles [t0, t1) (M[p][t - t0][op]) with the epilogue
+// act(y + bias [+ residual]) (BeforeAct) or act(y + bias) + residual (AfterAct); bias has Op
+// entries (zeros past O).
+template <Act A, Residual R>
+CANDLE_NN_INLINE void output_transform_t(const float* m, const float* bias, const float* res,
+                                         float* out, int64_t t0, int64_t t1, const Geometry& g) {
+  const int64_t pos_stride = g.m_stride;
+  alignas(32) float y[kOut * kOut * kLanes];
+  for (int64_t t = t0; t < t1; ++t) {
+    int64_t n = t / (g.th * g.tw), ty = (t / g.tw) % g.th, tx = t % g.tw;
+    int rows = static_cast<int>(std::min<int64_t>(kOut, g.oh - ty * kOut));
+    int cols = static_cast<int>(std::min<int64_t>(kOut, g.ow - tx * kOut));
+    const float* mt = m + (t - t0) * g.op;
+    for (int64_t ob = 0; ob < g.op; ob += kLanes) {
+      v8 tmp[kOut][kIn];
+      for (int j = 0; j < kIn; ++j) {
+        const float* c = mt + ob + j * pos_stride;
+        v8 r[kOut];
+        at6(load8(c), load8(c + kIn * pos_stride), load8(c + 2 * kIn * pos_stride),
+            load8(c + 3 * kIn * pos_stride), load8(c + 4 * kIn * pos_stride),
+            load8(c + 5 * kIn * pos_stride), r);
+        for (int i = 0; i < kOut; ++i) tmp[i][j] = r[i];
+      }
+      v8 b = load8(bias + ob);
+      for (int i = 0; i < kOut; ++i) {
+        v8 r[kOut];
+        at6(tmp[i][0], tmp[i][1], tmp[i][2], tmp[i][3], tmp[i][4], tmp[i][5], r);
+        for (int j = 0; j < kOut; ++j) store8(y + (i * kOut + j) * kLanes, r[j] + b);
+      }
+      int width = static_cast<int>(std::min<int64_t>(kLanes, g.o - ob));
+      for (int i = 0; i < rows; ++i) {
+        int64_t pix = (n * g.oh + ty * kOut + i) * g.ow + tx * kOut;
+        for (int j = 0; j < cols; ++j) {
+          float* yp = y + (i * kOut + j) * kLanes;
+          float* dst = out + (pix + j) * g.o + ob;
+          const float* rp = R == Residual::None ? nullptr : res + (pix + j) * g.o + ob;
+          if (width == kLanes) {
+            for (int l = 0; l < kLanes; ++l) {
+              float v = yp[l];
+              if constexpr (R == Residual::BeforeAct) v += rp[l];
+              v = activate<A>(v);
+              if constexpr (R == Residual::AfterAct) v += rp[l];
+              dst[l] = v;
+            }
+          } else {
+            for (int l = 0; l < width; ++l) {
+              float v = yp[l];
+              if constexpr (R == Residual::BeforeAct) v += rp[l];
+              v = activate<A>(v);
+              if constexpr (R == Residual::AfterAct) v += rp[l];
+              dst[l] = v;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+template <Act A>
+CANDLE_NN_INLINE void output_transform_act(const float* m, const float* bias, const float* res,
+                                           float* out, int64_t t0, int64_t t1, const Geometry& g,
+                                           Residual mode) {
+  switch (mode) {
+    case Residual::None:
+      return output_transform_t<A, Residual::None>(m, bias, res, out, t0, t1, g);
+    case Residual::BeforeAct:
+      return output_transform_t<A, Residual::BeforeAct>(m, bias, res, out, t0, t1, g);
+    case Residual::AfterAct:
+      return output_transform_t<A, Residual::AfterAct>(m, bias, res, out, t0, t1, g);
+  }
+}
+
+CANDLE_NN_MULTIVERSION
+void output_transform(const float* m, const float* bias, const float* res, float* out,
+                      int64_t t0, int64_t t1, const Geometry& g, Act act, Residual mode) {
+  switch (act) {
+    case Act::Identity:
+      return output_transform_act<Act::Identity>(m, bias, res, out, t0, t1, g, mode);
+    case Act::Relu:
+      return output_transform_act<Act::Relu>(m, bias, res, out, t0, t1, g, mode);
+    case Act::Silu:
+      return output_transform_act<Act::Silu>(m, bias, res, out, t0, t1, g, mode);
+    case Act::Gelu:
+      return output_transform_act<Act::Gelu>(m, bias, res, out, t0, t1, g, mode);
+  }
+}
+
+void check_f32(const mx::array& a, const char* what) {
+  if (a.dtype() != mx::float32)
+    throw std::invalid_argument(std::string("candle_nn.winograd_conv3x3: ") + what +
+                                " must be float32");
+}
+
+}  // namespace
+
+std::optional<mx::array> winograd_weights(const mx::array& w) {
+  if (w.is_tracer()) return std::nullopt;  // a traced weight has no values to transform
+  if (w.dtype() != mx::float32 || w.ndim() != 4 || w.shape(1) != 3 || w.shape(2) != 3)
+    throw std::invalid_argument("candle_nn.winograd_weights: w must be float32 (O, 3, 3, C)");
+  mx::array wc = mx::contiguous(w);
+  wc.eval();
+  const float* wp = wc.data<float>();
+  const int64_t o = w.shape(0), c = w.shape(3), cp = round8(c), op = round8(o);
+  static const double G[kIn][3] = {{1.0 / 4, 0, 0},
+                                   {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                   {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                   {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                   {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                   {0, 0, 1}};
+  std::vector<float> u(static_cast<size_t>(kPos * cp * op), 0.0f);
+  for (int64_t oc = 0; oc < o; ++oc)
+    for (int64_t ic = 0; ic < c; ++ic) {
+      double g[3][3], gt[kIn][3];  // g = w[oc, :, :, ic]; gt = G g
+      for (int a = 0; a < 3; ++a)
+        for (int b = 0; b < 3; ++b) g[a][b] = wp[((oc * 3 + a) * 3 + b) * c + ic];
+      for (int i = 0; i < kIn; ++i)
+        for (int b = 0; b < 3; ++b)
+          gt[i][b] = G[i][0] * g[0][b] + G[i][1] * g[1][b] + G[i][2] * g[2][b];
+      for (int i = 0; i < kIn; ++i)
+        for (int j = 0; j < kIn; ++j)
+          u[((i * kIn + j) * cp + ic) * op + oc] = static_cast<float>(
+              gt[i][0] * G[j][0] + gt[i][1] * G[j][1] + gt[i][2] * G[j][2]);
+    }
+  return mx::array(u.begin(), mx::Shape{kPos, static_cast<int>(cp), static_cast<int>(op)},
+                   mx::float32);
+}
+
+mx::array winograd_conv3x3(const mx::array& x, const mx::array& w, const mx::array& u,
+                           const std::optional<mx::array>& bias,
+                           const std::optional<mx::array>& residual,
+                           std::pair<int, int> padding, Act act, Residual mode,
+                           mx::StreamOrDevice s) {
+  check_f32(x, "x");
+  check_f32(u, "u");
+  if (x.ndim() != 4 || w.ndim() != 4 || w.shape(1) != 3 || w.shape(2) != 3 ||
+      w.shape(3) != x.shape(3) || u.ndim() != 3 || u.shape(0) != kPos ||
+      u.shape(1) != round8(x.shape(3)) || u.shape(2) != round8(w.shape(0)))
+    throw std::invalid_argument(
+        "candle_nn.winograd_conv3x3: x (N, H, W, C), w (O, 3, 3, C), u = winograd_weights(w)");
+  const int out_channels = w.shape(0);
+  if (padding.first < 0 || padding.second < 0)
+    throw std::invalid_argument("candle_nn.winograd_conv3x3: negative padding");
+  int oh = x.shape(1) + 2 * padding.first - 2, ow = x.shape(2) + 2 * padding.second - 2;
+  if (oh <= 0 || ow <= 0) throw std::invalid_argument("candle_nn.winograd_conv3x3: empty output");
+  mx::Shape out_shape{x.shape(0), oh, ow, out_channels};
+  auto stream = mx::to_stream(s);
+  std::vector<mx::array> inputs{mx::contiguous(x, false, stream), mx::contiguous(u, false, stream)};
+  if (bias) {
+    check_f32(*bias, "bias");
+    if (bias->ndim() != 1 || bias->shape(0) != out_channels)
+      throw std::invalid_argument("candle_nn.winograd_conv3x3: bias must be (O,)");
+    inputs.push_back(mx::contiguous(*bias, false, stream));
+  }
+  if (mode != Residual::None) {
+    if (!residual || residual->shape() != out_shape)
+      throw std::invalid_argument(
+          "candle_nn.winograd_conv3x3: residual must have the output's shape");
+    check_f32(*residual, "residual");
+    inputs.push_back(mx::contiguous(*residual, false, stream));
+  }
+  // Under mx.grad / vmap / compile the primitive has no vjp/jvp/vmap: conv2d_fused builds the
+  // same math from MLX's own ops there.
+  if (x.is_tracer() || w.is_tracer() || u.is_tracer() || (bias && bias->is_tracer()) ||
+      (residual && residual->is_tracer()))
+    return conv2d_fused(x, w, bias, residual, {1, 1}, padding, act, mode, stream);
+  return mx::array(out_shape, mx::float32,
+                   std::make_shared<WinogradConv3x3>(stream, padding, act, mode,
+                                                     bias.has_value()),
+                   inputs);
+}
+
+void WinogradConv3x3::eval_cpu(const std::vector<mx::array>& inputs,
+                               std::vector<mx::array>& outputs) {
+  const auto& x = inputs[0];
+  const auto& u = inputs[1];
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  const float* bias = has_bias_ ? inputs[2].data<float>() : nullptr;
+  const float* res = mode_ != Residual::None ? inputs[has_bias_ ? 3 : 2].data<float>() : nullptr;
+  Geometry g;
+  g.n = x.shape(0), g.h = x.shape(1), g.w = x.shape(2), g.c = x.shape(3), g.cp = u.shape(1);
+  g.o = out.shape(3), g.op = u.shape(2), g.oh = out.shape(1), g.ow = out.shape(2);
+  g.ph = padding_.first, g.pw = padding_.second;
+  g.th = (g.oh + kOut - 1) / kOut, g.tw = (g.ow + kOut - 1) / kOut;
+  g.tiles = g.n * g.th * g.tw;
+  // Tiles per block: V and M in ~512 KiB (half an L2), or more where U (read once a block) is
+  // larger than V and M together, a multiple of the GEMM's 6 rows; but at least one block per
+  // thread.
+  int64_t threads = ThreadPool::instance().threads();
+  int64_t block = std::max((1 << 17) / (kPos * (g.cp + g.op)), g.cp * g.op / (2 * (g.cp + g.op)));
+  block = std::min<int64_t>((block + 5) / 6 * 6, 120);
+  g.block = std::max<int64_t>(1, std::min(block, (g.tiles + threads - 1) / threads));
+  g.v_stride = position_stride(g.block * g.cp), g.m_stride = position_stride(g.block * g.op);
+  encoder.dispatch([xp = x.data<float>(), up = u.data<float>(), bias, res,
+                    op = out.data<float>(), g, act = act_, mode = mode_]() {
+    if (g.tiles == 0) return;
+    std::vector<float> b(g.op, 0.0f);
+    if (bias) std::copy(bias, bias + g.o, b.begin());
+    const float* bp = b.data();
+    int64_t blocks = (g.tiles + g.block - 1) / g.block;
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+    const bool avx512 = use_avx512();
+#endif
+    parallel_for(blocks, 1, 1, [&](int64_t b0, int64_t b1) {
+      // Scratch per thread, kept and reused (no page faults per call).
+      thread_local std::vector<float> v, m;
+      if (v.size() < static_cast<size_t>(kPos * g.v_stride)) v.resize(kPos * g.v_stride);
+      if (m.size() < static_cast<size_t>(kPos * g.m_stride)) m.resize(kPos * g.m_stride);
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        int64_t t0 = blk * g.block, t1 = std::min(g.tiles, t0 + g.block);
+        input_transform(xp, v.data(), t0, t1, g);
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+        if (avx512)
+          batched_gemm_avx512(v.data(), up, m.data(), t1 - t0, g);
+        else
+#endif
+          batched_gemm(v.data(), up, m.data(), t1 - t0, g);
+        output_transform(m.data(), bp, res, op, t0, t1, g, act, mode);
+      }
+    });
+  });
+}
+
+void WinogradConv3x3::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("candle_nn.winograd_conv3x3: a CPU-only kernel (run on the CPU device)");
+}
+
+bool WinogradConv3x3::is_equivalent(const mx::Primitive& other) const {
+  auto* p = dynamic_cast<const WinogradConv3x3*>(&other);
+  return p && p->padding_ == padding_ && p->act_ == act_ && p->mode_ == mode_ &&
+         p->has_bias_ == has_bias_;
+}
+
+}  // namespace candle_nn
