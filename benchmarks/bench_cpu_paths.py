@@ -8,7 +8,10 @@ busy shared machine slows them alike and the ratios stay meaningful:
   off (what a source checkout without ``pip install`` runs),
 - ``native-no-conv``: the compiled element-wise kernels (epilogues, GELU, softmax) on, convs
   on MLX's path (the compiled conv's sgemm unset),
-- ``native``: every compiled kernel (``candle_nn._cpu_kernels``) on.
+- ``native-blas``: every compiled kernel on, convs and Linear layers on the im2col + OpenBLAS
+  sgemm conv and MLX's matmul (the packed-weight GEMM off),
+- ``native``: every compiled kernel (``candle_nn._cpu_kernels``) on; convs and Linear layers on
+  the packed-weight GEMM where the CPU runs it (AVX-512F), else as ``native-blas``.
 
 Example: ``python -m benchmarks.bench_cpu_paths --threads 2 --repeat 5 --models resnet50 yolov8n``
 prints each setting's median ms and the ratios native / mlx-fast and native / plain.
@@ -28,13 +31,14 @@ from candle_nn import cpu_fast, cpu_native
 from benchmarks.bench import load_ours, ours_inputs
 from benchmarks.bench_models import MODELS
 
-SETTINGS = ("plain", "mlx-fast", "native-no-conv", "native")
+SETTINGS = ("plain", "mlx-fast", "native-no-conv", "native-blas", "native")
 
 
 def _apply(setting: str, kernels: object) -> None:
     cpu_fast.set_enabled(setting != "plain")
     cpu_native._module = kernels if setting.startswith("native") else None
-    kernels.set_sgemm(cpu_native._sgemm_address() if setting == "native" else 0)
+    kernels.set_sgemm(cpu_native._sgemm_address() if setting in ("native", "native-blas") else 0)
+    cpu_fast.set_packed_gemm(setting == "native")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                     times[setting].append((time.perf_counter() - start) * 1e3)
             ms = {s: statistics.median(t) for s, t in times.items()}
             print(f"{name}: " + ", ".join(f"{s} {ms[s]:.1f} ms" for s in SETTINGS)
-                  + f"; native / mlx-fast {ms['native'] / ms['mlx-fast']:.2f}, "
+                  + f"; native / native-blas {ms['native'] / ms['native-blas']:.2f}, "
+                  f"native / mlx-fast {ms['native'] / ms['mlx-fast']:.2f}, "
                   f"native-no-conv / mlx-fast {ms['native-no-conv'] / ms['mlx-fast']:.2f}, "
                   f"native / plain {ms['native'] / ms['plain']:.2f}")
     finally:

@@ -60,6 +60,9 @@ class Linear(Module):
     def forward(self, x: mx.array, *, activation: str | None = None) -> mx.array:
         """``activation(x @ W.T + b)`` (``activation``: a name in ``candle_nn.ACTIVATIONS`` or
         ``None``); on the CPU in float32 bias and activation are one fused multithreaded pass."""
+        fused = cpu_fast.linear(x, self.weight, self.get("bias"), activation)
+        if fused is not None:
+            return fused
         if "bias" in self and cpu_fast.native_applies(x.dtype):
             return bias_act(x @ self.weight.T, self.bias, activation)
         y = mx.addmm(self.bias, x, self.weight.T) if "bias" in self else x @ self.weight.T

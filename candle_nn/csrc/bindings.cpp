@@ -50,5 +50,27 @@ NB_MODULE(_cpu_kernels, m) {
   m.def("set_num_threads",
         [](int n) { candle_nn::ThreadPool::instance().set_threads(n); }, "n"_a);
   m.def("num_threads", [] { return candle_nn::ThreadPool::instance().threads(); });
+  // -- the packed-weight GEMM (gemm.h, conv_packed.cpp) --
+  m.def("packed_gemm_available", [] { return candle_nn::packed_gemm_available(); },
+        "Whether conv2d_packed runs on this CPU (AVX-512F).");
+  m.def("pack_gemm_weight", [](const mx::array& w) { return candle_nn::pack_gemm_weight(w); },
+        "w"_a, "w (N, K) float32 packed for conv2d_packed (1-D); evaluates w.");
+  m.def(
+      "conv2d_packed",
+      [](const mx::array& x, const mx::array& w_packed, std::optional<mx::array> bias,
+         std::optional<mx::array> residual, std::pair<int, int> kernel, int out_channels,
+         std::pair<int, int> stride, std::pair<int, int> padding, int act, int residual_mode) {
+        if (act < 0 || act > 3) throw std::invalid_argument("act must be 0..3");
+        if (residual_mode < 0 || residual_mode > 2)
+          throw std::invalid_argument("residual_mode must be 0..2");
+        return candle_nn::conv2d_packed(x, w_packed, bias, residual, kernel, out_channels, stride,
+                                        padding, static_cast<candle_nn::Act>(act),
+                                        static_cast<candle_nn::Residual>(residual_mode));
+      },
+      "x"_a, "w_packed"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "kernel"_a,
+      "out_channels"_a, "stride"_a, "padding"_a, "act"_a = 0, "residual_mode"_a = 0,
+      "conv2d_fused with the weight packed by pack_gemm_weight(w.reshape(O, -1)): x (N, H, W, C) "
+      "float32, kernel (kH, kW); the AVX-512 packed GEMM with im2col blocks and the epilogue "
+      "fused.");
   m.attr("LIBMLX_SIZE") = static_cast<int64_t>(CANDLE_NN_LIBMLX_SIZE);
 }

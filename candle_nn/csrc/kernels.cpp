@@ -425,3 +425,18 @@ bool Conv2dFused::is_equivalent(const mx::Primitive& other) const {
 }
 
 }  // namespace candle_nn
+
+// -- the packed GEMM's epilogue (kernels.h: bias_act_tile) ----------------------------------------
+namespace candle_nn {
+
+void bias_act_tile(float* c, int64_t ldc, const float* bias, const float* residual, int64_t m0,
+                   int64_t m1, int64_t n0, int64_t n1, Act act, Residual mode) {
+  const int64_t cols = n1 - n0;
+  for (int64_t m = m0; m < m1; ++m) {
+    float* row = c + m * ldc + n0;
+    bias_act_range(row, bias ? bias + n0 : nullptr, residual ? residual + m * ldc + n0 : nullptr,
+                   row, 0, cols, cols, act, mode);
+  }
+}
+
+}  // namespace candle_nn

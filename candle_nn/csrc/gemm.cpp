@@ -1,0 +1,212 @@
+#include "gemm.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "thread_pool.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CANDLE_NN_GEMM_AVX512 1
+#define CANDLE_NN_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,fma")))
+#endif
+
+namespace candle_nn::gemm {
+
+namespace {
+
+// Blocking (floats): a task's A block is kMc rows x kKc columns (in L2), one B micro-panel
+// kKc x 32 (32 KiB, in L1) is reused by the kMc / kMr micro-kernel calls of a block.
+constexpr int kMr = 12;  // rows of the register tile: 12 x 2 vectors = 24 accumulators
+constexpr int64_t kKc = 256;
+constexpr int64_t kMc = 96;
+
+// Copies A rows [m0, m0 + rows), columns [k0, k0 + kc) of the im2col matrix to dst (ld kc):
+// per output pixel and kernel tap, the tap's channels that fall in the column range.
+void im2col_block(const ASource& s, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
+                  float* dst) {
+  const int64_t hw = static_cast<int64_t>(s.oh) * s.ow;
+  const int64_t c = s.c, k1 = k0 + kc;
+  const int64_t tap0 = k0 / c, tap1 = (k1 + c - 1) / c;
+  for (int64_t r = 0; r < rows; ++r, dst += kc) {
+    int64_t m = m0 + r;
+    int64_t img = m / hw;
+    int oy = static_cast<int>((m / s.ow) % s.oh), ox = static_cast<int>(m % s.ow);
+    const float* base = s.data + img * s.h * static_cast<int64_t>(s.w) * c;
+    int iy0 = oy * s.sh - s.ph, ix0 = ox * s.sw - s.pw;
+    for (int64_t tap = tap0; tap < tap1; ++tap) {
+      int i = static_cast<int>(tap / s.kw), j = static_cast<int>(tap - (tap / s.kw) * s.kw);
+      int64_t lo = std::max(k0, tap * c), hi = std::min(k1, tap * c + c);
+      float* d = dst + (lo - k0);
+      int iy = iy0 + i, ix = ix0 + j;
+      if (iy < 0 || iy >= s.h || ix < 0 || ix >= s.w) {
+        for (int64_t q = 0; q < hi - lo; ++q) d[q] = 0.0f;
+        continue;
+      }
+      const float* src = base + (static_cast<int64_t>(iy) * s.w + ix) * c + (lo - tap * c);
+      if (hi - lo >= 16) {
+        std::memcpy(d, src, sizeof(float) * (hi - lo));
+      } else {
+        for (int64_t q = 0; q < hi - lo; ++q) d[q] = src[q];
+      }
+    }
+  }
+}
+
+#ifdef CANDLE_NN_GEMM_AVX512
+// C tile (R rows x NV vectors of 16) += or = A (R rows, stride lda) · B micro-panels (NV panels
+// of kc x 16, panel stride bs). The last vector stores only the columns in `mask`.
+template <int R, int NV>
+CANDLE_NN_TARGET_AVX512 void micro_kernel(const float* a, int64_t lda, const float* b,
+                                          int64_t bs, float* c, int64_t ldc, int64_t kc,
+                                          bool accumulate, __mmask16 mask) {
+  __m512 acc[R][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(b + v * bs + k * kPanel);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      __m512 av = _mm512_set1_ps(a[r * lda + k]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      float* p = c + r * ldc + v * kPanel;
+      __mmask16 m = v == NV - 1 ? mask : static_cast<__mmask16>(0xffff);
+      __m512 x = acc[r][v];
+      if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, p));
+      _mm512_mask_storeu_ps(p, m, x);
+    }
+  }
+}
+
+using Kernel = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
+                        bool, __mmask16);
+
+template <int NV, int... R>
+constexpr std::array<Kernel, sizeof...(R)> kernel_table(std::integer_sequence<int, R...>) {
+  return {&micro_kernel<R + 1, NV>...};
+}
+
+// kernels[nv - 1][rows - 1]
+const std::array<Kernel, kMr> kKernels1 = kernel_table<1>(std::make_integer_sequence<int, kMr>{});
+const std::array<Kernel, kMr> kKernels2 = kernel_table<2>(std::make_integer_sequence<int, kMr>{});
+
+// One task: C rows [m0, m0 + mc), columns [n0, n1) (n0 a multiple of 16).
+void block(const ASource& a, const float* bp, float* c, int64_t ldc, int64_t m0, int64_t mc,
+           int64_t n0, int64_t n1, int64_t n, int64_t k, std::vector<float>& buf) {
+  // K in equal blocks of at most ~kKc (one block up to 2 * kKc: no partial sums to reload).
+  int64_t kb = k <= 2 * kKc ? 1 : (k + kKc - 1) / kKc;
+  int64_t kcb = (k + kb - 1) / kb;
+  for (int64_t pc = 0; pc < k; pc += kcb) {
+    int64_t kc = std::min(kcb, k - pc);
+    const float* ablk;
+    int64_t lda;
+    if (a.im2col) {
+      if (buf.size() < static_cast<size_t>(mc * kc)) buf.resize(mc * kc);
+      im2col_block(a, m0, mc, pc, kc, buf.data());
+      ablk = buf.data();
+      lda = kc;
+    } else {
+      ablk = a.data + m0 * a.lda + pc;
+      lda = a.lda;
+    }
+    for (int64_t j = n0; j < n1; j += 2 * kPanel) {
+      int64_t cols = std::min<int64_t>(2 * kPanel, n1 - j);
+      int nv = cols > kPanel ? 2 : 1;
+      int64_t last = cols - (nv - 1) * kPanel;  // columns in the last vector (1..16)
+      __mmask16 mask = static_cast<__mmask16>((1u << last) - 1u);
+      const float* bj = bp + (j / kPanel) * kPanel * k + pc * kPanel;
+      const auto& table = nv == 2 ? kKernels2 : kKernels1;
+      for (int64_t i = 0; i < mc; i += kMr) {
+        int rows = static_cast<int>(std::min<int64_t>(kMr, mc - i));
+        table[rows - 1](ablk + i * lda, lda, bj, kPanel * k, c + (m0 + i) * ldc + j, ldc, kc,
+                        pc > 0, mask);
+      }
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+bool available() {
+#ifdef CANDLE_NN_GEMM_AVX512
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                         __builtin_cpu_supports("avx512dq");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+int64_t packed_size(int64_t n, int64_t k) { return (n + kPanel - 1) / kPanel * kPanel * k; }
+
+void pack_b(const float* w, int64_t ldw, int64_t n, int64_t k, float* out) {
+  int64_t panels = (n + kPanel - 1) / kPanel;
+  parallel_for(panels, 1, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      float* dst = out + p * kPanel * k;
+      for (int64_t kk = 0; kk < k; ++kk)
+        for (int64_t j = 0; j < kPanel; ++j) {
+          int64_t col = p * kPanel + j;
+          dst[kk * kPanel + j] = col < n ? w[col * ldw + kk] : 0.0f;
+        }
+    }
+  });
+}
+
+void gemm(const ASource& a, const float* b_packed, float* c, int64_t ldc, int64_t m, int64_t n,
+          int64_t k, const Epilogue& epilogue) {
+#ifdef CANDLE_NN_GEMM_AVX512
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    if (epilogue.fn) epilogue.fn(epilogue.ctx, c, ldc, 0, m, 0, n);
+    return;
+  }
+  auto& pool = ThreadPool::instance();
+  const int64_t threads = pool.threads();
+  // Rows per task: kMc, fewer when that leaves threads idle (rounded to the register tile).
+  int64_t mc = kMc;
+  int64_t mb = (m + mc - 1) / mc;
+  // Few row blocks (small M, e.g. a 7x7 feature map): split the columns too, in multiples of
+  // 32, so every thread gets work; several tasks per thread absorb a thread slowed by others.
+  const int64_t target = threads > 1 ? 4 * threads : 1;
+  int64_t nb = 1;
+  if (mb < target) nb = std::max<int64_t>(1, std::min((target + mb - 1) / mb, n / 64));
+  int64_t nc = ((n + nb - 1) / nb + 2 * kPanel - 1) / (2 * kPanel) * (2 * kPanel);
+  nb = (n + nc - 1) / nc;
+  if (mb * nb < threads && m > kMr) {  // still too few tasks: smaller row blocks
+    int64_t per = (m + threads - 1) / threads;
+    mc = std::max<int64_t>(kMr, (per + kMr - 1) / kMr * kMr);
+    mb = (m + mc - 1) / mc;
+  }
+  auto task = [&](int t) {
+    thread_local std::vector<float> buf;
+    int64_t ib = t / nb, jb = t % nb;
+    int64_t m0 = ib * mc, rows = std::min(mc, m - m0);
+    int64_t n0 = jb * nc, n1 = std::min(n, n0 + nc);
+    block(a, b_packed, c, ldc, m0, rows, n0, n1, n, k, buf);
+    if (epilogue.fn) epilogue.fn(epilogue.ctx, c, ldc, m0, m0 + rows, n0, n1);
+  };
+  pool.run(static_cast<int>(mb * nb), task);
+#else
+  (void)a, (void)b_packed, (void)c, (void)ldc, (void)m, (void)n, (void)k, (void)epilogue;
+#endif
+}
+
+}  // namespace candle_nn::gemm
