@@ -24,34 +24,60 @@ constexpr int kMr = 12;  // rows of the register tile: 12 x 2 vectors = 24 accum
 constexpr int64_t kKc = 256;
 constexpr int64_t kMc = 96;
 
-// Copies A rows [m0, m0 + rows), columns [k0, k0 + kc) of the im2col matrix to dst (ld kc):
-// per output pixel and kernel tap, the tap's channels that fall in the column range.
+// dst[0, n) = src[0, n) (src == nullptr: zeros); inline, as most runs are a few channels long.
+inline void copy_run(float* dst, const float* src, int64_t n) {
+  if (n >= 64) {
+    src ? std::memcpy(dst, src, sizeof(float) * n) : std::memset(dst, 0, sizeof(float) * n);
+    return;
+  }
+  if (src)
+    for (int64_t q = 0; q < n; ++q) dst[q] = src[q];
+  else
+    for (int64_t q = 0; q < n; ++q) dst[q] = 0.0f;
+}
+
+// Copies A rows [m0, m0 + rows), columns [k0, k0 + kc) of the im2col matrix to dst (ld kc).
+// Column kk = (i * kw + j) * c + channel: per output pixel and kernel row i the taps j are
+// adjacent pixels of x (whatever the stride), so the taps inside the image are one contiguous
+// run of x (kw * c floats for a whole kernel row away from the borders).
 void im2col_block(const ASource& s, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
                   float* dst) {
   const int64_t hw = static_cast<int64_t>(s.oh) * s.ow;
-  const int64_t c = s.c, k1 = k0 + kc;
-  const int64_t tap0 = k0 / c, tap1 = (k1 + c - 1) / c;
+  const int64_t c = s.c, k1 = k0 + kc, row_len = s.kw * c;
+  const int64_t i0 = k0 / row_len, i1 = (k1 + row_len - 1) / row_len;
   for (int64_t r = 0; r < rows; ++r, dst += kc) {
     int64_t m = m0 + r;
     int64_t img = m / hw;
     int oy = static_cast<int>((m / s.ow) % s.oh), ox = static_cast<int>(m % s.ow);
     const float* base = s.data + img * s.h * static_cast<int64_t>(s.w) * c;
     int iy0 = oy * s.sh - s.ph, ix0 = ox * s.sw - s.pw;
-    for (int64_t tap = tap0; tap < tap1; ++tap) {
-      int i = static_cast<int>(tap / s.kw), j = static_cast<int>(tap - (tap / s.kw) * s.kw);
-      int64_t lo = std::max(k0, tap * c), hi = std::min(k1, tap * c + c);
+    // taps j in [j_lo, j_hi) are inside the image horizontally
+    int j_lo = std::max(0, -ix0), j_hi = std::min(s.kw, s.w - ix0);
+    for (int64_t i = i0; i < i1; ++i) {
+      int64_t lo = std::max(k0, i * row_len), hi = std::min(k1, (i + 1) * row_len);
       float* d = dst + (lo - k0);
-      int iy = iy0 + i, ix = ix0 + j;
-      if (iy < 0 || iy >= s.h || ix < 0 || ix >= s.w) {
-        for (int64_t q = 0; q < hi - lo; ++q) d[q] = 0.0f;
+      int iy = iy0 + static_cast<int>(i);
+      if (iy < 0 || iy >= s.h || j_lo >= j_hi) {
+        copy_run(d, nullptr, hi - lo);
         continue;
       }
-      const float* src = base + (static_cast<int64_t>(iy) * s.w + ix) * c + (lo - tap * c);
-      if (hi - lo >= 16) {
-        std::memcpy(d, src, sizeof(float) * (hi - lo));
-      } else {
-        for (int64_t q = 0; q < hi - lo; ++q) d[q] = src[q];
+      // [lo, hi) relative to the kernel row: zeros left of j_lo, x's run, zeros from j_hi
+      int64_t a = lo - i * row_len, b = hi - i * row_len;
+      int64_t in_lo = j_lo * c, in_hi = j_hi * c;
+      const float* src = base + (static_cast<int64_t>(iy) * s.w + ix0) * c;
+      if (a < in_lo) {
+        int64_t e = std::min(b, in_lo);
+        copy_run(d, nullptr, e - a);
+        d += e - a;
+        a = e;
       }
+      if (a < b && a < in_hi) {
+        int64_t e = std::min(b, in_hi);
+        copy_run(d, src + a, e - a);
+        d += e - a;
+        a = e;
+      }
+      if (a < b) copy_run(d, nullptr, b - a);
     }
   }
 }
