@@ -11,7 +11,8 @@ busy shared machine slows them alike and the ratios stay meaningful:
 - ``native-blas``: every compiled kernel on, convs and Linear layers on the im2col + OpenBLAS
   sgemm conv and MLX's matmul (the packed-weight GEMM off),
 - ``native``: every compiled kernel (``candle_nn._cpu_kernels``) on; convs and Linear layers on
-  the packed-weight GEMM where the CPU runs it (AVX-512F), else as ``native-blas``.
+  the packed-weight GEMM where the CPU runs it (AVX-512F or AVX2 + FMA), else as
+  ``native-blas``.
 
 Example: ``python -m benchmarks.bench_cpu_paths --threads 2 --repeat 5 --models resnet50 yolov8n``
 prints each setting's median ms and the ratios native / mlx-fast and native / plain.

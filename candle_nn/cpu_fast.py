@@ -19,6 +19,15 @@ native ``conv2d_fused``          the CPU conv is im2col by single-threaded gener
 (:func:`conv2d`, used by        (a zero fill, the padded input, then the patches) before one
 ``Conv2d`` for groups 1)        sgemm, then the epilogue passes: here a multithreaded im2col
                                 (none for 1x1 stride 1), the same sgemm, one epilogue pass
+native ``conv2d_packed``         OpenBLAS re-packs the weights on every sgemm call, and on this
+(:func:`conv2d` and             project's AVX-512 machine runs its AVX2 kernel (the environment's
+:func:`linear`, used by         ``OPENBLAS_CORETYPE=Haswell``) or a generic AVX-512 one; here the
+``Conv2d`` for groups 1 and     weights are packed once per array (:func:`packed_weight`) and
+``Linear``; CPUs with           micro-kernels (AVX-512 12x32, else AVX2 6x16) gather the im2col
+AVX-512F or AVX2 + FMA, else    blocks themselves and run the epilogue on each tile in cache
+the row above / MLX's matmul)   (csrc/gemm.cpp): 1.1-2.3x the BLAS conv's speed per layer, 1
+                                thread. ``CANDLE_NN_CPU_GEMM=blas`` (or :func:`set_packed_gemm`)
+                                turns it off
 native ``softmax_last``         CPU softmax is single-threaded with a scalar ``exp``; used by
 (:func:`softmax_last`)          ``softmax`` and by attention on the CPU (MLX's CPU attention is
                                 matmul + softmax + matmul anyway)
@@ -186,7 +195,7 @@ def set_packed_gemm(flag: bool) -> None:
 
 def packed_gemm_applies() -> bool:
     """Whether convs and Linear layers run on the packed GEMM: on, the kernels loaded, and a CPU
-    with AVX-512F (elsewhere OpenBLAS's sgemm stays the GEMM)."""
+    with AVX-512F or AVX2 + FMA (elsewhere OpenBLAS's sgemm stays the GEMM)."""
     kernels = cpu_native.module()
     return _packed_gemm and kernels is not None and kernels.packed_gemm_available()
 

@@ -1,9 +1,10 @@
-"""The packed-weight GEMM (candle_nn/csrc/gemm.cpp, ``conv2d_packed``) against float64 NumPy:
-odd M/N/K around the 12-row register tile, the 16-column panels and the K blocks, padding,
-strides, batches, every activation and residual mode, Linear layers with leading axes, the
-weight packing's layout and cache, and gradients through the traced fallback. Where the CPU has
-no AVX-512F (or the kernels are not built) the packed path must say so and the layers must take
-the other paths, which the same float64 checks then cover."""
+"""The packed-weight GEMM (candle_nn/csrc/gemm.cpp, ``conv2d_packed``) against float64 NumPy,
+with each micro-kernel this CPU runs (AVX-512: 12x32 tiles, AVX2: 6x16): odd M/N/K around the
+register tiles, the 16-column panels and the K blocks, padding, strides, batches, every
+activation and residual mode, Linear layers with leading axes, the weight packing's layout and
+cache, and gradients through the traced fallback. Where the CPU has neither (or the kernels are
+not built) the packed path must say so and the layers take the other paths, which the Linear
+float64 checks then cover."""
 
 from __future__ import annotations
 
@@ -16,7 +17,22 @@ from candle_nn import cpu_fast, cpu_native
 
 KERNELS = cpu_native.module()
 PACKED = KERNELS is not None and KERNELS.packed_gemm_available()
-needs_packed = pytest.mark.skipif(not PACKED, reason="packed GEMM needs the kernels + AVX-512F")
+needs_packed = pytest.mark.skipif(not PACKED,
+                                  reason="packed GEMM needs the kernels + AVX-512F or AVX2/FMA")
+# the micro-kernels this CPU runs
+ISAS = [isa for isa in ("avx512", "avx2")
+        if PACKED and KERNELS.set_packed_gemm_isa(isa) and KERNELS.set_packed_gemm_isa("best")]
+
+
+@pytest.fixture(params=ISAS or ["none"])
+def isa(request):
+    """Runs the test with one micro-kernel, then restores the best one."""
+    if request.param != "none":
+        assert KERNELS.set_packed_gemm_isa(request.param)
+        assert KERNELS.packed_gemm_isa() == request.param
+    yield request.param
+    if request.param != "none":
+        KERNELS.set_packed_gemm_isa("best")
 ACTS = {0: "identity", 1: "relu", 2: "silu", 3: "gelu"}
 
 
@@ -67,7 +83,7 @@ SHAPES = [
 @needs_packed
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("act,mode", [(0, 0), (1, 1), (2, 0), (3, 2), (2, 1)])
-def test_conv2d_packed_against_float64(shape, act, mode) -> None:
+def test_conv2d_packed_against_float64(isa, shape, act, mode) -> None:
     """Every output within 1e-5 of the output's max of a float64 conv + epilogue."""
     n, h, wd, c, o, kh, kw, stride, pad = shape
     rng = np.random.default_rng(sum(shape[:7]) * 7 + act * 3 + mode)
@@ -88,7 +104,7 @@ def test_conv2d_packed_against_float64(shape, act, mode) -> None:
 
 
 @needs_packed
-def test_conv2d_packed_without_bias_on_a_strided_input() -> None:
+def test_conv2d_packed_without_bias_on_a_strided_input(isa) -> None:
     """No bias, no epilogue; x a non-contiguous slice (made contiguous by the op)."""
     rng = np.random.default_rng(5)
     big = rng.standard_normal((1, 10, 20, 8), dtype=np.float32)
@@ -127,7 +143,7 @@ def test_bad_arguments_are_refused() -> None:
 
 @pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("activation", ["silu", "gelu", None])
-def test_linear_against_float64(packed: bool, activation: str | None) -> None:
+def test_linear_against_float64(isa, packed: bool, activation: str | None) -> None:
     """Linear on (2, 5, 7, in) with in = 333 and out = 70: the packed GEMM (where it runs) and
     the MLX matmul path, within 1e-5 of the output's max."""
     rng = np.random.default_rng(11)
@@ -187,3 +203,13 @@ def test_linear_gradients_match_the_plain_ops() -> None:
     for a, p in zip(ours, plain):
         a, p = np.array(a), np.array(p)
         assert np.abs(a - p).max() <= 1e-4 * np.abs(p).max()
+
+
+def test_the_best_micro_kernel_is_the_default() -> None:
+    """AVX-512F where the CPU has it, else AVX2 + FMA, else none (and the layers use BLAS)."""
+    if not PACKED:
+        assert KERNELS is None or KERNELS.packed_gemm_isa() == "none"
+        assert not cpu_fast.packed_gemm_applies()
+        return
+    assert KERNELS.packed_gemm_isa() == ISAS[0]
+    assert not KERNELS.set_packed_gemm_isa("sse2")

@@ -46,6 +46,10 @@ mx::array unpack_ops(const mx::array& packed, int o, int kh, int kw, int c, mx::
 
 bool packed_gemm_available() { return gemm::available(); }
 
+const char* packed_gemm_isa() { return gemm::isa(); }
+
+bool set_packed_gemm_isa(const std::string& name) { return gemm::set_isa(name.c_str()); }
+
 mx::array pack_gemm_weight(const mx::array& w) {
   check_f32(w, "the weight");
   if (w.ndim() != 2) throw std::invalid_argument("candle_nn.pack_gemm_weight: w must be (N, K)");
@@ -75,7 +79,7 @@ mx::array conv2d_packed(const mx::array& x, const mx::array& w_packed,
   check_f32(x, "x");
   check_f32(w_packed, "the packed weight");
   if (!gemm::available())
-    throw std::runtime_error("candle_nn.conv2d_packed: this CPU has no AVX-512F");
+    throw std::runtime_error("candle_nn.conv2d_packed: this CPU has no AVX-512F nor AVX2 + FMA");
   if (x.ndim() != 4) throw std::invalid_argument("candle_nn.conv2d_packed: x must be (N, H, W, C)");
   auto [kh, kw] = kernel;
   int c = x.shape(3);

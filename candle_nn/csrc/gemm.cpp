@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <string>
 #include <cstring>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -10,8 +13,9 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define CANDLE_NN_GEMM_AVX512 1
+#define CANDLE_NN_GEMM_X86 1
 #define CANDLE_NN_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,fma")))
+#define CANDLE_NN_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #endif
 
 namespace candle_nn::gemm {
@@ -19,8 +23,7 @@ namespace candle_nn::gemm {
 namespace {
 
 // Blocking (floats): a task's A block is kMc rows x kKc columns (in L2), one B micro-panel
-// kKc x 32 (32 KiB, in L1) is reused by the kMc / kMr micro-kernel calls of a block.
-constexpr int kMr = 12;  // rows of the register tile: 12 x 2 vectors = 24 accumulators
+// kKc x 32 (32 KiB, in L1) is reused by the kMc / mr micro-kernel calls of a block.
 constexpr int64_t kKc = 256;
 constexpr int64_t kMc = 96;
 
@@ -82,13 +85,18 @@ void im2col_block(const ASource& s, int64_t m0, int64_t rows, int64_t k0, int64_
   }
 }
 
-#ifdef CANDLE_NN_GEMM_AVX512
-// C tile (R rows x NV vectors of 16) += or = A (R rows, stride lda) · B micro-panels (NV panels
-// of kc x 16, panel stride bs). The last vector stores only the columns in `mask`.
+#ifdef CANDLE_NN_GEMM_X86
+// The micro-kernels: C tile (R rows x `cols` columns) = or += A (R rows, row stride lda, kc
+// columns) · the B micro-panel (kc rows of 16 floats; AVX-512's second 16 columns come from the
+// next panel, bs floats on). Columns past `cols` are neither read nor written.
+using Kernel = void (*)(const float* a, int64_t lda, const float* b, int64_t bs, float* c,
+                        int64_t ldc, int64_t kc, bool accumulate, int cols);
+
+// AVX-512: 12 rows x 2 vectors of 16 = 24 accumulators of the 32 zmm registers.
 template <int R, int NV>
-CANDLE_NN_TARGET_AVX512 void micro_kernel(const float* a, int64_t lda, const float* b,
-                                          int64_t bs, float* c, int64_t ldc, int64_t kc,
-                                          bool accumulate, __mmask16 mask) {
+CANDLE_NN_TARGET_AVX512 void kernel_avx512(const float* a, int64_t lda, const float* b,
+                                           int64_t bs, float* c, int64_t ldc, int64_t kc,
+                                           bool accumulate, int cols) {
   __m512 acc[R][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
@@ -106,12 +114,13 @@ CANDLE_NN_TARGET_AVX512 void micro_kernel(const float* a, int64_t lda, const flo
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
     }
   }
+  const __mmask16 last = static_cast<__mmask16>((1u << (cols - (NV - 1) * 16)) - 1u);
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      float* p = c + r * ldc + v * kPanel;
-      __mmask16 m = v == NV - 1 ? mask : static_cast<__mmask16>(0xffff);
+      float* p = c + r * ldc + v * 16;
+      __mmask16 m = v == NV - 1 ? last : static_cast<__mmask16>(0xffff);
       __m512 x = acc[r][v];
       if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, p));
       _mm512_mask_storeu_ps(p, m, x);
@@ -119,21 +128,104 @@ CANDLE_NN_TARGET_AVX512 void micro_kernel(const float* a, int64_t lda, const flo
   }
 }
 
-using Kernel = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
-                        bool, __mmask16);
-
-template <int NV, int... R>
-constexpr std::array<Kernel, sizeof...(R)> kernel_table(std::integer_sequence<int, R...>) {
-  return {&micro_kernel<R + 1, NV>...};
+// AVX2 + FMA: 6 rows x 2 vectors of 8 (one 16-column panel) = 12 of the 16 ymm registers.
+template <int R, int NV>
+CANDLE_NN_TARGET_AVX2 void kernel_avx2(const float* a, int64_t lda, const float* b, int64_t,
+                                       float* c, int64_t ldc, int64_t kc, bool accumulate,
+                                       int cols) {
+  __m256 acc[R][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k) {
+    __m256 bv[NV];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) bv[v] = _mm256_loadu_ps(b + k * kPanel + v * 8);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      __m256 av = _mm256_broadcast_ss(a + r * lda + k);
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
+    }
+  }
+  alignas(32) static const int32_t lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
+                                                0,  0,  0,  0,  0,  0,  0,  0};
+  const int tail = cols - (NV - 1) * 8;  // 1..8 columns in the last vector
+  const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + 8 - tail));
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) {
+      float* p = c + r * ldc + v * 8;
+      __m256 x = acc[r][v];
+      if (v < NV - 1 || tail == 8) {
+        if (accumulate) x = _mm256_add_ps(x, _mm256_loadu_ps(p));
+        _mm256_storeu_ps(p, x);
+      } else {
+        if (accumulate) x = _mm256_add_ps(x, _mm256_maskload_ps(p, last));
+        _mm256_maskstore_ps(p, last, x);
+      }
+    }
+  }
 }
 
-// kernels[nv - 1][rows - 1]
-const std::array<Kernel, kMr> kKernels1 = kernel_table<1>(std::make_integer_sequence<int, kMr>{});
-const std::array<Kernel, kMr> kKernels2 = kernel_table<2>(std::make_integer_sequence<int, kMr>{});
+constexpr int kMaxMr = 12;
+
+// One instruction set's kernels: table[nv - 1][rows - 1] for tiles of `mr` rows and up to
+// `vectors` vectors of `width` columns.
+struct Isa {
+  const char* name;
+  int mr, width, vectors;
+  std::array<std::array<Kernel, kMaxMr>, 2> table;
+};
+
+template <template <int, int> class K, int NV, int... R>
+constexpr std::array<Kernel, kMaxMr> rows_table(std::integer_sequence<int, R...>) {
+  return {&K<R + 1, NV>::run...};
+}
+
+template <int R, int NV>
+struct Avx512K {
+  static void run(const float* a, int64_t lda, const float* b, int64_t bs, float* c, int64_t ldc,
+                  int64_t kc, bool acc, int cols) {
+    kernel_avx512<R, NV>(a, lda, b, bs, c, ldc, kc, acc, cols);
+  }
+};
+template <int R, int NV>
+struct Avx2K {
+  static void run(const float* a, int64_t lda, const float* b, int64_t bs, float* c, int64_t ldc,
+                  int64_t kc, bool acc, int cols) {
+    kernel_avx2<(R < 6 ? R : 6), NV>(a, lda, b, bs, c, ldc, kc, acc, cols);
+  }
+};
+
+const Isa kAvx512{"avx512", 12, 16, 2,
+                  {rows_table<Avx512K, 1>(std::make_integer_sequence<int, kMaxMr>{}),
+                   rows_table<Avx512K, 2>(std::make_integer_sequence<int, kMaxMr>{})}};
+const Isa kAvx2{"avx2", 6, 8, 2,
+                {rows_table<Avx2K, 1>(std::make_integer_sequence<int, kMaxMr>{}),
+                 rows_table<Avx2K, 2>(std::make_integer_sequence<int, kMaxMr>{})}};
+
+bool cpu_has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq");
+}
+bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+const Isa* best_isa() {
+  if (cpu_has_avx512()) return &kAvx512;
+  if (cpu_has_avx2()) return &kAvx2;
+  return nullptr;
+}
+
+std::atomic<const Isa*> g_isa{best_isa()};
 
 // One task: C rows [m0, m0 + mc), columns [n0, n1) (n0 a multiple of 16).
-void block(const ASource& a, const float* bp, float* c, int64_t ldc, int64_t m0, int64_t mc,
-           int64_t n0, int64_t n1, int64_t n, int64_t k, std::vector<float>& buf) {
+void block(const Isa& isa, const ASource& a, const float* bp, float* c, int64_t ldc, int64_t m0,
+           int64_t mc, int64_t n0, int64_t n1, int64_t k, std::vector<float>& buf) {
+  const int64_t tile_cols = static_cast<int64_t>(isa.width) * isa.vectors;
   // K in equal blocks of at most ~kKc (one block up to 2 * kKc: no partial sums to reload).
   int64_t kb = k <= 2 * kKc ? 1 : (k + kKc - 1) / kKc;
   int64_t kcb = (k + kb - 1) / kb;
@@ -150,17 +242,15 @@ void block(const ASource& a, const float* bp, float* c, int64_t ldc, int64_t m0,
       ablk = a.data + m0 * a.lda + pc;
       lda = a.lda;
     }
-    for (int64_t j = n0; j < n1; j += 2 * kPanel) {
-      int64_t cols = std::min<int64_t>(2 * kPanel, n1 - j);
-      int nv = cols > kPanel ? 2 : 1;
-      int64_t last = cols - (nv - 1) * kPanel;  // columns in the last vector (1..16)
-      __mmask16 mask = static_cast<__mmask16>((1u << last) - 1u);
+    for (int64_t j = n0; j < n1; j += tile_cols) {
+      int cols = static_cast<int>(std::min(tile_cols, n1 - j));
+      int nv = (cols + isa.width - 1) / isa.width;
       const float* bj = bp + (j / kPanel) * kPanel * k + pc * kPanel;
-      const auto& table = nv == 2 ? kKernels2 : kKernels1;
-      for (int64_t i = 0; i < mc; i += kMr) {
-        int rows = static_cast<int>(std::min<int64_t>(kMr, mc - i));
+      const auto& table = isa.table[nv - 1];
+      for (int64_t i = 0; i < mc; i += isa.mr) {
+        int rows = static_cast<int>(std::min<int64_t>(isa.mr, mc - i));
         table[rows - 1](ablk + i * lda, lda, bj, kPanel * k, c + (m0 + i) * ldc + j, ldc, kc,
-                        pc > 0, mask);
+                        pc > 0, cols);
       }
     }
   }
@@ -170,13 +260,32 @@ void block(const ASource& a, const float* bp, float* c, int64_t ldc, int64_t m0,
 }  // namespace
 
 bool available() {
-#ifdef CANDLE_NN_GEMM_AVX512
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                         __builtin_cpu_supports("avx512dq");
-  return ok;
+#ifdef CANDLE_NN_GEMM_X86
+  return g_isa.load() != nullptr;
 #else
   return false;
 #endif
+}
+
+const char* isa() {
+#ifdef CANDLE_NN_GEMM_X86
+  const Isa* i = g_isa.load();
+  return i ? i->name : "none";
+#else
+  return "none";
+#endif
+}
+
+bool set_isa(const char* name) {
+#ifdef CANDLE_NN_GEMM_X86
+  std::string n = name;
+  if (n == "best") return g_isa.store(best_isa()), true;
+  if (n == "avx512" && cpu_has_avx512()) return g_isa.store(&kAvx512), true;
+  if (n == "avx2" && cpu_has_avx2()) return g_isa.store(&kAvx2), true;
+#else
+  (void)name;
+#endif
+  return false;
 }
 
 int64_t packed_size(int64_t n, int64_t k) { return (n + kPanel - 1) / kPanel * kPanel * k; }
@@ -197,7 +306,9 @@ void pack_b(const float* w, int64_t ldw, int64_t n, int64_t k, float* out) {
 
 void gemm(const ASource& a, const float* b_packed, float* c, int64_t ldc, int64_t m, int64_t n,
           int64_t k, const Epilogue& epilogue) {
-#ifdef CANDLE_NN_GEMM_AVX512
+#ifdef CANDLE_NN_GEMM_X86
+  const Isa* isa = g_isa.load();
+  if (isa == nullptr) throw std::runtime_error("candle_nn::gemm: no AVX-512F or AVX2 + FMA");
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
@@ -206,6 +317,7 @@ void gemm(const ASource& a, const float* b_packed, float* c, int64_t ldc, int64_
   }
   auto& pool = ThreadPool::instance();
   const int64_t threads = pool.threads();
+  const int64_t mr = isa->mr;
   // Rows per task: kMc, fewer when that leaves threads idle (rounded to the register tile).
   int64_t mc = kMc;
   int64_t mb = (m + mc - 1) / mc;
@@ -216,9 +328,9 @@ void gemm(const ASource& a, const float* b_packed, float* c, int64_t ldc, int64_
   if (mb < target) nb = std::max<int64_t>(1, std::min((target + mb - 1) / mb, n / 64));
   int64_t nc = ((n + nb - 1) / nb + 2 * kPanel - 1) / (2 * kPanel) * (2 * kPanel);
   nb = (n + nc - 1) / nc;
-  if (mb * nb < threads && m > kMr) {  // still too few tasks: smaller row blocks
+  if (mb * nb < threads && m > mr) {  // still too few tasks: smaller row blocks
     int64_t per = (m + threads - 1) / threads;
-    mc = std::max<int64_t>(kMr, (per + kMr - 1) / kMr * kMr);
+    mc = std::max<int64_t>(mr, (per + mr - 1) / mr * mr);
     mb = (m + mc - 1) / mc;
   }
   auto task = [&](int t) {
@@ -226,12 +338,13 @@ void gemm(const ASource& a, const float* b_packed, float* c, int64_t ldc, int64_
     int64_t ib = t / nb, jb = t % nb;
     int64_t m0 = ib * mc, rows = std::min(mc, m - m0);
     int64_t n0 = jb * nc, n1 = std::min(n, n0 + nc);
-    block(a, b_packed, c, ldc, m0, rows, n0, n1, n, k, buf);
+    block(*isa, a, b_packed, c, ldc, m0, rows, n0, n1, k, buf);
     if (epilogue.fn) epilogue.fn(epilogue.ctx, c, ldc, m0, m0 + rows, n0, n1);
   };
   pool.run(static_cast<int>(mb * nb), task);
 #else
   (void)a, (void)b_packed, (void)c, (void)ldc, (void)m, (void)n, (void)k, (void)epilogue;
+  throw std::runtime_error("candle_nn::gemm: x86-64 only");
 #endif
 }
 

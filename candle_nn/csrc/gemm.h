@@ -1,4 +1,4 @@
-// A float32 GEMM with pre-packed B (the weights) and an AVX-512 micro-kernel, for convs and
+// A float32 GEMM with pre-packed B (the weights) and AVX-512 / AVX2 micro-kernels, for convs and
 // Linear layers on the CPU: C (M, N) = A (M, K) · Bᵀ, B given as (N, K) row-major (a conv's
 // (O, kH, kW, C) weight, a Linear's (out, in) weight), packed once by pack_b. A is either a
 // plain row-major matrix or the im2col of an NHWC image, gathered block by block into a small
@@ -14,8 +14,15 @@ namespace candle_nn::gemm {
 // Columns of B per packed panel (one 16-float vector).
 constexpr int64_t kPanel = 16;
 
-// Whether this CPU runs the micro-kernel (AVX-512F); callers use another GEMM where it does not.
+// Whether this CPU runs a micro-kernel (AVX-512F, else AVX2 + FMA); callers use another GEMM
+// where it does not.
 bool available();
+
+// The micro-kernel in use: "avx512", "avx2" or "none".
+const char* isa();
+
+// Use "avx512", "avx2" or the "best" this CPU has (for tests and A/B); false if it cannot.
+bool set_isa(const char* name);
 
 // Floats of the packed B for n columns and k rows: ceil(n / 16) * 16 * k.
 int64_t packed_size(int64_t n, int64_t k);

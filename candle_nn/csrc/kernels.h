@@ -84,15 +84,19 @@ class SoftmaxLast : public mx::Primitive {
 void bias_act_tile(float* c, int64_t ldc, const float* bias, const float* residual, int64_t m0,
                    int64_t m1, int64_t n0, int64_t n1, Act act, Residual mode);
 
-// Whether conv2d_packed runs on this CPU (AVX-512F).
+// Whether conv2d_packed runs on this CPU (AVX-512F, or AVX2 + FMA), which micro-kernel it
+// uses ("avx512", "avx2", "none"), and a switch between them for tests and A/B ("avx512",
+// "avx2", "best"; false where this CPU cannot).
 bool packed_gemm_available();
+const char* packed_gemm_isa();
+bool set_packed_gemm_isa(const std::string& name);
 
 // w (N, K) float32 (a conv's (O, kH * kW * C) weight, a Linear's (out, in)) packed for
 // conv2d_packed: a 1-D array of gemm::packed_size(N, K) floats. Evaluates w; runs at once.
 mx::array pack_gemm_weight(const mx::array& w);
 
 // act(conv2d(x, w) + bias [+ residual]) as conv2d_fused, with w given packed
-// (pack_gemm_weight of w.reshape(O, kH * kW * C)) and an AVX-512 GEMM that gathers im2col
+// (pack_gemm_weight of w.reshape(O, kH * kW * C)) and an AVX-512/AVX2 GEMM that gathers im2col
 // blocks itself and runs the epilogue on each tile while it is in cache. x (N, H, W, C) float32;
 // output (N, H', W', out_channels). A Linear is the 1x1 case with x (1, 1, M, K).
 mx::array conv2d_packed(const mx::array& x, const mx::array& w_packed,
