@@ -65,7 +65,8 @@ def _act64(v: np.ndarray, act: int) -> np.ndarray:
 
 
 # (batch, H, W, C, O, kH, kW, stride, padding): M = batch * H' * W' from 1 to a few hundred
-# (tails of the 12-row tile), O across the 16/32-column panels, K across the 512-wide K blocks.
+# (tails of the 12-row tile), O across the 16/32-column panels, K across the 512-wide K blocks,
+# problems below and above the size that goes multithreaded (2 MFLOP).
 SHAPES = [
     (1, 7, 7, 64, 512, 1, 1, (1, 1), (0, 0)),
     (1, 1, 1, 17, 1000, 1, 1, (1, 1), (0, 0)),
@@ -77,6 +78,7 @@ SHAPES = [
     (1, 4, 4, 3, 1, 7, 7, (2, 2), (3, 3)),
     (2, 12, 12, 24, 48, 1, 1, (2, 2), (0, 0)),
     (1, 3, 29, 1100, 15, 1, 1, (1, 1), (0, 0)),
+    (1, 5, 5, 40, 200, 3, 3, (1, 1), (1, 1)),  # few rows, columns split: im2col gathered once
 ]
 
 

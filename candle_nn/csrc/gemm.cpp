@@ -316,7 +316,8 @@ void gemm(const ASource& a, const float* b_packed, float* c, int64_t ldc, int64_
     return;
   }
   auto& pool = ThreadPool::instance();
-  const int64_t threads = pool.threads();
+  // Below ~2 MFLOP (~10 us on one core) waking another thread costs about as much as it saves.
+  const int64_t threads = 2 * m * n * k < (int64_t{1} << 21) ? 1 : pool.threads();
   const int64_t mr = isa->mr;
   // Rows per task: kMc, fewer when that leaves threads idle (rounded to the register tile).
   int64_t mc = kMc;
@@ -333,15 +334,32 @@ void gemm(const ASource& a, const float* b_packed, float* c, int64_t ldc, int64_
     mc = std::max<int64_t>(mr, (per + mr - 1) / mr * mr);
     mb = (m + mc - 1) / mc;
   }
+  // Split columns would each gather the same im2col rows: gather them once, in parallel.
+  ASource src = a;
+  thread_local std::vector<float> col;
+  if (a.im2col && nb > 1) {
+    if (col.size() < static_cast<size_t>(m * k)) col.resize(m * k);
+    float* dst = col.data();
+    parallel_for(m, std::max<int64_t>(1, (1 << 15) / k), 1, [&](int64_t r0, int64_t r1) {
+      im2col_block(a, r0, r1 - r0, 0, k, dst + r0 * k);
+    });
+    src = ASource{};
+    src.data = dst;
+    src.lda = k;
+  }
   auto task = [&](int t) {
     thread_local std::vector<float> buf;
     int64_t ib = t / nb, jb = t % nb;
     int64_t m0 = ib * mc, rows = std::min(mc, m - m0);
     int64_t n0 = jb * nc, n1 = std::min(n, n0 + nc);
-    block(*isa, a, b_packed, c, ldc, m0, rows, n0, n1, k, buf);
+    block(*isa, src, b_packed, c, ldc, m0, rows, n0, n1, k, buf);
     if (epilogue.fn) epilogue.fn(epilogue.ctx, c, ldc, m0, m0 + rows, n0, n1);
   };
-  pool.run(static_cast<int>(mb * nb), task);
+  if (threads == 1) {
+    for (int t = 0; t < mb * nb; ++t) task(t);
+  } else {
+    pool.run(static_cast<int>(mb * nb), task);
+  }
 #else
   (void)a, (void)b_packed, (void)c, (void)ldc, (void)m, (void)n, (void)k, (void)epilogue;
   throw std::runtime_error("candle_nn::gemm: x86-64 only");
