@@ -215,3 +215,15 @@ def test_the_best_micro_kernel_is_the_default() -> None:
         return
     assert KERNELS.packed_gemm_isa() == ISAS[0]
     assert not KERNELS.set_packed_gemm_isa("sse2")
+
+
+def test_info_names_the_conv_gemm() -> None:
+    """``candle_nn.info()`` says what convs and Linear layers multiply with, and follows the
+    switch."""
+    expect = f"packed {KERNELS.packed_gemm_isa()}" if PACKED else "blas"
+    assert cn.info()["cpu_gemm"] == expect
+    cpu_fast.set_packed_gemm(False)
+    try:
+        assert cn.info()["cpu_gemm"] == "blas"
+    finally:
+        cpu_fast.set_packed_gemm(True)
