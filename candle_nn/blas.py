@@ -178,7 +178,12 @@ def _describe(lib: ctypes.CDLL, path: str) -> str:
         text = get().decode().strip()
         core = lib.openblas_get_corename
         core.restype = ctypes.c_char_p
-        return f"{text}, core {core().decode()}"
+        forced = os.environ.get("OPENBLAS_CORETYPE", "").strip()
+        # OpenBLAS obeys this variable over its own CPU detection; on a CPU with AVX-512 a forced
+        # "Haswell" halves sgemm throughput (measured here: ~105 vs ~210 GF/s on one core), so
+        # say it wherever the BLAS is described.
+        how = f" (forced by OPENBLAS_CORETYPE={forced})" if forced else ""
+        return f"{text}, core {core().decode()}{how}"
     except AttributeError:
         pass
     try:

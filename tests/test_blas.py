@@ -85,6 +85,28 @@ def test_a_plain_install_gives_the_pip_openblas() -> None:
     assert report["blas"]["threads"] and report["blas"]["threads"] >= 1
 
 
+@pytest.mark.parametrize("forced", ["Haswell", ""])
+def test_a_forced_openblas_core_is_named(forced: str) -> None:
+    """OPENBLAS_CORETYPE overrides OpenBLAS's CPU detection (an AVX2 kernel on an AVX-512 CPU
+    halves sgemm throughput), so the BLAS description says when the core was forced."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    if forced:
+        env["OPENBLAS_CORETYPE"] = forced
+    done = subprocess.run([sys.executable, "-m", "candle_nn"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.startswith("CPU BLAS:"))
+    if "OpenBLAS" not in line:
+        assert "forced by" not in line
+        return
+    if forced:
+        assert f"core {forced} (forced by OPENBLAS_CORETYPE={forced})" in line, line
+    else:
+        assert "forced by" not in line, line
+
+
 def test_the_pip_openblas_is_found_first(tmp_path) -> None:
     """Detection without the real package: a package dir named ngsolve_openblas on the path."""
     package = tmp_path / "ngsolve_openblas"
