@@ -432,6 +432,10 @@ namespace candle_nn {
 void bias_act_tile(float* c, int64_t ldc, const float* bias, const float* residual, int64_t m0,
                    int64_t m1, int64_t n0, int64_t n1, Act act, Residual mode) {
   const int64_t cols = n1 - n0;
+  if (n0 == 0 && n1 == ldc) {  // whole rows: one contiguous range
+    bias_act_range(c, bias, residual, c, m0 * ldc, m1 * ldc, ldc, act, mode);
+    return;
+  }
   for (int64_t m = m0; m < m1; ++m) {
     float* row = c + m * ldc + n0;
     bias_act_range(row, bias ? bias + n0 : nullptr, residual ? residual + m * ldc + n0 : nullptr,
