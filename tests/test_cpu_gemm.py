@@ -79,6 +79,13 @@ SHAPES = [
     (2, 12, 12, 24, 48, 1, 1, (2, 2), (0, 0)),
     (1, 3, 29, 1100, 15, 1, 1, (1, 1), (0, 0)),
     (1, 5, 5, 40, 200, 3, 3, (1, 1), (1, 1)),  # few rows, columns split: im2col gathered once
+    # wide outputs: tiles that read x in place, tiles at the image borders and output-row ends
+    # gathered, tiles above/below the image skipped per kernel row
+    (1, 9, 40, 16, 20, 3, 3, (1, 1), (1, 1)),
+    (2, 50, 50, 12, 24, 3, 3, (2, 2), (1, 1)),
+    (1, 11, 37, 8, 40, 5, 5, (1, 1), (2, 2)),
+    (1, 4, 30, 32, 17, 1, 1, (1, 1), (1, 1)),  # padded 1x1: whole output rows are bias only
+    (1, 6, 64, 600, 48, 3, 3, (1, 1), (1, 1)),  # kernel rows split into K chunks
 ]
 
 

@@ -255,6 +255,78 @@ void block(const Isa& isa, const ASource& a, const float* bp, float* c, int64_t 
     }
   }
 }
+
+// One task of a conv (im2col source) without the im2col copy where it can: K blocks follow the
+// kernel rows, and a register tile whose rows are adjacent pixels of one output row, with every
+// tap inside the image, reads x in place (row r of the tile starts sw * c floats after row r - 1;
+// a kernel row's kw taps are kw * c contiguous floats). A tile off the image vertically adds
+// nothing for that kernel row and is skipped; other tiles (image borders, output-row ends) are
+// gathered as before. Same contract as block.
+void block_conv(const Isa& isa, const ASource& a, const float* bp, float* c, int64_t ldc,
+                int64_t m0, int64_t mc, int64_t n0, int64_t n1, int64_t k,
+                std::vector<float>& buf) {
+  const int64_t tile_cols = static_cast<int64_t>(isa.width) * isa.vectors;
+  const int64_t row_len = static_cast<int64_t>(a.kw) * a.c;
+  const int64_t chunks = (row_len + 2 * kKc - 1) / (2 * kKc);
+  const int64_t chunk = (row_len + chunks - 1) / chunks;
+  const int64_t hw = static_cast<int64_t>(a.oh) * a.ow;
+  const int64_t ntiles = (mc + isa.mr - 1) / isa.mr;
+  struct TileA {
+    const float* p;
+    int64_t lda;
+    bool skip, written;
+  };
+  thread_local std::vector<TileA> tiles;
+  tiles.assign(ntiles, TileA{nullptr, 0, false, false});
+  if (buf.size() < static_cast<size_t>(mc * chunk)) buf.resize(mc * chunk);
+  for (int64_t i = 0; i < a.kh; ++i) {
+    for (int64_t c0 = 0; c0 < row_len; c0 += chunk) {
+      const int64_t kc = std::min(chunk, row_len - c0), pc = i * row_len + c0;
+      for (int64_t t = 0; t < ntiles; ++t) {
+        const int64_t r0 = t * isa.mr, rows = std::min<int64_t>(isa.mr, mc - r0);
+        const int64_t m = m0 + r0, img = m / hw;
+        const int oy = static_cast<int>((m / a.ow) % a.oh), ox = static_cast<int>(m % a.ow);
+        const int iy = oy * a.sh - a.ph + static_cast<int>(i);
+        const int ix_first = ox * a.sw - a.pw;
+        const int ix_last = static_cast<int>(ox + rows - 1) * a.sw - a.pw;
+        auto& tile = tiles[t];
+        const bool one_row = ox + rows <= a.ow;
+        tile.skip = one_row && (iy < 0 || iy >= a.h);
+        if (tile.skip) continue;
+        if (one_row && ix_first >= 0 && ix_last + a.kw <= a.w) {
+          tile.p = a.data + ((img * a.h + iy) * static_cast<int64_t>(a.w) + ix_first) * a.c + c0;
+          tile.lda = static_cast<int64_t>(a.sw) * a.c;
+        } else {
+          im2col_block(a, m, rows, pc, kc, buf.data() + r0 * kc);
+          tile.p = buf.data() + r0 * kc;
+          tile.lda = kc;
+        }
+      }
+      for (int64_t j = n0; j < n1; j += tile_cols) {
+        int cols = static_cast<int>(std::min(tile_cols, n1 - j));
+        int nv = (cols + isa.width - 1) / isa.width;
+        const float* bj = bp + (j / kPanel) * kPanel * k + pc * kPanel;
+        const auto& table = isa.table[nv - 1];
+        for (int64_t t = 0; t < ntiles; ++t) {
+          if (tiles[t].skip) continue;
+          int rows = static_cast<int>(std::min<int64_t>(isa.mr, mc - t * isa.mr));
+          table[rows - 1](tiles[t].p, tiles[t].lda, bj, kPanel * k,
+                          c + (m0 + t * isa.mr) * ldc + j, ldc, kc, tiles[t].written, cols);
+        }
+      }
+      for (auto& tile : tiles) tile.written |= !tile.skip;
+    }
+  }
+  for (int64_t t = 0; t < ntiles; ++t) {  // tiles off the image for every kernel row: zeros
+    if (tiles[t].written) continue;
+    int rows = static_cast<int>(std::min<int64_t>(isa.mr, mc - t * isa.mr));
+    for (int64_t j = n0; j < n1; j += tile_cols) {
+      int cols = static_cast<int>(std::min(tile_cols, n1 - j));
+      isa.table[(cols + isa.width - 1) / isa.width - 1][rows - 1](
+          nullptr, 0, bp, kPanel * k, c + (m0 + t * isa.mr) * ldc + j, ldc, 0, false, cols);
+    }
+  }
+}
 #endif
 
 }  // namespace
@@ -347,12 +419,18 @@ void gemm(const ASource& a, const float* b_packed, float* c, int64_t ldc, int64_
     src.data = dst;
     src.lda = k;
   }
+  // Convs read x in place where they can (block_conv), unless a kernel row is too short for
+  // the register tile's loads and stores to pay off (e.g. a 3-channel stem).
+  const bool direct_conv = src.im2col && static_cast<int64_t>(src.kw) * src.c >= 32;
   auto task = [&](int t) {
     thread_local std::vector<float> buf;
     int64_t ib = t / nb, jb = t % nb;
     int64_t m0 = ib * mc, rows = std::min(mc, m - m0);
     int64_t n0 = jb * nc, n1 = std::min(n, n0 + nc);
-    block(*isa, src, b_packed, c, ldc, m0, rows, n0, n1, k, buf);
+    if (direct_conv)
+      block_conv(*isa, src, b_packed, c, ldc, m0, rows, n0, n1, k, buf);
+    else
+      block(*isa, src, b_packed, c, ldc, m0, rows, n0, n1, k, buf);
     if (epilogue.fn) epilogue.fn(epilogue.ctx, c, ldc, m0, m0 + rows, n0, n1);
   };
   if (threads == 1) {
