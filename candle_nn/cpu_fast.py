@@ -223,7 +223,7 @@ def linear(x: mx.array, weight: mx.array, bias: mx.array | None,
     """``activation(x @ weight.T + bias)`` on the packed GEMM with the epilogue fused; ``None``
     where it does not apply. ``x`` ``(..., in)``, ``weight`` ``(out, in)``, ``bias`` ``(out,)``."""
     if activation not in _ACT_CODES or not native_applies(x.dtype) or x.ndim == 0 \
-            or not packed_gemm_applies() or weight.dtype != mx.float32 \
+            or x.size == 0 or not packed_gemm_applies() or weight.dtype != mx.float32 \
             or (bias is not None and bias.dtype != mx.float32):
         return None
     out, k = weight.shape

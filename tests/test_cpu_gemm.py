@@ -234,3 +234,18 @@ def test_info_names_the_conv_gemm() -> None:
         assert cn.info()["cpu_gemm"] == "blas"
     finally:
         cpu_fast.set_packed_gemm(True)
+
+
+@pytest.mark.parametrize("shape", [(0, 6), (6,), (2, 0, 6)])
+def test_linear_on_empty_and_vector_inputs(shape: tuple[int, ...]) -> None:
+    """No rows at all, or one vector: the float64 result's shape and values."""
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((4, 6), dtype=np.float32)
+    b = rng.standard_normal(4, dtype=np.float32)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    layer = cn.Linear(mx.array(w), mx.array(b), device=cn.Device.cpu())
+    with mx.stream(mx.cpu):
+        ours = np.array(layer(mx.array(x), activation="relu"))
+    ref = np.maximum(x.astype(np.float64) @ w.T + b, 0.0)
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max(initial=0.0) <= 1e-5 * max(np.abs(ref).max(initial=0.0), 1.0)
