@@ -13,6 +13,8 @@ busy shared machine slows them alike and the ratios stay meaningful:
 - ``native-no-dw-attn-ln``: every compiled kernel except the depthwise conv, the two attention
   kernels and LayerNorm (depthwise convs on the pure-MLX path, attention as transposes + matmuls
   + the softmax kernel, ``mx.fast.layer_norm``),
+- ``native-blas``: every compiled kernel on, convs and Linear layers on the im2col + OpenBLAS
+  sgemm conv and MLX's matmul (the packed-weight GEMM off; Winograd still on),
 - ``native``: every compiled kernel (``candle_nn._cpu_kernels``) on.
 
 Example: ``python -m benchmarks.bench_cpu_paths --threads 2 --repeat 5 --models resnet50 yolov8n``
@@ -36,7 +38,7 @@ from benchmarks.bench import load_ours, ours_inputs
 from benchmarks.bench_models import MODELS
 
 SETTINGS = ("plain", "mlx-fast", "native-no-conv", "native-im2col", "native-no-dw-attn-ln",
-            "native")
+            "native-blas", "native")
 # the cpu_fast entry points that native-no-dw-attn-ln turns off (each returns None: not applied)
 _DW_ATTN = ("depthwise_conv2d_fused", "attention_packed", "attention_heads", "layer_norm")
 _ORIGINAL = {name: getattr(cpu_fast, name) for name in _DW_ATTN}
@@ -51,6 +53,7 @@ def _apply(setting: str, kernels: object) -> None:
     for name in _DW_ATTN:
         setattr(cpu_fast, name, (lambda *a, **k: None) if setting == "native-no-dw-attn-ln"
                 else _ORIGINAL[name])
+    cpu_fast.set_packed_gemm(setting not in ("native-blas", "native-no-conv"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,10 @@ custom MLX primitives whose ``eval_cpu`` runs fused, multithreaded float32 loops
   The sgemm is the one MLX's own ``cblas_sgemm`` calls resolve to (the optimized BLAS blas.py
   binds to MLX; its address is handed over at load, :func:`_sgemm_address`; nothing is linked);
   without an optimized BLAS there is none and convs stay on MLX's path;
+- ``conv2d_packed(x, w_packed, bias, residual, kernel, out_channels, stride, padding, act,
+  residual_mode)`` with ``pack_gemm_weight(w (N, K))``: the same conv (and Linear, as a 1x1 conv)
+  on candle_nn's own packed-weight GEMM (csrc/gemm.h, AVX-512 or AVX2 micro-kernels);
+  ``packed_gemm_available()`` says whether this CPU runs it, ``packed_gemm_isa()`` with which;
 - ``softmax_last(x)``: softmax over the last axis.
 
 A source checkout used through ``PYTHONPATH`` (no ``pip install``), a failed build, or another

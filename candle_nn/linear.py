@@ -61,11 +61,14 @@ class Linear(Module):
                 residual: mx.array | None = None) -> mx.array:
         """``activation(x @ W.T + b) [+ residual]`` (``activation``: a name in
         ``candle_nn.ACTIVATIONS`` or ``None``; ``residual``: the output's shape, added last); on
-        the CPU in float32 bias, activation and residual are one fused multithreaded pass."""
+        the CPU in float32 bias, activation and residual are fused into the product's pass."""
         bias = self.get("bias")
         few_rows = cpu_fast.linear_rows(x, self.weight, bias)
         if few_rows is not None:
             return bias_act(few_rows, None, activation, residual, residual_after_activation=True)
+        fused = cpu_fast.linear(x, self.weight, bias, activation, residual)
+        if fused is not None:
+            return fused
         if bias is not None and cpu_fast.native_applies(x.dtype):
             return bias_act(x @ self.weight.T, bias, activation, residual,
                             residual_after_activation=True)

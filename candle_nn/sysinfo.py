@@ -24,7 +24,8 @@ class Info(dict):
             f"CPU BLAS: {blas['name']} [{blas['state']}{threads}] - {blas['detail']}",
             f"CPU kernels (C++): {'loaded' if native['loaded'] else 'not loaded'}"
             f"{threads_native} - {native['detail']}; fast paths "
-            f"{'on' if self['cpu_fast'] else 'off (CANDLE_NN_CPU_FAST=0)'}",
+            f"{'on' if self['cpu_fast'] else 'off (CANDLE_NN_CPU_FAST=0)'}; conv/Linear GEMM: "
+            f"{self['cpu_gemm']}",
             f"float32 precision on GPU: {self['float32_precision']}",
         ]
         return "\n".join(lines)
@@ -37,7 +38,9 @@ def info() -> Info:
     ``["cpu", "gpu:0"]``), ``default_device``, ``blas`` (``name``, ``path``, ``state``,
     ``detail``, ``threads``: see :class:`candle_nn.blas.BlasStatus`), ``cpu_native`` (the
     compiled CPU kernels: ``loaded``, ``detail`` (why not), ``threads``; see cpu_native.py),
-    ``cpu_fast`` (whether the CPU fast paths are switched on), ``float32_precision``
+    ``cpu_fast`` (whether the CPU fast paths are switched on), ``cpu_gemm`` (what the CPU convs
+    and Linear layers multiply with: ``"packed avx512"``/``"packed avx2"`` (cpu_fast's packed
+    GEMM) or ``"blas"``), ``float32_precision``
     (``"exact"`` or ``"tf32"``).
     """
     import mlx.core as mx
@@ -57,5 +60,7 @@ def info() -> Info:
         blas=status().as_dict(),
         cpu_native=cpu_native.status().as_dict(),
         cpu_fast=cpu_fast.enabled(),
+        cpu_gemm=(f"packed {cpu_native.module().packed_gemm_isa()}"
+                  if cpu_fast.packed_gemm_applies() else "blas"),
         float32_precision=float32_precision(),
     )

@@ -575,7 +575,8 @@ def test_depthwise_gradients_match_the_plain_ops(path) -> None:
 
 
 def test_convs_stay_on_mlx_without_an_optimized_sgemm() -> None:
-    """No optimized BLAS (blas.py found none): the compiled conv has no sgemm and is not used."""
+    """No optimized BLAS (blas.py found none) and no packed GEMM (off, or a CPU without
+    AVX-512F): the compiled conv has no sgemm and is not used."""
     if not NATIVE:
         assert not cpu_native.has_sgemm()
         return
@@ -585,15 +586,18 @@ def test_convs_stay_on_mlx_without_an_optimized_sgemm() -> None:
     w = mx.ones((4, 3, 3, 3))
     try:
         kernels.set_sgemm(0)
+        cpu_fast.set_packed_gemm(False)
         with mx.stream(mx.cpu):
             assert cpu_fast.conv2d(x, w, None, (1, 1), (1, 1), None) is None
             with pytest.raises(RuntimeError, match="no sgemm"):
                 kernels.conv2d_fused(x, w, None, None, (1, 1), (1, 1))
     finally:
         kernels.set_sgemm(cpu_native._sgemm_address())
+        cpu_fast.set_packed_gemm(True)
     with mx.stream(mx.cpu):
         taken = cpu_fast.conv2d(x, w, None, (1, 1), (1, 1), None) is not None
-    assert taken is (cn.blas.status().optimized and sys.platform == "linux")
+    assert taken is ((cn.blas.status().optimized and sys.platform == "linux")
+                     or kernels.packed_gemm_available())
 
 
 def test_the_conv_sgemm_is_the_optimized_blas() -> None:

@@ -2,6 +2,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
 
 #include "kernels.h"
 #include "thread_pool.h"
@@ -95,6 +96,34 @@ NB_MODULE(_cpu_kernels, m) {
       },
       "x"_a, "w"_a, "bias"_a = nb::none(),
       "x (..., K) @ w (N, K)^T + bias for a few rows (float32): dot products on the pool.");
+  // -- the packed-weight GEMM (gemm.h, conv_packed.cpp) --
+  m.def("packed_gemm_available", [] { return candle_nn::packed_gemm_available(); },
+        "Whether conv2d_packed runs on this CPU (AVX-512F, or AVX2 + FMA).");
+  m.def("packed_gemm_isa", [] { return std::string(candle_nn::packed_gemm_isa()); },
+        "The packed GEMM's micro-kernel: 'avx512', 'avx2' or 'none'.");
+  m.def("set_packed_gemm_isa",
+        [](const std::string& name) { return candle_nn::set_packed_gemm_isa(name); }, "name"_a,
+        "Use the 'avx512' or 'avx2' micro-kernel, or the 'best' this CPU has (tests, A/B); "
+        "False where this CPU cannot.");
+  m.def("pack_gemm_weight", [](const mx::array& w) { return candle_nn::pack_gemm_weight(w); },
+        "w"_a, "w (N, K) float32 packed for conv2d_packed (1-D); evaluates w.");
+  m.def(
+      "conv2d_packed",
+      [](const mx::array& x, const mx::array& w_packed, std::optional<mx::array> bias,
+         std::optional<mx::array> residual, std::pair<int, int> kernel, int out_channels,
+         std::pair<int, int> stride, std::pair<int, int> padding, int act, int residual_mode) {
+        if (act < 0 || act > 3) throw std::invalid_argument("act must be 0..3");
+        if (residual_mode < 0 || residual_mode > 2)
+          throw std::invalid_argument("residual_mode must be 0..2");
+        return candle_nn::conv2d_packed(x, w_packed, bias, residual, kernel, out_channels, stride,
+                                        padding, static_cast<candle_nn::Act>(act),
+                                        static_cast<candle_nn::Residual>(residual_mode));
+      },
+      "x"_a, "w_packed"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "kernel"_a,
+      "out_channels"_a, "stride"_a, "padding"_a, "act"_a = 0, "residual_mode"_a = 0,
+      "conv2d_fused with the weight packed by pack_gemm_weight(w.reshape(O, -1)): x (N, H, W, C) "
+      "float32, kernel (kH, kW); the AVX-512/AVX2 packed GEMM with im2col blocks and the epilogue "
+      "fused.");
   m.attr("LIBMLX_SIZE") = static_cast<int64_t>(CANDLE_NN_LIBMLX_SIZE);
   // -- Winograd F(4x4, 3x3) (winograd.cpp) --
   m.def("winograd_weights", [](const mx::array& w) { return candle_nn::winograd_weights(w); },

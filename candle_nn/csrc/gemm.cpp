@@ -1,0 +1,447 @@
+#include "gemm.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <string>
+#include <cstring>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "thread_pool.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CANDLE_NN_GEMM_X86 1
+#define CANDLE_NN_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,fma")))
+#define CANDLE_NN_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#endif
+
+namespace candle_nn::gemm {
+
+namespace {
+
+// Blocking (floats): a task's A block is kMc rows x kKc columns (in L2), one B micro-panel
+// kKc x 32 (32 KiB, in L1) is reused by the kMc / mr micro-kernel calls of a block.
+constexpr int64_t kKc = 256;
+constexpr int64_t kMc = 96;
+
+// dst[0, n) = src[0, n) (src == nullptr: zeros); inline, as most runs are a few channels long.
+inline void copy_run(float* dst, const float* src, int64_t n) {
+  if (n >= 64) {
+    src ? std::memcpy(dst, src, sizeof(float) * n) : std::memset(dst, 0, sizeof(float) * n);
+    return;
+  }
+  if (src)
+    for (int64_t q = 0; q < n; ++q) dst[q] = src[q];
+  else
+    for (int64_t q = 0; q < n; ++q) dst[q] = 0.0f;
+}
+
+// Copies A rows [m0, m0 + rows), columns [k0, k0 + kc) of the im2col matrix to dst (ld kc).
+// Column kk = (i * kw + j) * c + channel: per output pixel and kernel row i the taps j are
+// adjacent pixels of x (whatever the stride), so the taps inside the image are one contiguous
+// run of x (kw * c floats for a whole kernel row away from the borders).
+void im2col_block(const ASource& s, int64_t m0, int64_t rows, int64_t k0, int64_t kc,
+                  float* dst) {
+  const int64_t hw = static_cast<int64_t>(s.oh) * s.ow;
+  const int64_t c = s.c, k1 = k0 + kc, row_len = s.kw * c;
+  const int64_t i0 = k0 / row_len, i1 = (k1 + row_len - 1) / row_len;
+  for (int64_t r = 0; r < rows; ++r, dst += kc) {
+    int64_t m = m0 + r;
+    int64_t img = m / hw;
+    int oy = static_cast<int>((m / s.ow) % s.oh), ox = static_cast<int>(m % s.ow);
+    const float* base = s.data + img * s.h * static_cast<int64_t>(s.w) * c;
+    int iy0 = oy * s.sh - s.ph, ix0 = ox * s.sw - s.pw;
+    // taps j in [j_lo, j_hi) are inside the image horizontally
+    int j_lo = std::max(0, -ix0), j_hi = std::min(s.kw, s.w - ix0);
+    for (int64_t i = i0; i < i1; ++i) {
+      int64_t lo = std::max(k0, i * row_len), hi = std::min(k1, (i + 1) * row_len);
+      float* d = dst + (lo - k0);
+      int iy = iy0 + static_cast<int>(i);
+      if (iy < 0 || iy >= s.h || j_lo >= j_hi) {
+        copy_run(d, nullptr, hi - lo);
+        continue;
+      }
+      // [lo, hi) relative to the kernel row: zeros left of j_lo, x's run, zeros from j_hi
+      int64_t a = lo - i * row_len, b = hi - i * row_len;
+      int64_t in_lo = j_lo * c, in_hi = j_hi * c;
+      const float* src = base + (static_cast<int64_t>(iy) * s.w + ix0) * c;
+      if (a < in_lo) {
+        int64_t e = std::min(b, in_lo);
+        copy_run(d, nullptr, e - a);
+        d += e - a;
+        a = e;
+      }
+      if (a < b && a < in_hi) {
+        int64_t e = std::min(b, in_hi);
+        copy_run(d, src + a, e - a);
+        d += e - a;
+        a = e;
+      }
+      if (a < b) copy_run(d, nullptr, b - a);
+    }
+  }
+}
+
+#ifdef CANDLE_NN_GEMM_X86
+// The micro-kernels: C tile (R rows x `cols` columns) = or += A (R rows, row stride lda, kc
+// columns) · the B micro-panel (kc rows of 16 floats; AVX-512's second 16 columns come from the
+// next panel, bs floats on). Columns past `cols` are neither read nor written.
+using Kernel = void (*)(const float* a, int64_t lda, const float* b, int64_t bs, float* c,
+                        int64_t ldc, int64_t kc, bool accumulate, int cols);
+
+// AVX-512: 12 rows x 2 vectors of 16 = 24 accumulators of the 32 zmm registers.
+template <int R, int NV>
+CANDLE_NN_TARGET_AVX512 void kernel_avx512(const float* a, int64_t lda, const float* b,
+                                           int64_t bs, float* c, int64_t ldc, int64_t kc,
+                                           bool accumulate, int cols) {
+  __m512 acc[R][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(b + v * bs + k * kPanel);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      __m512 av = _mm512_set1_ps(a[r * lda + k]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+    }
+  }
+  const __mmask16 last = static_cast<__mmask16>((1u << (cols - (NV - 1) * 16)) - 1u);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      float* p = c + r * ldc + v * 16;
+      __mmask16 m = v == NV - 1 ? last : static_cast<__mmask16>(0xffff);
+      __m512 x = acc[r][v];
+      if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, p));
+      _mm512_mask_storeu_ps(p, m, x);
+    }
+  }
+}
+
+// AVX2 + FMA: 6 rows x 2 vectors of 8 (one 16-column panel) = 12 of the 16 ymm registers.
+template <int R, int NV>
+CANDLE_NN_TARGET_AVX2 void kernel_avx2(const float* a, int64_t lda, const float* b, int64_t,
+                                       float* c, int64_t ldc, int64_t kc, bool accumulate,
+                                       int cols) {
+  __m256 acc[R][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k) {
+    __m256 bv[NV];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) bv[v] = _mm256_loadu_ps(b + k * kPanel + v * 8);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      __m256 av = _mm256_broadcast_ss(a + r * lda + k);
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
+    }
+  }
+  alignas(32) static const int32_t lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
+                                                0,  0,  0,  0,  0,  0,  0,  0};
+  const int tail = cols - (NV - 1) * 8;  // 1..8 columns in the last vector
+  const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + 8 - tail));
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) {
+      float* p = c + r * ldc + v * 8;
+      __m256 x = acc[r][v];
+      if (v < NV - 1 || tail == 8) {
+        if (accumulate) x = _mm256_add_ps(x, _mm256_loadu_ps(p));
+        _mm256_storeu_ps(p, x);
+      } else {
+        if (accumulate) x = _mm256_add_ps(x, _mm256_maskload_ps(p, last));
+        _mm256_maskstore_ps(p, last, x);
+      }
+    }
+  }
+}
+
+constexpr int kMaxMr = 12;
+
+// One instruction set's kernels: table[nv - 1][rows - 1] for tiles of `mr` rows and up to
+// `vectors` vectors of `width` columns.
+struct Isa {
+  const char* name;
+  int mr, width, vectors;
+  std::array<std::array<Kernel, kMaxMr>, 2> table;
+};
+
+template <template <int, int> class K, int NV, int... R>
+constexpr std::array<Kernel, kMaxMr> rows_table(std::integer_sequence<int, R...>) {
+  return {&K<R + 1, NV>::run...};
+}
+
+template <int R, int NV>
+struct Avx512K {
+  static void run(const float* a, int64_t lda, const float* b, int64_t bs, float* c, int64_t ldc,
+                  int64_t kc, bool acc, int cols) {
+    kernel_avx512<R, NV>(a, lda, b, bs, c, ldc, kc, acc, cols);
+  }
+};
+template <int R, int NV>
+struct Avx2K {
+  static void run(const float* a, int64_t lda, const float* b, int64_t bs, float* c, int64_t ldc,
+                  int64_t kc, bool acc, int cols) {
+    kernel_avx2<(R < 6 ? R : 6), NV>(a, lda, b, bs, c, ldc, kc, acc, cols);
+  }
+};
+
+const Isa kAvx512{"avx512", 12, 16, 2,
+                  {rows_table<Avx512K, 1>(std::make_integer_sequence<int, kMaxMr>{}),
+                   rows_table<Avx512K, 2>(std::make_integer_sequence<int, kMaxMr>{})}};
+const Isa kAvx2{"avx2", 6, 8, 2,
+                {rows_table<Avx2K, 1>(std::make_integer_sequence<int, kMaxMr>{}),
+                 rows_table<Avx2K, 2>(std::make_integer_sequence<int, kMaxMr>{})}};
+
+bool cpu_has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq");
+}
+bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+const Isa* best_isa() {
+  if (cpu_has_avx512()) return &kAvx512;
+  if (cpu_has_avx2()) return &kAvx2;
+  return nullptr;
+}
+
+std::atomic<const Isa*> g_isa{best_isa()};
+
+// One task: C rows [m0, m0 + mc), columns [n0, n1) (n0 a multiple of 16).
+void block(const Isa& isa, const ASource& a, const float* bp, float* c, int64_t ldc, int64_t m0,
+           int64_t mc, int64_t n0, int64_t n1, int64_t k, std::vector<float>& buf) {
+  const int64_t tile_cols = static_cast<int64_t>(isa.width) * isa.vectors;
+  // K in equal blocks of at most ~kKc (one block up to 2 * kKc: no partial sums to reload).
+  int64_t kb = k <= 2 * kKc ? 1 : (k + kKc - 1) / kKc;
+  int64_t kcb = (k + kb - 1) / kb;
+  for (int64_t pc = 0; pc < k; pc += kcb) {
+    int64_t kc = std::min(kcb, k - pc);
+    const float* ablk;
+    int64_t lda;
+    if (a.im2col) {
+      if (buf.size() < static_cast<size_t>(mc * kc)) buf.resize(mc * kc);
+      im2col_block(a, m0, mc, pc, kc, buf.data());
+      ablk = buf.data();
+      lda = kc;
+    } else {
+      ablk = a.data + m0 * a.lda + pc;
+      lda = a.lda;
+    }
+    for (int64_t j = n0; j < n1; j += tile_cols) {
+      int cols = static_cast<int>(std::min(tile_cols, n1 - j));
+      int nv = (cols + isa.width - 1) / isa.width;
+      const float* bj = bp + (j / kPanel) * kPanel * k + pc * kPanel;
+      const auto& table = isa.table[nv - 1];
+      for (int64_t i = 0; i < mc; i += isa.mr) {
+        int rows = static_cast<int>(std::min<int64_t>(isa.mr, mc - i));
+        table[rows - 1](ablk + i * lda, lda, bj, kPanel * k, c + (m0 + i) * ldc + j, ldc, kc,
+                        pc > 0, cols);
+      }
+    }
+  }
+}
+
+// One task of a conv (im2col source) without the im2col copy where it can: K blocks follow the
+// kernel rows, and a register tile whose rows are adjacent pixels of one output row, with every
+// tap inside the image, reads x in place (row r of the tile starts sw * c floats after row r - 1;
+// a kernel row's kw taps are kw * c contiguous floats). A tile off the image vertically adds
+// nothing for that kernel row and is skipped; other tiles (image borders, output-row ends) are
+// gathered as before. Same contract as block.
+void block_conv(const Isa& isa, const ASource& a, const float* bp, float* c, int64_t ldc,
+                int64_t m0, int64_t mc, int64_t n0, int64_t n1, int64_t k,
+                std::vector<float>& buf) {
+  const int64_t tile_cols = static_cast<int64_t>(isa.width) * isa.vectors;
+  const int64_t row_len = static_cast<int64_t>(a.kw) * a.c;
+  const int64_t chunks = (row_len + 2 * kKc - 1) / (2 * kKc);
+  const int64_t chunk = (row_len + chunks - 1) / chunks;
+  const int64_t hw = static_cast<int64_t>(a.oh) * a.ow;
+  const int64_t ntiles = (mc + isa.mr - 1) / isa.mr;
+  struct TileA {
+    const float* p;
+    int64_t lda;
+    bool skip, written;
+  };
+  thread_local std::vector<TileA> tiles;
+  tiles.assign(ntiles, TileA{nullptr, 0, false, false});
+  if (buf.size() < static_cast<size_t>(mc * chunk)) buf.resize(mc * chunk);
+  for (int64_t i = 0; i < a.kh; ++i) {
+    for (int64_t c0 = 0; c0 < row_len; c0 += chunk) {
+      const int64_t kc = std::min(chunk, row_len - c0), pc = i * row_len + c0;
+      for (int64_t t = 0; t < ntiles; ++t) {
+        const int64_t r0 = t * isa.mr, rows = std::min<int64_t>(isa.mr, mc - r0);
+        const int64_t m = m0 + r0, img = m / hw;
+        const int oy = static_cast<int>((m / a.ow) % a.oh), ox = static_cast<int>(m % a.ow);
+        const int iy = oy * a.sh - a.ph + static_cast<int>(i);
+        const int ix_first = ox * a.sw - a.pw;
+        const int ix_last = static_cast<int>(ox + rows - 1) * a.sw - a.pw;
+        auto& tile = tiles[t];
+        const bool one_row = ox + rows <= a.ow;
+        tile.skip = one_row && (iy < 0 || iy >= a.h);
+        if (tile.skip) continue;
+        if (one_row && ix_first >= 0 && ix_last + a.kw <= a.w) {
+          tile.p = a.data + ((img * a.h + iy) * static_cast<int64_t>(a.w) + ix_first) * a.c + c0;
+          tile.lda = static_cast<int64_t>(a.sw) * a.c;
+        } else {
+          im2col_block(a, m, rows, pc, kc, buf.data() + r0 * kc);
+          tile.p = buf.data() + r0 * kc;
+          tile.lda = kc;
+        }
+      }
+      for (int64_t j = n0; j < n1; j += tile_cols) {
+        int cols = static_cast<int>(std::min(tile_cols, n1 - j));
+        int nv = (cols + isa.width - 1) / isa.width;
+        const float* bj = bp + (j / kPanel) * kPanel * k + pc * kPanel;
+        const auto& table = isa.table[nv - 1];
+        for (int64_t t = 0; t < ntiles; ++t) {
+          if (tiles[t].skip) continue;
+          int rows = static_cast<int>(std::min<int64_t>(isa.mr, mc - t * isa.mr));
+          table[rows - 1](tiles[t].p, tiles[t].lda, bj, kPanel * k,
+                          c + (m0 + t * isa.mr) * ldc + j, ldc, kc, tiles[t].written, cols);
+        }
+      }
+      for (auto& tile : tiles) tile.written |= !tile.skip;
+    }
+  }
+  for (int64_t t = 0; t < ntiles; ++t) {  // tiles off the image for every kernel row: zeros
+    if (tiles[t].written) continue;
+    int rows = static_cast<int>(std::min<int64_t>(isa.mr, mc - t * isa.mr));
+    for (int64_t j = n0; j < n1; j += tile_cols) {
+      int cols = static_cast<int>(std::min(tile_cols, n1 - j));
+      isa.table[(cols + isa.width - 1) / isa.width - 1][rows - 1](
+          nullptr, 0, bp, kPanel * k, c + (m0 + t * isa.mr) * ldc + j, ldc, 0, false, cols);
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+bool available() {
+#ifdef CANDLE_NN_GEMM_X86
+  return g_isa.load() != nullptr;
+#else
+  return false;
+#endif
+}
+
+const char* isa() {
+#ifdef CANDLE_NN_GEMM_X86
+  const Isa* i = g_isa.load();
+  return i ? i->name : "none";
+#else
+  return "none";
+#endif
+}
+
+bool set_isa(const char* name) {
+#ifdef CANDLE_NN_GEMM_X86
+  std::string n = name;
+  if (n == "best") return g_isa.store(best_isa()), true;
+  if (n == "avx512" && cpu_has_avx512()) return g_isa.store(&kAvx512), true;
+  if (n == "avx2" && cpu_has_avx2()) return g_isa.store(&kAvx2), true;
+#else
+  (void)name;
+#endif
+  return false;
+}
+
+int64_t packed_size(int64_t n, int64_t k) { return (n + kPanel - 1) / kPanel * kPanel * k; }
+
+void pack_b(const float* w, int64_t ldw, int64_t n, int64_t k, float* out) {
+  int64_t panels = (n + kPanel - 1) / kPanel;
+  parallel_for(panels, 1, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      float* dst = out + p * kPanel * k;
+      for (int64_t kk = 0; kk < k; ++kk)
+        for (int64_t j = 0; j < kPanel; ++j) {
+          int64_t col = p * kPanel + j;
+          dst[kk * kPanel + j] = col < n ? w[col * ldw + kk] : 0.0f;
+        }
+    }
+  });
+}
+
+void gemm(const ASource& a, const float* b_packed, float* c, int64_t ldc, int64_t m, int64_t n,
+          int64_t k, const Epilogue& epilogue) {
+#ifdef CANDLE_NN_GEMM_X86
+  const Isa* isa = g_isa.load();
+  if (isa == nullptr) throw std::runtime_error("candle_nn::gemm: no AVX-512F or AVX2 + FMA");
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    if (epilogue.fn) epilogue.fn(epilogue.ctx, c, ldc, 0, m, 0, n);
+    return;
+  }
+  auto& pool = ThreadPool::instance();
+  // Below ~2 MFLOP (~10 us on one core) waking another thread costs about as much as it saves.
+  const int64_t threads = 2 * m * n * k < (int64_t{1} << 21) ? 1 : pool.threads();
+  const int64_t mr = isa->mr;
+  // Rows per task: kMc, fewer when that leaves threads idle (rounded to the register tile).
+  int64_t mc = kMc;
+  int64_t mb = (m + mc - 1) / mc;
+  // Few row blocks (small M, e.g. a 7x7 feature map): split the columns too, in multiples of
+  // 32, so every thread gets work; several tasks per thread absorb a thread slowed by others.
+  const int64_t target = threads > 1 ? 4 * threads : 1;
+  int64_t nb = 1;
+  if (mb < target) nb = std::max<int64_t>(1, std::min((target + mb - 1) / mb, n / 64));
+  int64_t nc = ((n + nb - 1) / nb + 2 * kPanel - 1) / (2 * kPanel) * (2 * kPanel);
+  nb = (n + nc - 1) / nc;
+  if (mb * nb < threads && m > mr) {  // still too few tasks: smaller row blocks
+    int64_t per = (m + threads - 1) / threads;
+    mc = std::max<int64_t>(mr, (per + mr - 1) / mr * mr);
+    mb = (m + mc - 1) / mc;
+  }
+  // Split columns would each gather the same im2col rows: gather them once, in parallel.
+  ASource src = a;
+  thread_local std::vector<float> col;
+  if (a.im2col && nb > 1) {
+    if (col.size() < static_cast<size_t>(m * k)) col.resize(m * k);
+    float* dst = col.data();
+    parallel_for(m, std::max<int64_t>(1, (1 << 15) / k), 1, [&](int64_t r0, int64_t r1) {
+      im2col_block(a, r0, r1 - r0, 0, k, dst + r0 * k);
+    });
+    src = ASource{};
+    src.data = dst;
+    src.lda = k;
+  }
+  // Convs read x in place where they can (block_conv), unless a kernel row is too short for
+  // the register tile's loads and stores to pay off (e.g. a 3-channel stem).
+  const bool direct_conv = src.im2col && static_cast<int64_t>(src.kw) * src.c >= 32;
+  auto task = [&](int t) {
+    thread_local std::vector<float> buf;
+    int64_t ib = t / nb, jb = t % nb;
+    int64_t m0 = ib * mc, rows = std::min(mc, m - m0);
+    int64_t n0 = jb * nc, n1 = std::min(n, n0 + nc);
+    if (direct_conv)
+      block_conv(*isa, src, b_packed, c, ldc, m0, rows, n0, n1, k, buf);
+    else
+      block(*isa, src, b_packed, c, ldc, m0, rows, n0, n1, k, buf);
+    if (epilogue.fn) epilogue.fn(epilogue.ctx, c, ldc, m0, m0 + rows, n0, n1);
+  };
+  if (threads == 1) {
+    for (int t = 0; t < mb * nb; ++t) task(t);
+  } else {
+    pool.run(static_cast<int>(mb * nb), task);
+  }
+#else
+  (void)a, (void)b_packed, (void)c, (void)ldc, (void)m, (void)n, (void)k, (void)epilogue;
+  throw std::runtime_error("candle_nn::gemm: x86-64 only");
+#endif
+}
+
+}  // namespace candle_nn::gemm
