@@ -576,7 +576,8 @@ def test_depthwise_gradients_match_the_plain_ops(path) -> None:
 
 def test_convs_stay_on_mlx_without_an_optimized_sgemm() -> None:
     """No optimized BLAS (blas.py found none) and no packed GEMM (off, or a CPU without
-    AVX-512F): the compiled conv has no sgemm and is not used."""
+    AVX-512F): the compiled im2col conv has no sgemm and is not used. (A 3x3 stride-1 conv
+    takes Winograd, which has its own GEMM: a stride-2 conv here.)"""
     if not NATIVE:
         assert not cpu_native.has_sgemm()
         return
@@ -588,7 +589,8 @@ def test_convs_stay_on_mlx_without_an_optimized_sgemm() -> None:
         kernels.set_sgemm(0)
         cpu_fast.set_packed_gemm(False)
         with mx.stream(mx.cpu):
-            assert cpu_fast.conv2d(x, w, None, (1, 1), (1, 1), None) is None
+            assert cpu_fast.conv2d(x, w, None, (2, 2), (1, 1), None) is None
+            assert cpu_fast.conv2d(x, w, None, (1, 1), (1, 1), None) is not None  # Winograd
             with pytest.raises(RuntimeError, match="no sgemm"):
                 kernels.conv2d_fused(x, w, None, None, (1, 1), (1, 1))
     finally:
