@@ -8,6 +8,13 @@ GIL while it computes, so that thread runs right away: it removes the run's stag
 (callbacks registered with :func:`on_interrupt`), prints ``error: interrupted`` and exits with
 128 + the signal number (130 for Ctrl-C). Standard library only: it is installed before anything
 heavy is imported.
+
+Where the platform has ``pthread_sigmask`` and ``sigwait`` (Linux, macOS) the two signals are
+instead blocked in the main thread before any other thread exists, so every thread started later
+(MLX's, CUDA's, the BLAS's) inherits the mask and none is ever interrupted mid-call, and the
+watcher thread takes them synchronously with ``sigwait``. (Delivered asynchronously, a SIGINT
+that landed during MLX's CUDA start-up on an H100 ended the process with exit status 4 and no
+message.)
 """
 
 from __future__ import annotations
@@ -41,6 +48,13 @@ def install() -> None:
     global _installed
     if _installed:
         return
+    if hasattr(signal, "pthread_sigmask") and hasattr(signal, "sigwait"):
+        signals = set(_NAMES)
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+        threading.Thread(target=_wait, args=(signals,), name="candle-nn-signals",
+                         daemon=True).start()
+        _installed = True
+        return
     reader, writer = socket.socketpair()
     writer.setblocking(False)
     signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
@@ -55,15 +69,25 @@ def _ignore(signum, frame) -> None:  # the watcher thread does the work
     pass
 
 
+def _wait(signals: set[int]) -> None:
+    while True:
+        _exit_on(signal.sigwait(signals))
+
+
 def _watch(reader: socket.socket, writer: socket.socket) -> None:
     while True:
-        data = reader.recv(64)
-        for signum in data:
-            if signum in _NAMES:
-                for callback in list(_callbacks):
-                    try:
-                        callback()
-                    except Exception:  # exiting anyway; never a traceback
-                        pass
-                os.write(2, f"error: {_NAMES[signum]}\n".encode())
-                os._exit(128 + signum)
+        for signum in reader.recv(64):
+            _exit_on(signum)
+
+
+def _exit_on(signum: int) -> None:
+    """Remove the staged outputs, say why, and end the process: 128 + the signal number."""
+    if signum not in _NAMES:
+        return
+    for callback in list(_callbacks):
+        try:
+            callback()
+        except Exception:  # exiting anyway; never a traceback
+            pass
+    os.write(2, f"error: {_NAMES[signum]}\n".encode())
+    os._exit(128 + signum)
