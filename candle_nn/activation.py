@@ -28,10 +28,7 @@ def silu(x: mx.array) -> mx.array:
 
 
 def sigmoid(x: mx.array) -> mx.array:
-    """``1 / (1 + exp(-x))``, elementwise; on the CPU in float32 the compiled multithreaded
-    kernel (cpu_fast.sigmoid), elsewhere MLX's own."""
-    fast = cpu_fast.sigmoid(x)
-    return fast if fast is not None else mx.sigmoid(x)
+    return mx.sigmoid(x)
 
 
 def gelu(x: mx.array) -> mx.array:

@@ -347,18 +347,6 @@ def silu(x: mx.array) -> mx.array:
     return bias_act(x, None, "silu") if native_applies(x.dtype) else silu_f32(x)
 
 
-def sigmoid(x: mx.array) -> mx.array | None:
-    """float32 sigmoid on the CPU by the compiled kernel (MLX's runs on one thread with a scalar
-    ``exp``: YOLOv8n's 8400x80 class scores 9.8 vs 0.2 ms); ``None`` where it cannot run."""
-    if not native_applies(x.dtype) or x.ndim == 0:
-        return None
-    cpu_native.sync_threads()
-    return cpu_native.module().bias_act(x, None, None, _SIGMOID, 0)
-
-
-_SIGMOID = 4  # bias_act's act code for sigmoid (the element-wise kernel only, not the convs)
-
-
 def gelu(x: mx.array) -> mx.array:
     """float32 exact GELU on the CPU: the compiled kernel, else ``cpu_fast_gelu.gelu_f32``."""
     if native_applies(x.dtype):

@@ -17,7 +17,7 @@ NB_MODULE(_cpu_kernels, m) {
       "bias_act",
       [](const mx::array& x, std::optional<mx::array> bias, std::optional<mx::array> residual,
          int act, int residual_mode) {
-        if (act < 0 || act > 4) throw std::invalid_argument("act must be 0..4");
+        if (act < 0 || act > 3) throw std::invalid_argument("act must be 0..3");
         if (residual_mode < 0 || residual_mode > 2)
           throw std::invalid_argument("residual_mode must be 0..2");
         return candle_nn::bias_act(x, bias, residual, static_cast<candle_nn::Act>(act),
@@ -26,7 +26,7 @@ NB_MODULE(_cpu_kernels, m) {
       "x"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "act"_a = 0,
       "residual_mode"_a = 0,
       "act(x + bias [+ residual]) (residual_mode 1) or act(x + bias) + residual (2); act: "
-      "0 identity, 1 ReLU, 2 SiLU, 3 exact GELU, 4 sigmoid. float32, on the current CPU stream.");
+      "0 identity, 1 ReLU, 2 SiLU, 3 exact GELU. float32, on the current CPU stream.");
   m.def(
       "conv2d_fused",
       [](const mx::array& x, const mx::array& w, std::optional<mx::array> bias,

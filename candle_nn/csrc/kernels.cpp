@@ -32,7 +32,6 @@ CANDLE_NN_INLINE float activate(float v) {
   if constexpr (A == Act::Relu) return v > 0.0f ? v : 0.0f;
   if constexpr (A == Act::Silu) return silu_f32(v);
   if constexpr (A == Act::Gelu) return gelu_f32(v);
-  if constexpr (A == Act::Sigmoid) return sigmoid_f32(v);
   return v;
 }
 
@@ -104,8 +103,6 @@ void bias_act_range(const float* x, const float* bias, const float* res, float* 
       return bias_act_act<Act::Silu>(x, bias, res, out, begin, end, c, mode);
     case Act::Gelu:
       return bias_act_act<Act::Gelu>(x, bias, res, out, begin, end, c, mode);
-    case Act::Sigmoid:
-      return bias_act_act<Act::Sigmoid>(x, bias, res, out, begin, end, c, mode);
   }
 }
 
@@ -190,9 +187,6 @@ mx::array bias_act_ops(mx::array v, const std::optional<mx::array>& bias,
                                   s),
                        s),
           mx::array(0.5f), s);
-      break;
-    case Act::Sigmoid:
-      v = mx::sigmoid(v, s);
       break;
     case Act::Identity:
       break;

@@ -83,6 +83,5 @@ inline float gelu_f32(float x) {
 }
 
 inline float silu_f32(float x) { return x / (1.0f + exp_f32(-x)); }
-inline float sigmoid_f32(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
 
 }  // namespace candle_nn

@@ -313,8 +313,6 @@ void output_transform(const float* m, const float* bias, const float* res, float
       return output_transform_act<Act::Silu>(m, bias, res, out, t0, t1, g, mode);
     case Act::Gelu:
       return output_transform_act<Act::Gelu>(m, bias, res, out, t0, t1, g, mode);
-    case Act::Sigmoid:  // not a conv epilogue: the bindings give the convs 0..3
-      break;
   }
 }
 
