@@ -8,17 +8,12 @@
 #include <stdexcept>
 #include <vector>
 
+#include "cpu_eval.h"
 #include "kernels.h"
 #include "math_f32.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "thread_pool.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
-#define CANDLE_NN_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define CANDLE_NN_MULTIVERSION
-#endif
-#define CANDLE_NN_INLINE inline __attribute__((always_inline))
 
 namespace candle_nn {
 
@@ -188,10 +183,7 @@ void AttentionPacked::eval_cpu(const std::vector<mx::array>& inputs,
                                std::vector<mx::array>& outputs) {
   const auto& qkv = inputs[0];
   auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
+  auto& encoder = begin_eval(stream(), inputs, out);
   const float* bias = has_bias_ ? inputs[1].data<float>() : nullptr;
   const int n = qkv.shape(1), heads = heads_, d = qkv.shape(2) / (3 * heads_);
   int64_t tasks = static_cast<int64_t>(qkv.shape(0)) * heads;
@@ -249,10 +241,7 @@ void AttentionHeads::eval_cpu(const std::vector<mx::array>& inputs,
                               std::vector<mx::array>& outputs) {
   const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
   auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
+  auto& encoder = begin_eval(stream(), inputs, out);
   const int lq = q.shape(1), lk = k.shape(1), heads = heads_;
   const int d = q.shape(2) / heads, dv = v.shape(2) / heads;
   int64_t tasks = static_cast<int64_t>(q.shape(0)) * heads;

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "gemm.h"
+#include "cpu_eval.h"
 #include "kernels.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/transforms.h"
@@ -126,12 +127,8 @@ void Conv2dPacked::eval_cpu(const std::vector<mx::array>& inputs,
   const auto& x = inputs[0];
   const auto& wp = inputs[1];
   auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
-  const float* bias = has_bias_ ? inputs[2].data<float>() : nullptr;
-  const float* res = mode_ != Residual::None ? inputs[has_bias_ ? 3 : 2].data<float>() : nullptr;
+  auto& encoder = begin_eval(stream(), inputs, out);
+  const auto [bias, res] = epilogue_inputs(inputs, has_bias_, mode_);
   gemm::ASource a;
   a.data = x.data<float>();
   a.n = x.shape(0), a.h = x.shape(1), a.w = x.shape(2), a.c = x.shape(3);

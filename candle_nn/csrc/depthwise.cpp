@@ -7,16 +7,11 @@
 #include <stdexcept>
 #include <vector>
 
+#include "cpu_eval.h"
 #include "kernels.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "thread_pool.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
-#define CANDLE_NN_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define CANDLE_NN_MULTIVERSION
-#endif
-#define CANDLE_NN_INLINE inline __attribute__((always_inline))
 
 namespace candle_nn {
 
@@ -148,12 +143,8 @@ void DepthwiseConv2d::eval_cpu(const std::vector<mx::array>& inputs,
   const auto& x = inputs[0];
   const auto& w = inputs[1];
   auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
-  const float* bias = has_bias_ ? inputs[2].data<float>() : nullptr;
-  const float* res = mode_ != Residual::None ? inputs[has_bias_ ? 3 : 2].data<float>() : nullptr;
+  auto& encoder = begin_eval(stream(), inputs, out);
+  const auto [bias, res] = epilogue_inputs(inputs, has_bias_, mode_);
   Geometry g{x.shape(1),      x.shape(2),      x.shape(3),       out.shape(1),    out.shape(2),
              w.shape(1),      w.shape(2),      stride_.first,    stride_.second,  padding_.first,
              padding_.second, dilation_.first, dilation_.second};

@@ -1,3 +1,4 @@
+#include "cpu_eval.h"
 #include "kernels.h"
 
 #include <atomic>
@@ -9,17 +10,6 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "thread_pool.h"
 
-// x86-64: each hot loop is compiled twice (AVX2+FMA and the baseline), the loader picks the one
-// the CPU runs (GCC/Clang function multiversioning), so one build works on every x86-64 CPU. No
-// AVX-512 clone: on this Zen 5 it sped a stand-alone GELU pass up ~10 % but made the depthwise
-// kernel's per-chunk in-place GELU epilogue ~4.5x slower (256x256x256: 28 -> 123 ms, 2 threads).
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
-#define CANDLE_NN_MULTIVERSION \
-  __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define CANDLE_NN_MULTIVERSION
-#endif
-#define CANDLE_NN_INLINE inline __attribute__((always_inline))
 
 namespace candle_nn {
 
@@ -379,12 +369,8 @@ void Conv2dFused::eval_cpu(const std::vector<mx::array>& inputs,
   const auto& x = inputs[0];
   const auto& w = inputs[1];
   auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
-  const float* bias = has_bias_ ? inputs[2].data<float>() : nullptr;
-  const float* res = mode_ != Residual::None ? inputs[has_bias_ ? 3 : 2].data<float>() : nullptr;
+  auto& encoder = begin_eval(stream(), inputs, out);
+  const auto [bias, res] = epilogue_inputs(inputs, has_bias_, mode_);
   int h = x.shape(1), wd = x.shape(2), c = x.shape(3);
   int o = w.shape(0), kh = w.shape(1), kw = w.shape(2);
   int oh = out.shape(1), ow = out.shape(2);

@@ -4,16 +4,12 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "cpu_eval.h"
 #include "kernels.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/fast.h"
 #include "thread_pool.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
-#define CANDLE_NN_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define CANDLE_NN_MULTIVERSION
-#endif
 
 namespace candle_nn {
 
@@ -83,10 +79,7 @@ void LayerNormRows::eval_cpu(const std::vector<mx::array>& inputs,
                              std::vector<mx::array>& outputs) {
   const auto& x = inputs[0];
   auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
+  auto& encoder = begin_eval(stream(), inputs, out);
   const float* weight = has_weight_ ? inputs[1].data<float>() : nullptr;
   const float* bias = has_bias_ ? inputs[has_weight_ ? 2 : 1].data<float>() : nullptr;
   int64_t n = x.shape(-1);

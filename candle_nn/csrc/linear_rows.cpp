@@ -8,16 +8,11 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "cpu_eval.h"
 #include "kernels.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "thread_pool.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
-#define CANDLE_NN_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define CANDLE_NN_MULTIVERSION
-#endif
-#define CANDLE_NN_INLINE inline __attribute__((always_inline))
 
 namespace candle_nn {
 
@@ -106,10 +101,7 @@ void LinearRows::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
   const auto& x = inputs[0];
   const auto& w = inputs[1];
   auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
+  auto& encoder = begin_eval(stream(), inputs, out);
   const float* bias = has_bias_ ? inputs[2].data<float>() : nullptr;
   const int64_t k = w.shape(1), n = w.shape(0);
   const int m = k ? static_cast<int>(x.size() / k) : 0;

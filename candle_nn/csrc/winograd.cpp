@@ -17,18 +17,12 @@
 #include <stdexcept>
 #include <vector>
 
+#include "cpu_eval.h"
 #include "kernels.h"
 #include "math_f32.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "thread_pool.h"
 
-// As in kernels.cpp: each hot loop compiled for AVX2+FMA and the baseline, picked at load.
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
-#define CANDLE_NN_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define CANDLE_NN_MULTIVERSION
-#endif
-#define CANDLE_NN_INLINE inline __attribute__((always_inline))
 
 namespace candle_nn {
 
@@ -405,12 +399,8 @@ void WinogradConv3x3::eval_cpu(const std::vector<mx::array>& inputs,
   const auto& x = inputs[0];
   const auto& u = inputs[1];
   auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
-  const float* bias = has_bias_ ? inputs[2].data<float>() : nullptr;
-  const float* res = mode_ != Residual::None ? inputs[has_bias_ ? 3 : 2].data<float>() : nullptr;
+  auto& encoder = begin_eval(stream(), inputs, out);
+  const auto [bias, res] = epilogue_inputs(inputs, has_bias_, mode_);
   Geometry g;
   g.n = x.shape(0), g.h = x.shape(1), g.w = x.shape(2), g.c = x.shape(3), g.cp = u.shape(1);
   g.o = out.shape(3), g.op = u.shape(2), g.oh = out.shape(1), g.ow = out.shape(2);
