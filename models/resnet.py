@@ -133,6 +133,9 @@ class ResNet(Module):
                 channels = width * config.expansion
             stages.append(blocks)
         fc = None if num_classes is None else Linear.load(vb.pp("fc"), channels, num_classes)
+        # A headless backbone may come from a classifier's file: its fc is left unread.
+        vb.check_all_read(variant, unused=("fc.*",) if num_classes is None else (),
+                          hint=lambda: _what_it_holds(vb))
         return cls(variant, stem, stages, fc)
 
     @property
@@ -158,6 +161,15 @@ class ResNet(Module):
     def forward(self, x: mx.array) -> mx.array:
         pooled = self.forward_features(x)["pooled"]
         return self.fc(pooled) if "fc" in self else pooled
+
+
+def _what_it_holds(vb: VarBuilder) -> str:
+    try:
+        variant, num_classes = infer_variant(vb)
+    except WeightsFileError:
+        return ""
+    head = "headless" if num_classes is None else f"{num_classes} classes"
+    return f"The file holds {variant} ({head}): ResNet.load(vb, {variant!r}) builds it."
 
 
 def infer_variant(vb: VarBuilder, name: str = "the weights") -> tuple[str, int | None]:

@@ -294,8 +294,8 @@ def check_against_model(converted: Converted) -> None:
         converted.notes.append(f"not checked against the model: {exc}")
         return
     if match.fits:
-        if match.extra:
-            converted.notes.append(f"{len(match.extra)} tensors kept that the model does not read")
+        if match.unused:
+            converted.notes.append(f"{len(match.unused)} tensors kept that the model does not read")
         return
     problems = []
     if match.missing:
@@ -303,6 +303,10 @@ def check_against_model(converted: Converted) -> None:
         problems.append(f"missing {', '.join(match.missing[:6])}{more}")
     problems += [f"{n} is {list(got)}, expected {list(want)}"
                  for n, got, want in match.mismatched[:4]]
+    if match.extra:
+        more = " …" if len(match.extra) > 6 else ""
+        problems.append(f"{len(match.extra)} tensors it does not read "
+                        f"({', '.join(match.extra[:6])}{more}): another variant?")
     raise ConversionError(
         f"{meta.source} converted to candle names does not fit {match.label()}: "
         + "; ".join(problems))

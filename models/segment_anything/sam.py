@@ -71,12 +71,14 @@ class Sam(Module):
         else:
             raise ValueError(f"unknown SAM encoder {encoder!r}; choose one of "
                              f"{[*MOBILE_SAM_ENCODERS, *VIT_CONFIGS]}")
-        return cls(image_encoder,
-                   PromptEncoder.load(vb.pp("prompt_encoder"), PROMPT_EMBED_DIM, (size, size),
-                                      (IMAGE_SIZE, IMAGE_SIZE), MASK_IN_CHANS),
-                   MaskDecoder.load(vb.pp("mask_decoder"), PROMPT_EMBED_DIM,
-                                    num_multimask_outputs=3, iou_head_depth=3,
-                                    iou_head_hidden_dim=256))
+        sam = cls(image_encoder,
+                  PromptEncoder.load(vb.pp("prompt_encoder"), PROMPT_EMBED_DIM, (size, size),
+                                     (IMAGE_SIZE, IMAGE_SIZE), MASK_IN_CHANS),
+                  MaskDecoder.load(vb.pp("mask_decoder"), PROMPT_EMBED_DIM,
+                                   num_multimask_outputs=3, iou_head_depth=3,
+                                   iou_head_hidden_dim=256))
+        vb.check_all_read("SAM", unused=("image_encoder.*",))  # the encoder checked its own
+        return sam
 
     # -- image side ------------------------------------------------------------------------------
     def preprocess(self, pixels: mx.array) -> mx.array:
