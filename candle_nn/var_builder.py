@@ -102,10 +102,49 @@ def open_safetensors(path: "str | os.PathLike") -> Any:
     try:
         return safe_open(path, framework="mlx")
     except Exception as exc:  # the Rust parser's errors have no common Python base
+        pytorch = pytorch_checkpoint_kind(path)
+        if pytorch is not None:
+            out = os.path.splitext(os.path.basename(path))[0] + ".safetensors"
+            raise WeightsFileError(
+                f"{path} is a PyTorch checkpoint, not a safetensors file: convert it first with "
+                f"`candle-nn-weights convert --from {pytorch} {path} {out}` and pass {out}"
+            ) from exc
         raise WeightsFileError(
             f"{path} is not a valid safetensors file ({type(exc).__name__}: {exc}). "
             "It may be truncated or corrupt: download or convert it again."
         ) from exc
+
+
+def pytorch_checkpoint_kind(path: str) -> str | None:
+    """``--from`` of ``candle-nn-weights convert`` for a PyTorch checkpoint (``torch.save``'s zip
+    with a ``data.pkl``, or a legacy pickle), guessed from the names in its pickle without
+    unpickling it (``torchvision``, ``ultralytics``, ``mobile_sam``, or every choice when the
+    names do not tell); ``None`` for any other file."""
+    import zipfile
+
+    every = "torchvision|timm|ultralytics|mobile_sam"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head[:3] == b"\x80\x02\x8a":  # torch.save's legacy format: a pickled magic number
+            return every
+        if head != b"PK\x03\x04":
+            return None
+        with zipfile.ZipFile(path) as z:
+            pickles = [i for i in z.infolist() if i.filename.endswith("/data.pkl")]
+            if not pickles:
+                return None
+            with z.open(pickles[0]) as f:
+                names = f.read(1 << 22)
+    except (OSError, zipfile.BadZipFile, RuntimeError, ValueError):
+        return None
+    if b"ultralytics" in names:
+        return "ultralytics"
+    if b"image_encoder." in names and b"mask_decoder." in names:
+        return "mobile_sam"
+    if b"layer1.0.conv1.weight" in names:
+        return "timm" if b"state_dict_ema" in names else "torchvision"
+    return every
 
 
 @functools.lru_cache(maxsize=4)
