@@ -478,7 +478,8 @@ class VarBuilder:
         hint = hint() if callable(hint) else hint
         hint = f" {hint}" if hint else ""
         raise ShapeMismatchError(
-            f"{self._source.describe()} holds {len(left)} tensors {model} does not read "
+            f"{self._source.describe()} holds {len(left)} tensor{'s' if len(left) > 1 else ''} "
+            f"{model} does not read "
             f"({shown}): the weights are for another model or variant.{hint} Build the model "
             "the file holds (candle-nn-weights inspect FILE says which)")
 

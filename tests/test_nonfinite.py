@@ -177,3 +177,39 @@ def test_resnet_with_a_nan_weight_gives_nan_logits_and_the_cli_refuses(tmp_path,
     assert np.isnan(nan_image).all()
     assert main(["--image", str(FIXTURES / "images" / "bike.jpg"), "--weights", str(path)]) == 1
     one_error_line(capsys, "non-finite outputs")
+
+
+# -- the same on every device (the CUDA kernels on a CUDA build) ----------------------------------
+def _nan_windows(mask: np.ndarray, k: int, stride: int, padding: int) -> np.ndarray:
+    """Output positions of a k x k window op whose window holds a NaN (NHWC mask, any channel
+    for a full conv)."""
+    m = np.pad(mask, [(0, 0), (padding, padding), (padding, padding), (0, 0)])
+    oh = (m.shape[1] - k) // stride + 1
+    ow = (m.shape[2] - k) // stride + 1
+    out = np.zeros((m.shape[0], oh, ow, m.shape[3]), bool)
+    for i in range(k):
+        for j in range(k):
+            out |= m[:, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
+    return out
+
+
+@pytest.mark.parametrize("op", ["conv_relu", "depthwise_relu", "max_pool"])
+def test_nan_positions_on_every_device(device, op):
+    x = np.random.default_rng(11).standard_normal((1, 12, 12, 8)).astype(np.float32)
+    x[0, 2, 3, 1] = np.nan
+    x[0, 8, 9, 6] = np.nan
+    with mx.stream(device.stream):
+        if op == "max_pool":
+            y = cn.max_pool2d(mx.array(x), 3, 2, 1)
+            want = _nan_windows(np.isnan(x), 3, 2, 1)
+        else:
+            groups = 8 if op == "depthwise_relu" else 1
+            w = np.ones((8, 3, 3, 8 // groups), np.float32)
+            layer = cn.Conv2d(mx.array(w), mx.zeros(8), cn.Conv2dConfig(padding=1, groups=groups),
+                              device=device)
+            y = layer(mx.array(x), activation="relu")
+            nan = np.isnan(x)
+            want = _nan_windows(nan if groups > 1 else nan.any(-1, keepdims=True), 3, 1, 1)
+            want = np.broadcast_to(want, y.shape)
+        got = np.isnan(np.array(y))
+    np.testing.assert_array_equal(got, want)

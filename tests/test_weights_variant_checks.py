@@ -50,7 +50,7 @@ def test_resnet_fixture_loads_and_a_stray_tensor_is_refused():
     ResNet.load(cn.VarBuilder.from_safetensors(path), "resnet18")
     tensors = dict(mx.load(str(path)))
     tensors["layer4.2.conv1.weight"] = mx.zeros((512, 512, 3, 3))
-    with pytest.raises(cn.ShapeMismatchError, match=r"1 tensors resnet18 does not read "
+    with pytest.raises(cn.ShapeMismatchError, match=r"1 tensor resnet18 does not read "
                                                     r"\(layer4\.2\.conv1\.weight\)"):
         ResNet.load(vb_of(tensors), "resnet18")
 
