@@ -121,3 +121,11 @@ def test_ultralytics_state_dicts_of_other_tasks_or_fused_are_named(tmp_path, cap
         assert fragment in one_error_line(capsys)
     rc, _ = _convert(tmp_path, "ultralytics", _torch(ultra))
     assert rc == 0
+
+
+def test_tensors_the_model_would_not_read_are_refused_not_kept(tmp_path, capsys, resnet18_pair):
+    """A converted file must load: tensors ResNet.load would refuse are not written."""
+    own, _ = resnet18_pair
+    rc, out = _convert(tmp_path, "torchvision", _torch({**own, "aux.fc.weight": np.zeros((2, 2))}))
+    assert rc == 1 and not out.exists()
+    assert "1 tensor it does not read (aux.fc.weight)" in one_error_line(capsys)

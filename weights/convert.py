@@ -385,7 +385,8 @@ def check_against_model(converted: Converted) -> None:
                  for n, got, want in match.mismatched[:4]]
     if match.extra:
         more = " …" if len(match.extra) > 6 else ""
-        problems.append(f"{len(match.extra)} tensors it does not read "
+        n = len(match.extra)
+        problems.append(f"{n} tensor{'s' if n > 1 else ''} it does not read "
                         f"({', '.join(match.extra[:6])}{more}): another variant?")
     raise ConversionError(
         f"{meta.source} converted to candle names does not fit {match.label()}: "
