@@ -147,8 +147,9 @@ def exp_f32(x: mx.array) -> mx.array:
     return (p * (r * r) + r + 1.0) * two_n
 
 
-# ``x * sigmoid(x)`` for float32 on the CPU (see exp_f32).
-silu_f32 = mx.compile(lambda x: x / (1.0 + exp_f32(-x)))
+# ``x * sigmoid(x)`` for float32 on the CPU (see exp_f32); below -88 (exp clamped) ``x * 0``, so
+# -Inf gives NaN as ``x * sigmoid(x)`` does.
+silu_f32 = mx.compile(lambda x: mx.where(x < -88.0, x * 0.0, x / (1.0 + exp_f32(-x))))
 
 
 # -- the compiled kernels (cpu_native.py), with the pure-MLX paths as fallback ---------------------

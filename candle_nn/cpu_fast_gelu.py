@@ -53,9 +53,10 @@ def _estrin(coeffs: tuple[float, ...], x: mx.array) -> mx.array:
 
 
 def _erfc_large(x: mx.array, scale: float) -> mx.array:
-    """``erfc(a)`` for ``a = min(|x| * scale, 4) >= 1`` (any value below 1)."""
+    """``erfc(a)`` for ``a = |x| * scale >= 1`` (any value below 1): 0 from ``a = 4`` on, so
+    GELU(-Inf) is ``-Inf * 0 = NaN`` as in the exact formula."""
     a = mx.minimum(mx.abs(x) * scale, _CLIP)
-    return _estrin(_LARGE, a * (2.0 / 3.0) - 5.0 / 3.0)
+    return mx.where(a >= _CLIP, 0.0, _estrin(_LARGE, a * (2.0 / 3.0) - 5.0 / 3.0))
 
 
 def _erf(z: mx.array, erfc_large: mx.array) -> mx.array:

@@ -185,7 +185,8 @@ def dfl_decode(x: mx.array, weight: mx.array) -> mx.array:
 _MAX_POOL = _output_pixel("1") + r"""
     float best = -INFINITY;
 """ + _window_loop(r"""
-            best = fmaxf(best, static_cast<float>(x[at]));
+            const float v = static_cast<float>(x[at]);
+            best = (v > best || v != v) ? v : best;  // fmaxf would drop a NaN
 """) + r"""
     out[idx] = static_cast<T>(best);
 """

@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
-from .errors import DTypeError, ShapeMismatchError
+from .errors import CandleNNError, DTypeError, ShapeMismatchError
 
 
 def model_dtype(module: Any) -> mx.Dtype | None:
@@ -69,6 +70,12 @@ def check_image_batch(x: Any, *, model: str, dtype: mx.Dtype | None, channels: i
                                  "transpose it with x.transpose(0, 2, 3, 1)")
     if x.ndim != 4 or shape[-1] != channels:
         raise ShapeMismatchError(f"{model} expects {want}, got shape {shape}")
+    if shape[0] == 0:
+        raise ShapeMismatchError(f"{model} got an empty batch {shape}: pass at least one image")
+    if 0 in shape[1:3]:
+        raise ShapeMismatchError(f"{model} got images of {shape[2]}x{shape[1]} pixels {shape}: "
+                                 f"an image needs at least one pixel; prepare it with "
+                                 f"{preprocessing}")
     if not mx.issubdtype(x.dtype, mx.floating):
         raise DTypeError(f"{model} expects preprocessed floats, got {_name(x.dtype)} pixels: "
                          f"prepare images with {preprocessing}")
@@ -77,6 +84,21 @@ def check_image_batch(x: Any, *, model: str, dtype: mx.Dtype | None, channels: i
         raise DTypeError(f"{model} was built in {name} but the input is "
                          f"{_name(x.dtype)}: cast it with x.astype(mx.{name}) (or "
                          "build the model in the input's dtype with VarBuilder(..., dtype=))")
+
+
+def check_rgb_image(image: Any, *, where: str,
+                    error: type[CandleNNError] = ShapeMismatchError) -> np.ndarray:
+    """``image`` as a NumPy ``(H, W, 3)`` uint8 array with at least one pixel (what image
+    preprocessing takes: ``np.asarray(PIL.Image.open(path).convert("RGB"))``); else ``error``
+    (by default a ShapeMismatchError, which is a ValueError) naming ``where`` and the fix."""
+    image = np.asarray(image)
+    if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+        raise error(f"{where} expects an (H, W, 3) uint8 RGB image, got {image.dtype} "
+                    f"{image.shape}: load it with np.asarray(PIL.Image.open(path).convert('RGB'))")
+    if 0 in image.shape[:2]:
+        raise error(f"{where} got an empty image ({image.shape[1]}x{image.shape[0]} pixels): "
+                    "an image needs at least one pixel")
+    return image
 
 
 def _name(dtype: mx.Dtype) -> str:

@@ -15,12 +15,13 @@ are opened lazily and memory-mapped: only the tensors a model asks for are read.
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import functools
 import json
 import os
 import stat
 import struct
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -50,6 +51,9 @@ def as_dtype(dtype: "mx.Dtype | str") -> mx.Dtype:
         raise DTypeError(f"VarBuilder dtype must be float32, float16 or bfloat16, not {dtype}")
     return dtype
 
+
+# Tensors no model reads: PyTorch BatchNorm's step counter (``*.`` matches any prefix).
+NEVER_READ = ("*num_batches_tracked",)
 
 _FILE_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
@@ -98,10 +102,49 @@ def open_safetensors(path: "str | os.PathLike") -> Any:
     try:
         return safe_open(path, framework="mlx")
     except Exception as exc:  # the Rust parser's errors have no common Python base
+        pytorch = pytorch_checkpoint_kind(path)
+        if pytorch is not None:
+            out = os.path.splitext(os.path.basename(path))[0] + ".safetensors"
+            raise WeightsFileError(
+                f"{path} is a PyTorch checkpoint, not a safetensors file: convert it first with "
+                f"`candle-nn-weights convert --from {pytorch} {path} {out}` and pass {out}"
+            ) from exc
         raise WeightsFileError(
             f"{path} is not a valid safetensors file ({type(exc).__name__}: {exc}). "
             "It may be truncated or corrupt: download or convert it again."
         ) from exc
+
+
+def pytorch_checkpoint_kind(path: str) -> str | None:
+    """``--from`` of ``candle-nn-weights convert`` for a PyTorch checkpoint (``torch.save``'s zip
+    with a ``data.pkl``, or a legacy pickle), guessed from the names in its pickle without
+    unpickling it (``torchvision``, ``ultralytics``, ``mobile_sam``, or every choice when the
+    names do not tell); ``None`` for any other file."""
+    import zipfile
+
+    every = "torchvision|timm|ultralytics|mobile_sam"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head[:3] == b"\x80\x02\x8a":  # torch.save's legacy format: a pickled magic number
+            return every
+        if head != b"PK\x03\x04":
+            return None
+        with zipfile.ZipFile(path) as z:
+            pickles = [i for i in z.infolist() if i.filename.endswith("/data.pkl")]
+            if not pickles:
+                return None
+            with z.open(pickles[0]) as f:
+                names = f.read(1 << 22)
+    except (OSError, zipfile.BadZipFile, RuntimeError, ValueError):
+        return None
+    if b"ultralytics" in names:
+        return "ultralytics"
+    if b"image_encoder." in names and b"mask_decoder." in names:
+        return "mobile_sam"
+    if b"layer1.0.conv1.weight" in names:
+        return "timm" if b"state_dict_ema" in names else "torchvision"
+    return every
 
 
 @functools.lru_cache(maxsize=4)
@@ -296,12 +339,15 @@ class VarBuilder:
     """
 
     def __init__(self, source: TensorSource, *, dtype: mx.Dtype, device: Device,
-                 prefix: tuple[str, ...] = (), accessed: set[str] | None = None) -> None:
+                 prefix: tuple[str, ...] = (), accessed: set[str] | None = None,
+                 checks: list[tuple[str, tuple[str, ...]]] | None = None) -> None:
         self._source = source
         self._dtype = dtype
         self._device = device
         self._prefix = prefix
         self._accessed = set() if accessed is None else accessed
+        # (prefix, unused patterns) of every check_all_read so far
+        self._checks = [] if checks is None else checks
 
     # -- constructors -----------------------------------------------------------------------
     @classmethod
@@ -332,14 +378,15 @@ class VarBuilder:
     def pp(self, name: "str | int") -> "VarBuilder":
         """A VarBuilder whose names are prefixed by ``name`` (``vb.pp("layer1").pp(0)``)."""
         return VarBuilder(self._source, dtype=self._dtype, device=self._device,
-                          prefix=self._prefix + (str(name),), accessed=self._accessed)
+                          prefix=self._prefix + (str(name),), accessed=self._accessed,
+                          checks=self._checks)
 
     push_prefix = pp
 
     def with_dtype(self, dtype: "mx.Dtype | str") -> "VarBuilder":
         """The same source and prefix, another dtype."""
         return VarBuilder(self._source, dtype=as_dtype(dtype), device=self._device,
-                          prefix=self._prefix, accessed=self._accessed)
+                          prefix=self._prefix, accessed=self._accessed, checks=self._checks)
 
     def path(self, name: str) -> str:
         """The full name of ``name`` under this prefix."""
@@ -390,6 +437,51 @@ class VarBuilder:
     def accessed(self) -> set[str]:
         """Full names of every tensor read so far through this builder or its ``pp`` children."""
         return set(self._accessed)
+
+    def unread(self, unused: Iterable[str] = ()) -> list[str]:
+        """Full names of the source's tensors under this prefix that nothing has read through this
+        builder (or its ``pp`` children), except those matching an ``fnmatch`` pattern of
+        ``unused`` (relative to this prefix) or :data:`NEVER_READ`."""
+        patterns = self._patterns(unused)
+        return sorted(n for n in self.names() if n not in self._accessed
+                      and not any(fnmatch.fnmatchcase(n, p) for p in patterns))
+
+    def _patterns(self, unused: Iterable[str]) -> tuple[str, ...]:
+        head = self.prefix + "." if self._prefix else ""
+        return tuple(head + u for u in (*unused, *NEVER_READ))
+
+    def declared_unused(self, name: str) -> bool:
+        """Whether the ``check_all_read`` calls so far would let tensor ``name`` (a full name)
+        stay unread: at least one covers its prefix, and each that does declared it unused.
+        (``candle_nn_models.weights.spec`` asks this of a recorded build.)"""
+        covering = [patterns for head, patterns in self._checks if name.startswith(head)]
+        return bool(covering) and all(any(fnmatch.fnmatchcase(name, p) for p in patterns)
+                                      for patterns in covering)
+
+    def check_all_read(self, model: str, *, unused: Iterable[str] = (),
+                       hint: "str | Callable[[], str]" = "") -> None:
+        """Refuse weights holding tensors ``model`` did not read (another variant's extra blocks,
+        a larger head): called at the end of a model's or part's ``load``, after every ``get``.
+
+        ``unused``: ``fnmatch`` patterns, relative to this prefix, of tensors ``model`` knowingly
+        leaves (``"head.*"``); PyTorch's BatchNorm step counter ``num_batches_tracked`` is never
+        read. ``hint``: what the file holds instead, when the caller can tell (a callable: asked
+        only on failure). Raises ShapeMismatchError naming a few of the unread tensors. A source
+        that holds nothing (a fresh VarMap) passes.
+        """
+        unused = tuple(unused)
+        self._checks.append((self.prefix + "." if self._prefix else "", self._patterns(unused)))
+        left = self.unread(unused)
+        if not left:
+            return
+        shown = ", ".join(left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
+        hint = hint() if callable(hint) else hint
+        hint = f" {hint}" if hint else ""
+        raise ShapeMismatchError(
+            f"{self._source.describe()} holds {len(left)} tensor{'s' if len(left) > 1 else ''} "
+            f"{model} does not read "
+            f"({shown}): the weights are for another model or variant.{hint} Build the model "
+            "the file holds (candle-nn-weights inspect FILE says which)")
 
     # -- reading ------------------------------------------------------------------------------
     def get(self, shape: "Sequence[int] | int | None", name: str,

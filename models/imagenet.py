@@ -10,6 +10,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Sequence
 
+from candle_nn import ShapeMismatchError
+from candle_nn.inputs import check_rgb_image
 import numpy as np
 from PIL import Image
 
@@ -22,8 +24,7 @@ LONG_SIDE_LIMIT = 8  # x resize: beyond, only the centre crop's span is resized 
 
 def preprocess(rgb: np.ndarray, resize: int = RESIZE, crop: int = CROP) -> np.ndarray:
     """One image: uint8 ``(H, W, 3)`` → normalised float32 ``(crop, crop, 3)``."""
-    if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
-        raise ValueError(f"expected a uint8 (H, W, 3) RGB image, got {rgb.dtype} {rgb.shape}")
+    rgb = check_rgb_image(rgb, where="imagenet.preprocess")
     h, w = rgb.shape[:2]
     # torchvision's Resize(int): the shorter side becomes `resize`, the longer one is truncated.
     if h <= w:
@@ -48,6 +49,8 @@ def preprocess(rgb: np.ndarray, resize: int = RESIZE, crop: int = CROP) -> np.nd
 
 def preprocess_batch(images: Sequence[np.ndarray]) -> np.ndarray:
     """Several images → ``(N, 224, 224, 3)`` float32, the model's NHWC input."""
+    if len(images) == 0:
+        raise ShapeMismatchError("imagenet.preprocess_batch got no images: pass at least one")
     return np.stack([preprocess(img) for img in images])
 
 

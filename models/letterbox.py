@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from candle_nn.inputs import check_rgb_image
 from candle_nn.pairs import pair
 
 _COEF_BITS = 11  # OpenCV's INTER_RESIZE_COEF_BITS
@@ -102,9 +103,7 @@ def letterbox(image: np.ndarray, size: "int | tuple[int, int]" = 640, *, auto: b
     is ultralytics': ``r = min(h'/h, w'/w)``, unpadded size ``round(w * r) × round(h * r)``,
     padding split ``round(d/2 - 0.1)`` before and ``round(d/2 + 0.1)`` after.
     """
-    if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
-        raise ValueError(
-            f"letterbox expects an (H, W, 3) uint8 image, got {image.shape} {image.dtype}")
+    image = check_rgb_image(image, where="letterbox")
     h, w = image.shape[:2]
     new_h, new_w = pair(size)
     r = min(new_h / h, new_w / w)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from candle_nn import (Conv2d, Conv2dConfig, Linear, Module, ShapeMismatchError, VarBuilder,
-                       WeightsFileError, check_image_batch, max_pool2d)
+                       WeightsFileError, check_image_batch, max_pool2d, sigmoid, softmax)
 import mlx.core as mx
 
 
@@ -133,6 +133,9 @@ class ResNet(Module):
                 channels = width * config.expansion
             stages.append(blocks)
         fc = None if num_classes is None else Linear.load(vb.pp("fc"), channels, num_classes)
+        # A headless backbone may come from a classifier's file: its fc is left unread.
+        vb.check_all_read(variant, unused=("fc.*",) if num_classes is None else (),
+                          hint=lambda: _what_it_holds(vb))
         return cls(variant, stem, stages, fc)
 
     @property
@@ -158,6 +161,28 @@ class ResNet(Module):
     def forward(self, x: mx.array) -> mx.array:
         pooled = self.forward_features(x)["pooled"]
         return self.fc(pooled) if "fc" in self else pooled
+
+
+def class_probabilities(logits: mx.array) -> mx.array:
+    """Class probabilities ``(N, num_classes)`` of a classifier's logits ``(N, num_classes)``.
+
+    A softmax over the classes, as torchvision and timm read a multi-class head. A head of one
+    logit is a binary classifier trained with a sigmoid (``BCEWithLogitsLoss``): a softmax over
+    one logit would give 100 % for every image, so its probability is ``sigmoid(logit)``, the
+    chance of that class.
+    """
+    if logits.shape[-1] == 1:
+        return sigmoid(logits)
+    return softmax(logits, axis=-1)
+
+
+def _what_it_holds(vb: VarBuilder) -> str:
+    try:
+        variant, num_classes = infer_variant(vb)
+    except WeightsFileError:
+        return ""
+    head = "headless" if num_classes is None else f"{num_classes} classes"
+    return f"The file holds {variant} ({head}): ResNet.load(vb, {variant!r}) builds it."
 
 
 def infer_variant(vb: VarBuilder, name: str = "the weights") -> tuple[str, int | None]:

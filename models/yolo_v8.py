@@ -87,7 +87,7 @@ class DarkNet(cn.Module):
     def load(cls, vb: cn.VarBuilder, m: Multiples) -> "DarkNet":
         c = m.channels
         c64, c128, c256, c512, c_top = c(64), c(128), c(256), c(512), c(512 * m.ratio)
-        return cls(
+        net = cls(
             b1=[ConvBlock.load(vb.pp("b1.0"), 3, c64, 3, 2),
                 ConvBlock.load(vb.pp("b1.1"), c64, c128, 3, 2)],
             b2=[C2f.load(vb.pp("b2.0"), c128, c128, m.repeats(3), True),
@@ -99,6 +99,8 @@ class DarkNet(cn.Module):
                 C2f.load(vb.pp("b4.1"), c_top, c_top, m.repeats(3), True)],
             b5=Sppf.load(vb.pp("b5.0"), c_top, c_top, 5),
         )
+        vb.check_all_read(f"the YOLOv8 backbone (depth {m.depth}, width {m.width})")
+        return net
 
     def forward(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         for block in self.b1 + self.b2:
@@ -128,7 +130,7 @@ class YoloV8Neck(cn.Module):
         c = m.channels
         n = m.repeats(3)
         c256, c512, c_top = c(256), c(512), c(512 * m.ratio)
-        return cls(
+        neck = cls(
             n1=C2f.load(vb.pp("n1"), c_top + c512, c512, n, False),
             n2=C2f.load(vb.pp("n2"), c512 + c256, c256, n, False),
             n3=ConvBlock.load(vb.pp("n3"), c256, c256, 3, 2),
@@ -136,6 +138,8 @@ class YoloV8Neck(cn.Module):
             n5=ConvBlock.load(vb.pp("n5"), c512, c512, 3, 2),
             n6=C2f.load(vb.pp("n6"), c512 + c_top, c_top, n, False),
         )
+        vb.check_all_read(f"the YOLOv8 neck (depth {m.depth}, width {m.width})")
+        return neck
 
     def forward(self, p3: mx.array, p4: mx.array,
                 p5: mx.array) -> tuple[mx.array, mx.array, mx.array]:
@@ -203,8 +207,11 @@ class YoloV8(_YoloV8Base):
         spec = YoloV8Spec(variant, "detect", num_classes)
         _check_weights(vb, spec)
         m = multiples(variant)
-        return cls(DarkNet.load(vb.pp("net"), m), YoloV8Neck.load(vb.pp("fpn"), m),
-                   DetectionHead.load(vb.pp("head"), num_classes, m.filters()), spec)
+        model = cls(DarkNet.load(vb.pp("net"), m), YoloV8Neck.load(vb.pp("fpn"), m),
+                    DetectionHead.load(vb.pp("head"), num_classes, m.filters()), spec)
+        # a pose checkpoint also loads as its detector: its keypoint branch is left unread
+        vb.check_all_read(str(spec), unused=("head.cv4.*",))
+        return model
 
 
 class YoloV8Pose(_YoloV8Base):
@@ -220,8 +227,10 @@ class YoloV8Pose(_YoloV8Base):
         spec = YoloV8Spec(variant, "pose", num_classes, num_keypoints)
         _check_weights(vb, spec)
         m = multiples(variant)
-        return cls(DarkNet.load(vb.pp("net"), m), YoloV8Neck.load(vb.pp("fpn"), m),
-                   PoseHead.load(vb.pp("head"), num_classes, num_keypoints, m.filters()), spec)
+        model = cls(DarkNet.load(vb.pp("net"), m), YoloV8Neck.load(vb.pp("fpn"), m),
+                    PoseHead.load(vb.pp("head"), num_classes, num_keypoints, m.filters()), spec)
+        vb.check_all_read(str(spec))
+        return model
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,10 @@ class DetectionHead(cn.Module):
         c3 = max(filters[0], min(num_classes, 100))
         cv2 = [_branch(vb.pp(f"cv2.{i}"), f, c2, 4 * REG_MAX) for i, f in enumerate(filters)]
         cv3 = [_branch(vb.pp(f"cv3.{i}"), f, c3, num_classes) for i, f in enumerate(filters)]
-        return cls(Dfl.load(vb.pp("dfl")), cv2, cv3, num_classes)
+        head = cls(Dfl.load(vb.pp("dfl")), cv2, cv3, num_classes)
+        # a pose head's detection part loads as a detection head: its cv4 is left unread
+        vb.check_all_read(f"a YOLOv8 detection head ({num_classes} classes)", unused=("cv4.*",))
+        return head
 
     def forward_with_anchors(self, feats: list[mx.array]) -> tuple[mx.array, mx.array, mx.array]:
         """``(prediction (N, A, 4 + nc), anchors (A, 2), strides (A, 1))`` for NHWC ``feats``."""
@@ -130,7 +133,9 @@ class PoseHead(cn.Module):
         nk = 3 * num_keypoints
         c4 = max(filters[0] // 4, nk)
         cv4 = [_branch(vb.pp(f"cv4.{i}"), f, c4, nk) for i, f in enumerate(filters)]
-        return cls(DetectionHead.load(vb, num_classes, filters), cv4, num_keypoints)
+        head = cls(DetectionHead.load(vb, num_classes, filters), cv4, num_keypoints)
+        vb.check_all_read(f"a YOLOv8 pose head ({num_keypoints} keypoints)")
+        return head
 
     def forward(self, feats: list[mx.array]) -> mx.array:
         det, anchors, strides = self.detect.forward_with_anchors(feats)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from candle_nn import ShapeMismatchError
 import numpy as np
 
 from .letterbox import Letterbox
@@ -111,15 +112,18 @@ def non_max_suppression(boxes: np.ndarray, scores: np.ndarray, iou_threshold: fl
 
 
 def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
-                conf: float = 0.25, iou: float = 0.45, max_det: int = 300,
+                num_keypoints: int = 0, conf: float = 0.25, iou: float = 0.45, max_det: int = 300,
                 max_nms: int = 30000, agnostic: bool = False,
                 classes: Sequence[int] | None = None) -> list[list[Detection]]:
     """Detections per image from a raw prediction.
 
     Args:
-        pred: ``(N, 4 + num_classes + 3K, A)`` (``mx.array`` or NumPy), the model's output for
-            ``N`` letterboxed images; ``K`` keypoints for pose models, 0 otherwise.
+        pred: ``(N, 4 + num_classes + 3 * num_keypoints, A)`` (``mx.array`` or NumPy), the
+            model's output for ``N`` letterboxed images.
         letterboxes: the ``N`` letterboxes that made the inputs (to map back to the originals).
+        num_classes, num_keypoints: the model's (``YoloV8Spec``'s; 0 keypoints for a detector).
+            They must account for every channel of ``pred``: an 80-class prediction read with
+            ``num_classes=2`` is refused, not split into 2 classes and 26 "keypoints".
         conf: minimum class score (strictly above). iou: NMS IoU threshold.
         max_det: detections kept per image. max_nms: best candidates entering NMS.
         agnostic: boxes of different classes suppress each other too.
@@ -128,14 +132,19 @@ def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
     """
     pred = np.asarray(pred, dtype=np.float32)
     if pred.ndim != 3 or len(pred) != len(letterboxes):
-        raise ValueError(f"pred of shape {pred.shape} for {len(letterboxes)} letterboxed images")
-    extra = pred.shape[1] - 4 - num_classes
-    if extra < 0 or extra % 3:
-        raise ValueError(f"pred has {pred.shape[1]} channels: not 4 + {num_classes} classes "
-                         "+ 3 per keypoint")
+        raise ShapeMismatchError(
+            f"pred of shape {pred.shape} for {len(letterboxes)} letterboxed images: pass the "
+            "model's (N, channels, anchors) output and one letterbox per image")
+    want = 4 + num_classes + 3 * num_keypoints
+    if num_classes < 1 or num_keypoints < 0 or pred.shape[1] != want:
+        keypoints = f" + 3 x {num_keypoints} keypoints" if num_keypoints else ""
+        raise ShapeMismatchError(
+            f"pred has {pred.shape[1]} channels, not 4 + {num_classes} classes{keypoints} = "
+            f"{want}: pass the model's own num_classes and num_keypoints (its YoloV8Spec, e.g. "
+            "infer_spec(vb)); a detector's are 4 + num_classes")
     wanted = None if classes is None else np.asarray(sorted(set(classes)), dtype=np.intp)
-    return [_one_image(p.T, lb, num_classes, extra // 3, conf, iou, max_det, max_nms, agnostic,
-                       wanted) for p, lb in zip(pred, letterboxes)]
+    return [_one_image(p.T, lb, num_classes, num_keypoints, conf, iou, max_det, max_nms,
+                       agnostic, wanted) for p, lb in zip(pred, letterboxes)]
 
 
 def _one_image(x: np.ndarray, lb: Letterbox, nc: int, nk: int, conf: float, iou: float,

@@ -139,6 +139,7 @@ class YoloBatch(BatchModel):
                      inputs, extras["scale"], extras["pad_x"], extras["pad_y"], sizes_hw)]
         pred = self.model(mx.array(np.concatenate([lb.as_input() for lb in boxes])))
         per_image = postprocess(pred, boxes, num_classes=self.spec.num_classes,
+                                num_keypoints=self.spec.num_keypoints,
                                 conf=self.options.conf, iou=self.options.iou)
         return [{"detections": [self._row(d) for d in dets]} for dets in per_image]
 

@@ -16,12 +16,12 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
-from candle_nn import CandleNNError, Device, VarBuilder, softmax
+from candle_nn import CandleNNError, Device, VarBuilder
 import mlx.core as mx
 import numpy as np
 
 from candle_nn_models.imagenet import class_names, preprocess
-from candle_nn_models.resnet import VARIANTS, ResNet, infer_variant
+from candle_nn_models.resnet import VARIANTS, ResNet, class_probabilities, infer_variant
 from candle_nn_models.scripts.image_batch import Batch
 from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments, check_finite,
                                              load_rgb, parse_device, run_main, shown)
@@ -87,7 +87,7 @@ def top_k_probabilities(model: ResNet, batch: np.ndarray,
     """Top-k ``(class index, probability)`` per image of a preprocessed ``(N, 224, 224, 3)``
     batch, best first (ties keep the lower index)."""
     with model.on_device():
-        probs = np.array(softmax(model(mx.array(batch)), axis=-1))
+        probs = np.array(class_probabilities(model(mx.array(batch))))
     return [[(int(i), float(row[i])) for i in np.argsort(-row, kind="stable")[:top_k]]
             for row in probs]
 

@@ -232,6 +232,7 @@ def detect(args: argparse.Namespace, batch: Batch) -> None:
             pred = model(mx.array(lb.as_input()).astype(model_dtype(model)))
             check_finite(np.array(pred.astype(mx.float32)), weights)
             detections = postprocess(pred, [lb], num_classes=spec.num_classes, conf=args.conf,
+                                     num_keypoints=spec.num_keypoints,
                                      iou=args.iou, max_det=args.max_det,
                                      agnostic=args.agnostic_nms, classes=args.classes)[0]
             drawing = draw_detections(rgb, detections, names, skeleton,

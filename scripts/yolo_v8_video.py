@@ -203,6 +203,7 @@ def detect_video(args: argparse.Namespace, source: Path, model, spec,
                 x = mx.array(np.concatenate([lb.as_input() for lb in boxes]))
                 pred = model(x.astype(cn.model_dtype(model)))
                 found = postprocess(pred, boxes, num_classes=spec.num_classes, conf=args.conf,
+                                    num_keypoints=spec.num_keypoints,
                                     iou=args.iou, max_det=args.max_det,
                                     agnostic=args.agnostic_nms, classes=args.classes)
                 for (index, rgb), detections in zip(batch, found):

@@ -57,11 +57,12 @@ def test_missing_image_and_weights(capsys, tmp_path):
 
 
 def test_weights_of_another_model(capsys, tmp_path):
-    """MobileSAM weights with --model vit_b: one error line naming the missing tensor."""
+    """MobileSAM weights with --model vit_b: one error line naming the file's encoder."""
     code, _, err = run(capsys, "--point", "0.5,0.5", "--model", "vit_b",
                        "--out", str(tmp_path / "out"))
     assert code == 1 and err.count("\n") == 1
-    assert err.startswith("error: tensor 'image_encoder.patch_embed.proj.weight' not found")
+    assert err.startswith("error: the weights hold SAM with the tiny encoder, not vit_b")
+    assert "--model tiny" in err
     assert not (tmp_path / "out").exists()
 
 

@@ -87,3 +87,61 @@ def test_sam_preprocess_gives_the_models_dtype():
                                                   dtype="float16"))
     x = sam.preprocess(mx.zeros((1, 16, 16, 3), dtype=mx.uint8))
     assert x.dtype == mx.float16 and x.shape == (1, 1024, 1024, 3)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("shape,fragment", [((0, 64, 64, 3), "empty batch .*at least one image"),
+                                            ((1, 0, 0, 3), "0x0 pixels.*at least one pixel")],
+                         ids=["no_images", "0x0"])
+def test_empty_batches_and_images_are_refused(models, name, shape, fragment):
+    model, _, _ = models[name]
+    with pytest.raises(cn.ShapeMismatchError, match=fragment):
+        mx.eval(model(mx.zeros(shape)))
+
+
+def test_empty_images_are_refused_by_every_preprocessing():
+    from candle_nn_models.imagenet import preprocess, preprocess_batch
+    from candle_nn_models.letterbox import letterbox
+
+    empty = np.zeros((0, 0, 3), np.uint8)
+    for fn in (preprocess, letterbox):
+        with pytest.raises(cn.ShapeMismatchError, match=r"empty image \(0x0 pixels\)"):
+            fn(empty)
+    with pytest.raises(cn.ShapeMismatchError, match="no images: pass at least one"):
+        preprocess_batch([])
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    from candle_nn_models.segment_anything import SamPredictor
+
+    sam = Sam.load(cn.VarBuilder.from_varmap(cn.VarMap(), seed=0, device="cpu"))
+    p = SamPredictor(sam)
+    p.set_image_embedding(mx.zeros((1, 64, 64, 256)), (100, 120), (853, 1024))
+    return p
+
+
+@pytest.mark.parametrize("kwargs,fragment", [
+    (dict(box=[1, 2, 3]), r"box must be \(4,\) x1, y1, x2, y2 .* got shape \(3,\)"),
+    (dict(box="a box"), "box must be numbers"),
+    (dict(mask_input=np.zeros((1, 128, 128))), r"mask_input must be \(1, 256, 256\).*\(1, 128"),
+    (dict(point_coords=[1, 2, 3], point_labels=[1]), r"point_coords must be \(N, 2\)"),
+    (dict(point_coords=[[1, 2]]), "point_labels must be given"),
+    (dict(point_coords=[[1, 2], [3, 4]], point_labels=[1]), "2 points but 1 labels"),
+    (dict(box=[1, 2, np.nan, 4]), "finite"),
+], ids=["box3", "box_text", "mask_128", "points3", "no_labels", "labels", "nan_box"])
+def test_sam_predictor_prompts_are_checked(predictor, kwargs, fragment):
+    with pytest.raises(cn.ShapeMismatchError, match=fragment):
+        predictor.predict(**kwargs)
+
+
+def test_sam_predictor_valid_prompts_still_run(predictor):
+    masks, iou, low = predictor.predict(box=np.array([[1, 2, 30, 40]]), multimask_output=False)
+    assert masks.shape == (1, 100, 120) and iou.shape == (1,) and low.shape == (1, 256, 256)
+    masks, _, _ = predictor.predict(point_coords=[5, 6], point_labels=1, mask_input=low)
+    assert masks.shape == (3, 100, 120)
+
+
+def test_sam_set_image_refuses_an_empty_image(predictor):
+    with pytest.raises(cn.ImageError, match="empty image"):
+        predictor.set_image(np.zeros((0, 0, 3), np.uint8))

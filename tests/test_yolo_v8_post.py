@@ -212,7 +212,7 @@ def test_postprocess_filters_sorts_and_maps_back() -> None:
 def test_postprocess_keypoints_and_json() -> None:
     lb = Letterbox(np.zeros((64, 64, 3), np.uint8), 2.0, (4, 0), (32, 30))
     pred = _pred([[20, 20, 8, 8, 0.9, 14, 10, 0.95, 200, -3, 0.1]])
-    (det,) = postprocess(pred, [lb], num_classes=1)[0]
+    (det,) = postprocess(pred, [lb], num_classes=1, num_keypoints=2)[0]
     np.testing.assert_allclose(det.keypoints, [[5, 5, 0.95], [30, 0, 0.1]])
     out = det.to_dict(["person"])
     assert out == {"class_id": 0, "class_name": "person", "score": 0.9,

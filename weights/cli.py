@@ -24,7 +24,9 @@ from .spec import SPECS
 
 CONVERT_HELP = """\
 Convert a PyTorch checkpoint to safetensors under candle's tensor names, with metadata
-(model, variant, task, class names) that the model CLIs use by default.
+(model, variant, task, class names) that the model CLIs use by default. It takes the weights the
+source tool would load: --from timm the EMA copy when the file has one (timm's default),
+--from torchvision the model's own, ultralytics' ema before model; and says which.
 
 READING A PICKLE: .pt/.pth checkpoints are Python pickles, and unpickling can run code named by
 the file. This command reads them only because you ask it to, and never through torch: the file

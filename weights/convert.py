@@ -34,8 +34,8 @@ from candle_nn_models.yolo_v8 import YoloV8Spec, infer_spec
 from .metadata import TASKS, WeightsMetadata
 from .spec import ModelUnavailableError
 from .torch_pickle import (
-    ConversionError, StandIn, load_state_dict, load_ultralytics, module_state_dict, to_numpy,
-    unwrap_state_dict,
+    EMA_KEYS, ConversionError, StandIn, load_state_dict, load_ultralytics, module_state_dict,
+    to_numpy, unwrap_state_dict,
 )
 
 SOURCES = ("torchvision", "timm", "ultralytics", "mobile_sam")
@@ -147,6 +147,7 @@ def convert_resnet(sd: Mapping[str, Any], *, source: str, variant: str | None = 
     prefix, inner, outside = _strip_prefix(sd, ("conv1.weight", "layer1.0.conv1.weight"),
                                            "ResNet", source)
     inner, dropped = _drop_buffers(inner)
+    inner, wrapped = _unwrap_fc(inner, source)
     try:
         found, classes = infer_variant(_shapes_only(inner), source)
     except CandleNNError as exc:
@@ -160,9 +161,31 @@ def convert_resnet(sd: Mapping[str, Any], *, source: str, variant: str | None = 
         dropped=dropped + outside)
     if prefix:
         converted.notes.append(f"stripped prefix '{prefix}'")
+    if wrapped:
+        converted.notes.append(f"the head {wrapped}.* (a Linear inside a Sequential, e.g. after a "
+                               "Dropout) became fc.*")
     if outside:
         converted.notes.append(f"ignored {len(outside)} tensors outside '{prefix}'")
     return converted
+
+
+def _unwrap_fc(sd: dict[str, Any], where: str) -> tuple[dict[str, Any], str | None]:
+    """A head ``fc = Sequential(Dropout, Linear)`` (``fc.1.weight``) as candle's ``fc.weight``;
+    ``(sd, the wrapped name or None)``. A head of several layers (an MLP) has no candle
+    equivalent: ConversionError."""
+    if "fc.weight" in sd or not any(k.startswith("fc.") for k in sd):
+        return sd, None
+    layers = sorted({k.split(".")[1] for k in sd if k.startswith("fc.")})
+    linear = [i for i in layers if f"fc.{i}.weight" in sd and len(sd[f"fc.{i}.weight"].shape) == 2]
+    if len(layers) != 1 or len(linear) != 1:
+        raise ConversionError(
+            f"{where}: the head fc is a Sequential with weights in {len(layers)} layers "
+            f"({', '.join('fc.' + i for i in layers)}); candle's ResNet head is one Linear "
+            "(fc.weight, fc.bias). Replace the head by one Linear (or drop it for a headless "
+            "backbone) before converting")
+    name = f"fc.{linear[0]}"
+    return {(("fc" + k[len(name):]) if k.startswith(name + ".") else k): v
+            for k, v in sd.items()}, name
 
 
 # -- ultralytics YOLOv8 ----------------------------------------------------------------------------
@@ -213,14 +236,21 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
     """An unpickled ultralytics checkpoint (or a ``model.N.*`` state_dict) → candle names."""
     sd, ckpt_names, head = _ultralytics_model(ckpt, source)
     sd, dropped = _drop_buffers(sd)
+    _check_ultralytics_kind(sd, source)
     tensors = {_yolo_name(k, source): v for k, v in sd.items()}
-    if head is not None:
-        kpt = head.__dict__.get("kpt_shape")
-        if kpt is not None and len(kpt) == 2 and int(kpt[1]) != 3:
-            raise ConversionError(
-                f"{source}: keypoints of shape {tuple(kpt)}; candle's pose head needs "
-                "(x, y, visibility) keypoints (kpt_shape [K, 3])")
+    kpt = _kpt_shape(ckpt, head)
+    if kpt is not None and len(kpt) == 2 and int(kpt[1]) != 3:
+        raise ConversionError(
+            f"{source}: keypoints of shape {tuple(kpt)} ((x, y) without visibility); candle's "
+            "pose head needs (x, y, visibility) keypoints (kpt_shape [K, 3]): train with "
+            "kpt_shape [K, 3]")
     spec = _yolo_spec(tensors, source)
+    if spec.task == "pose" and kpt is None and (3 * spec.num_keypoints) % 2 == 0:
+        raise ConversionError(
+            f"{source}: a pose head of {3 * spec.num_keypoints} keypoint channels and no "
+            f"kpt_shape in the file: {spec.num_keypoints} (x, y, visibility) or "
+            f"{3 * spec.num_keypoints // 2} (x, y) keypoints? Convert the ultralytics .pt "
+            "checkpoint (it records kpt_shape) rather than a bare state_dict")
     if variant is not None and variant != spec.variant:
         raise ConversionError(f"--variant {variant} given, but {source} holds YOLOv8{spec.variant}")
     _check_count(spec.num_classes, num_classes, "classes")
@@ -232,6 +262,43 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
         num_keypoints=spec.num_keypoints if spec.task == "pose" else None,
         names=_check_names(names, spec.num_classes, source), source=source)
     return Converted(_numpy(tensors), meta, dropped=dropped)
+
+
+def _check_ultralytics_kind(sd: Mapping[str, Any], where: str) -> None:
+    """ConversionError naming what a ``model.N.*`` state_dict is when it is no YOLOv8 detect or
+    pose model (its weights say so even without the model object): a classifier, an OBB
+    model, or a model whose BatchNorms were fused into its convs."""
+    head = f"model.{YOLO_HEAD_INDEX}."
+    if any(".linear." in k for k in sd):
+        raise ConversionError(
+            f"{where} holds an ultralytics classification model (a Classify head with a "
+            "Linear, as yolov8-cls); only YOLOv8 detect and pose models are supported")
+    angle = sd.get(f"{head}cv4.0.2.weight")
+    if angle is not None and int(angle.shape[0]) == 1:
+        raise ConversionError(
+            f"{where} holds an ultralytics OBB model (its head's cv4 predicts one rotation "
+            "angle); only YOLOv8 detect and pose models are supported")
+    if "model.0.conv.bias" in sd and "model.0.bn.weight" not in sd:
+        raise ConversionError(
+            f"{where} holds a fused ultralytics model (model.fuse() merged each BatchNorm into "
+            "its conv: model.0.conv.bias, no model.0.bn.*); convert the training checkpoint "
+            "(runs/…/weights/best.pt), which is not fused")
+
+
+def _kpt_shape(ckpt: Any, head: Any) -> Any:
+    """ultralytics' ``kpt_shape`` where the file records it (the Pose head, the model's yaml or
+    the checkpoint's own dict); ``None`` when it does not."""
+    places = [getattr(head, "__dict__", {})]
+    model = ckpt.get("ema") or ckpt.get("model") if isinstance(ckpt, dict) else ckpt
+    if isinstance(model, StandIn):
+        places.append(model.__dict__.get("yaml"))
+    if isinstance(ckpt, dict):
+        places += [ckpt, ckpt.get("yaml"), ckpt.get("train_args")]
+    for place in places:
+        kpt = place.get("kpt_shape") if isinstance(place, dict) else None
+        if kpt is not None:
+            return kpt
+    return None
 
 
 def _yolo_spec(tensors: Mapping[str, Any], where: str) -> YoloV8Spec:
@@ -276,10 +343,23 @@ def convert(kind: str, src: "str | os.PathLike", *, variant: str | None = None,
                                         num_classes=num_classes, names=names)
     else:
         fn = convert_mobile_sam if kind == "mobile_sam" else convert_resnet
-        converted = fn(load_state_dict(src), source=source, variant=variant,
-                       num_classes=num_classes, names=names)
+        taken: list[tuple[str, list[str]]] = []
+        sd = load_state_dict(src, ema_first=kind == "timm", taken=taken)
+        converted = fn(sd, source=source, variant=variant, num_classes=num_classes, names=names)
+        converted.notes[:0] = [_took(key, others, kind) for key, others in taken if others]
     check_against_model(converted)
     return converted
+
+
+def _took(key: str, others: list[str], kind: str) -> str:
+    """The note saying which of a checkpoint's state_dicts was converted, and why."""
+    also = ", ".join(repr(k) for k in others)
+    if key in EMA_KEYS:
+        return (f"converted the EMA weights '{key}' (what timm loads by default); the file also "
+                f"holds {also}")
+    ema = [k for k in others if k in EMA_KEYS]
+    hint = (" (EMA weights: --from timm converts those, as timm loads them)" if ema else "")
+    return f"converted '{key}'; the file also holds {also}{hint}"
 
 
 def check_against_model(converted: Converted) -> None:
@@ -294,8 +374,8 @@ def check_against_model(converted: Converted) -> None:
         converted.notes.append(f"not checked against the model: {exc}")
         return
     if match.fits:
-        if match.extra:
-            converted.notes.append(f"{len(match.extra)} tensors kept that the model does not read")
+        if match.unused:
+            converted.notes.append(f"{len(match.unused)} tensors kept that the model does not read")
         return
     problems = []
     if match.missing:
@@ -303,6 +383,11 @@ def check_against_model(converted: Converted) -> None:
         problems.append(f"missing {', '.join(match.missing[:6])}{more}")
     problems += [f"{n} is {list(got)}, expected {list(want)}"
                  for n, got, want in match.mismatched[:4]]
+    if match.extra:
+        more = " …" if len(match.extra) > 6 else ""
+        n = len(match.extra)
+        problems.append(f"{n} tensor{'s' if n > 1 else ''} it does not read "
+                        f"({', '.join(match.extra[:6])}{more}): another variant?")
     raise ConversionError(
         f"{meta.source} converted to candle names does not fit {match.label()}: "
         + "; ".join(problems))

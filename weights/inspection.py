@@ -2,8 +2,10 @@
 
 Only the header is read (names, shapes, dtypes, metadata); tensors are never loaded. Each model
 family and variant is compared with its expected table (:mod:`candle_nn_models.weights.spec`): a
-file *fits* when every tensor the model reads is present with the right shape. Extra tensors (e.g.
-MobileSAM's unused classification head, BatchNorm ``num_batches_tracked``) do not prevent a fit.
+file *fits* when every tensor the model reads is present with the right shape and it holds no
+other tensor than those the model knowingly leaves unread (MobileSAM's unused classification head,
+BatchNorm ``num_batches_tracked``, a headless ResNet's ``fc``): the rule the models' ``load``
+applies (``VarBuilder.check_all_read``), so a file that fits is a file that loads.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from candle_nn import CandleNNError, WeightsFileError, open_safetensors
 
 from .metadata import WeightsMetadata
-from .spec import SPECS, ModelUnavailableError, Shape, expected_tensors, spec
+from .spec import SPECS, ModelUnavailableError, Shape, expected_tensors, knowingly_unread, spec
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
                "U8": 1, "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -42,11 +44,12 @@ class Match:
     expected: int
     missing: list[str] = field(default_factory=list)
     mismatched: list[tuple[str, Shape, Shape]] = field(default_factory=list)  # name, file, model
-    extra: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)  # tensors the model would refuse
+    unused: list[str] = field(default_factory=list)  # tensors the model knowingly leaves
 
     @property
     def fits(self) -> bool:
-        return not self.missing and not self.mismatched
+        return not self.missing and not self.mismatched and not self.extra
 
     @property
     def matched(self) -> int:
@@ -54,7 +57,7 @@ class Match:
 
     @property
     def score(self) -> tuple[float, int]:
-        return (self.matched / max(self.expected, 1), -len(self.extra))
+        return (self.matched / max(self.expected, 1), -len(self.extra) - len(self.unused))
 
     def label(self) -> str:
         """e.g. ``yolo_v8_pose n (17 keypoints, 1 class)``."""
@@ -131,7 +134,10 @@ def compare(shapes: dict[str, Shape], model: str, variant: str) -> Match:
             match.missing.append(name)
         elif tuple(shapes[name]) != tuple(want):
             match.mismatched.append((name, tuple(shapes[name]), tuple(want)))
-    match.extra = [n for n in shapes if n not in expected]
+    known = knowingly_unread(model, variant, **counts)
+    for name in shapes:
+        if name not in expected:
+            (match.unused if known(name) else match.extra).append(name)
     return match
 
 
@@ -179,7 +185,8 @@ def _differences(m: Match, limit: int) -> list[str]:
     if len(m.mismatched) > limit:
         lines.append(f"  … {len(m.mismatched) - limit} more shape mismatches")
     if m.extra:
-        lines.append(f"  extra ({len(m.extra)}): {_list(m.extra, limit)}")
+        lines.append(f"  extra, which {m.model} {m.variant} does not read ({len(m.extra)}): "
+                     f"{_list(m.extra, limit)}")
     return lines
 
 
@@ -199,8 +206,8 @@ def format_report(report: InspectReport, *, show_tensors: bool = True, limit: in
             lines.append(f"  {name:<{width}}  {t.dtype:<4} {list(t.shape)}")
     fits = report.fitting
     for m in fits:
-        extra = (f"; {len(m.extra)} extra tensors not used: {_list(m.extra, limit)}"
-                 if m.extra else "")
+        extra = (f"; {len(m.unused)} extra tensors not used: {_list(m.unused, limit)}"
+                 if m.unused else "")
         lines.append(f"fits: {m.label()}: all {m.expected} tensors{extra}")
     if not fits:
         closest = report.candidates[0] if report.candidates else None

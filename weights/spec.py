@@ -149,21 +149,33 @@ def expected_tensors(model: str, variant: str, **counts: int | None) -> dict[str
     ``counts``: as for :func:`build_model`. Raises CandleNNError for an unknown model/variant,
     ModelUnavailableError when the model cannot be built with these arguments.
     """
+    return dict(_record(model, variant, _args(model, variant, counts))[0])
+
+
+def knowingly_unread(model: str, variant: str, **counts: int | None) -> Callable[[str], bool]:
+    """Whether a file of ``model``/``variant`` may hold a tensor (by name) beyond
+    :func:`expected_tensors` (the classifier head a headless model leaves, BatchNorm counters):
+    what the model's ``load`` declares to ``VarBuilder.check_all_read``. Any other extra tensor
+    makes ``load`` refuse the file."""
+    return _record(model, variant, _args(model, variant, counts))[1].declared_unused
+
+
+def _args(model: str, variant: str,
+          counts: Mapping[str, int | None]) -> tuple[tuple[str, int | None], ...]:
     found = spec(model, variant)
-    args = {c.arg: counts.get(c.arg, c.default) for c in found.counts}
-    return dict(_record(model, variant, tuple(sorted(args.items()))))
+    return tuple(sorted((c.arg, counts.get(c.arg, c.default)) for c in found.counts))
 
 
 @functools.lru_cache(maxsize=64)
-def _record(model: str, variant: str,
-            args: tuple[tuple[str, int | None], ...]) -> tuple[tuple[str, Shape], ...]:
+def _record(model: str, variant: str, args: tuple[tuple[str, int | None], ...]
+            ) -> tuple[tuple[tuple[str, Shape], ...], VarBuilder]:
     source = RecordingSource()
     vb = VarBuilder(source, dtype=mx.float32, device=Device.cpu())
     try:
         build_model(model, variant, vb, **dict(args))
     except CandleNNError as exc:
         raise ModelUnavailableError(f"cannot build {model} {variant}: {exc}") from exc
-    return tuple(source.requested.items())
+    return tuple(source.requested.items()), vb
 
 
 @functools.lru_cache(maxsize=None)

@@ -235,30 +235,44 @@ def load_ultralytics(path: "str | os.PathLike") -> Any:
     return _unpickle(path, stand_ins=True)
 
 
-def load_state_dict(path: "str | os.PathLike") -> dict[str, Any]:
+def load_state_dict(path: "str | os.PathLike", *, ema_first: bool = False,
+                    taken: list[tuple[str, list[str]]] | None = None) -> dict[str, Any]:
     """A ``name -> tensor`` dict from a ``.safetensors`` file or a PyTorch ``state_dict`` pickle
     (tensors and containers only). Containers such as ``{"state_dict": …}`` or ``{"model": …}``
-    are unwrapped."""
+    are unwrapped (see :func:`unwrap_state_dict` for ``ema_first`` and ``taken``)."""
     path = check_weights_path(path, what="checkpoint")
     if path.endswith(".safetensors"):
         handle = open_safetensors(path)
         return {k: read_tensor(handle, path, k) for k in handle.keys()}
-    return unwrap_state_dict(_unpickle(path, stand_ins=False), path)
+    return unwrap_state_dict(_unpickle(path, stand_ins=False), path, ema_first=ema_first,
+                             taken=taken)
 
 
-# The model's own weights first (as timm's load_checkpoint does), EMA copies only when alone.
+# The model's own weights first (torchvision's training scripts save "model" beside
+# "model_ema", and users load "model"), EMA copies only when alone; timm (ema_first) loads the EMA
+# first: timm.models.load_checkpoint(use_ema=True), its default.
 _CONTAINER_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "params",
                    "state_dict_ema", "model_ema", "ema")
+EMA_KEYS = ("state_dict_ema", "model_ema", "ema")
 
 
-def unwrap_state_dict(data: Any, where: str) -> dict[str, Any]:
-    """The tensor dict inside a checkpoint (itself, or under a usual container key)."""
+def unwrap_state_dict(data: Any, where: str, *, ema_first: bool = False,
+                      taken: list[tuple[str, list[str]]] | None = None) -> dict[str, Any]:
+    """The tensor dict inside a checkpoint (itself, or under a usual container key: the model's
+    own weights first, the EMA copy first with ``ema_first``). ``taken`` receives, per level
+    unwrapped, the key followed and the other container keys beside it (so a caller can say
+    which weights it took)."""
+    keys = (*EMA_KEYS, *_CONTAINER_KEYS) if ema_first else _CONTAINER_KEYS
     for _ in range(3):
         if isinstance(data, dict) and data and all(_is_tensor(v) for v in data.values()):
             return dict(data)
         if not isinstance(data, dict):
             break
-        inner = next((data[k] for k in _CONTAINER_KEYS if isinstance(data.get(k), dict)), None)
+        key = next((k for k in keys if isinstance(data.get(k), dict)), None)
+        inner = None if key is None else data[key]
+        if taken is not None and key is not None:
+            taken.append((key, [k for k in _CONTAINER_KEYS
+                                if k != key and isinstance(data.get(k), dict)]))
         if inner is None:
             tensors = {k: v for k, v in data.items() if _is_tensor(v)}
             if tensors:

@@ -19,7 +19,8 @@ constexpr int64_t kMinChunk = 1 << 15;  // elements per task: below this, thread
 
 template <Act A>
 CANDLE_NN_INLINE float activate(float v) {
-  if constexpr (A == Act::Relu) return v > 0.0f ? v : 0.0f;
+  // NaN fails v < 0 and comes out as NaN (torch.relu / mx.maximum(x, 0) keep it).
+  if constexpr (A == Act::Relu) return v < 0.0f ? 0.0f : v;
   if constexpr (A == Act::Silu) return silu_f32(v);
   if constexpr (A == Act::Gelu) return gelu_f32(v);
   return v;

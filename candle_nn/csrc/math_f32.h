@@ -82,6 +82,8 @@ inline float gelu_f32(float x) {
   return 0.5f * x * (a < 1.0f ? small : large);
 }
 
-inline float silu_f32(float x) { return x / (1.0f + exp_f32(-x)); }
+// Below -88 exp(-x) is clamped (finite), so x / (1 + exp(-x)) would give -Inf for -Inf: there
+// x * 0 instead, -0 for finite x (silu underflows) and NaN for -Inf, as x * sigmoid(x) gives.
+inline float silu_f32(float x) { return x < -88.0f ? x * 0.0f : x / (1.0f + exp_f32(-x)); }
 
 }  // namespace candle_nn

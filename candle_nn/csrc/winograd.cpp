@@ -216,7 +216,7 @@ bool use_avx512() {
 
 template <Act A>
 CANDLE_NN_INLINE float activate(float v) {
-  if constexpr (A == Act::Relu) return v > 0.0f ? v : 0.0f;
+  if constexpr (A == Act::Relu) return v < 0.0f ? 0.0f : v;  // NaN stays NaN
   if constexpr (A == Act::Silu) return silu_f32(v);
   if constexpr (A == Act::Gelu) return gelu_f32(v);
   return v;
@@ -310,6 +310,82 @@ void output_transform(const float* m, const float* bias, const float* res, float
   }
 }
 
+float activate_any(Act act, float v) {
+  switch (act) {
+    case Act::Relu:
+      return activate<Act::Relu>(v);
+    case Act::Silu:
+      return activate<Act::Silu>(v);
+    case Act::Gelu:
+      return activate<Act::Gelu>(v);
+    default:
+      return v;
+  }
+}
+
+// Non-finite values. The transforms mix all 36 inputs of a tile into each of its 16 outputs
+// with coefficients that cancel only in exact arithmetic, so one NaN or Inf in a tile's input
+// would turn all 16 outputs NaN (NaN * 0, Inf - Inf), where a direct conv keeps it to the
+// outputs whose 3x3 window holds it; an Inf or NaN weight likewise. Those outputs are recomputed
+// directly (rare: the check costs one pass over V).
+
+// Whether tile t (its index in the block) has a NaN or +-Inf among its transformed values V,
+// i.e. in its input (or overflows).
+CANDLE_NN_MULTIVERSION
+bool tile_nonfinite(const float* v, int64_t t, const Geometry& g) {
+  v8 acc = {};
+  for (int p = 0; p < kPos; ++p) {
+    const float* vp = v + p * g.v_stride + t * g.cp;
+    for (int64_t c = 0; c < g.cp; c += kLanes) acc += load8(vp + c) * 0.0f;
+  }
+  for (int l = 0; l < kLanes; ++l)
+    if (acc[l] != acc[l]) return true;
+  return false;
+}
+
+// Output channels whose 3x3xC weights hold a NaN or +-Inf (w (O, 3, 3, C)).
+std::vector<int64_t> nonfinite_channels(const float* w, const Geometry& g) {
+  std::vector<int64_t> bad;
+  for (int64_t o = 0; o < g.o; ++o) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < 9 * g.c; ++i) acc += w[o * 9 * g.c + i] * 0.0f;
+    if (acc != acc) bad.push_back(o);
+  }
+  return bad;
+}
+
+// Outputs of tile t (global index), channels `chans`, by the direct 3x3 conv and the epilogue;
+// taps on the padding count as 0 * w, as in MLX's conv (a NaN weight makes its whole channel NaN).
+void direct_tile(const float* x, const float* w, const float* bias, const float* res, float* out,
+                 int64_t t, const std::vector<int64_t>& chans, const Geometry& g, Act act,
+                 Residual mode) {
+  int64_t n = t / (g.th * g.tw), ty = (t / g.tw) % g.th, tx = t % g.tw;
+  const float* img = x + n * g.h * g.w * g.c;
+  for (int64_t oy = ty * kOut; oy < std::min<int64_t>(g.oh, ty * kOut + kOut); ++oy)
+    for (int64_t ox = tx * kOut; ox < std::min<int64_t>(g.ow, tx * kOut + kOut); ++ox) {
+      int64_t pix = (n * g.oh + oy) * g.ow + ox;
+      for (int64_t o : chans) {
+        float acc = 0.0f;
+        for (int ky = 0; ky < 3; ++ky)
+          for (int kx = 0; kx < 3; ++kx) {
+            int64_t iy = oy + ky - g.ph, ix = ox + kx - g.pw;
+            const float* wp = w + ((o * 3 + ky) * 3 + kx) * g.c;
+            if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) {
+              for (int64_t c = 0; c < g.c; ++c) acc += 0.0f * wp[c];
+            } else {
+              const float* xp = img + (iy * g.w + ix) * g.c;
+              for (int64_t c = 0; c < g.c; ++c) acc += xp[c] * wp[c];
+            }
+          }
+        float v = acc + bias[o];
+        if (mode == Residual::BeforeAct) v += res[pix * g.o + o];
+        v = activate_any(act, v);
+        if (mode == Residual::AfterAct) v += res[pix * g.o + o];
+        out[pix * g.o + o] = v;
+      }
+    }
+}
+
 void check_f32(const mx::array& a, const char* what) {
   if (a.dtype() != mx::float32)
     throw std::invalid_argument(std::string("candle_nn.winograd_conv3x3: ") + what +
@@ -383,6 +459,7 @@ mx::array winograd_conv3x3(const mx::array& x, const mx::array& w, const mx::arr
     check_f32(*residual, "residual");
     inputs.push_back(mx::contiguous(*residual, false, stream));
   }
+  inputs.push_back(mx::contiguous(w, false, stream));  // last: for non-finite tiles (direct_tile)
   // Under mx.grad / vmap / compile the primitive has no vjp/jvp/vmap: conv2d_fused builds the
   // same math from MLX's own ops there.
   if (x.is_tracer() || w.is_tracer() || u.is_tracer() || (bias && bias->is_tracer()) ||
@@ -415,12 +492,15 @@ void WinogradConv3x3::eval_cpu(const std::vector<mx::array>& inputs,
   block = std::min<int64_t>((block + 5) / 6 * 6, 120);
   g.block = std::max<int64_t>(1, std::min(block, (g.tiles + threads - 1) / threads));
   g.v_stride = position_stride(g.block * g.cp), g.m_stride = position_stride(g.block * g.op);
-  encoder.dispatch([xp = x.data<float>(), up = u.data<float>(), bias, res,
-                    op = out.data<float>(), g, act = act_, mode = mode_]() {
+  encoder.dispatch([xp = x.data<float>(), up = u.data<float>(), wp = inputs.back().data<float>(),
+                    bias, res, op = out.data<float>(), g, act = act_, mode = mode_]() {
     if (g.tiles == 0) return;
     std::vector<float> b(g.op, 0.0f);
     if (bias) std::copy(bias, bias + g.o, b.begin());
     const float* bp = b.data();
+    const std::vector<int64_t> bad_channels = nonfinite_channels(wp, g);
+    std::vector<int64_t> all_channels(g.o);
+    for (int64_t o = 0; o < g.o; ++o) all_channels[o] = o;
     int64_t blocks = (g.tiles + g.block - 1) / g.block;
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
     const bool avx512 = use_avx512();
@@ -440,6 +520,12 @@ void WinogradConv3x3::eval_cpu(const std::vector<mx::array>& inputs,
 #endif
           batched_gemm(v.data(), up, m.data(), t1 - t0, g);
         output_transform(m.data(), bp, res, op, t0, t1, g, act, mode);
+        for (int64_t t = t0; t < t1; ++t) {
+          if (tile_nonfinite(v.data(), t - t0, g))
+            direct_tile(xp, wp, bp, res, op, t, all_channels, g, act, mode);
+          else if (!bad_channels.empty())
+            direct_tile(xp, wp, bp, res, op, t, bad_channels, g, act, mode);
+        }
       }
     });
   });

@@ -13,7 +13,7 @@ from .mask_decoder import MaskDecoder
 from .neck import Neck
 from .predictor import SamPredictor
 from .prompt_encoder import PositionEmbeddingRandom, PromptEncoder
-from .sam import IMAGE_SIZE, MOBILE_SAM_ENCODERS, PIXEL_MEAN, PIXEL_STD, Sam
+from .sam import IMAGE_SIZE, MOBILE_SAM_ENCODERS, PIXEL_MEAN, PIXEL_STD, Sam, infer_encoder
 from .tiny_vit import TINY_VIT_CONFIGS, TinyViT, TinyViTConfig
 from .transformer import TwoWayTransformer
 from .transforms import ResizeLongestSide
@@ -23,4 +23,5 @@ __all__ = [
     "PIXEL_STD", "PositionEmbeddingRandom", "PromptEncoder", "ResizeLongestSide", "Sam",
     "SamAutomaticMaskGenerator", "SamPredictor",
     "TINY_VIT_CONFIGS", "TinyViT", "TinyViTConfig", "TwoWayTransformer", "VIT_CONFIGS", "ViTConfig",
+    "infer_encoder",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from candle_nn import ImageError
+from candle_nn.inputs import check_rgb_image
 import mlx.core as mx
 import numpy as np
 
@@ -103,9 +104,7 @@ class SamAutomaticMaskGenerator:
         pixels), ``stability_score`` and ``crop_box`` (XYWH of the crop it came from).
         """
         image = np.asarray(image)
-        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
-            raise ImageError(f"generate expects an (H, W, 3) uint8 RGB array, got {image.shape} "
-                             f"{image.dtype}")
+        image = check_rgb_image(image, where="SamAutomaticMaskGenerator.generate", error=ImageError)
         data = self._generate_masks(image)
         if self.min_mask_region_area > 0:
             data = self.postprocess_small_regions(data, self.min_mask_region_area,

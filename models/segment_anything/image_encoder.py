@@ -193,13 +193,15 @@ class ImageEncoderViT(Module):
             variant = VIT_CONFIGS[variant]
         c, blocks = variant, vb.pp("blocks")
         grid = c.img_size // c.patch_size
-        return cls(Conv2d.load(vb.pp("patch_embed.proj"), 3, c.embed_dim, c.patch_size,
+        encoder = cls(Conv2d.load(vb.pp("patch_embed.proj"), 3, c.embed_dim, c.patch_size,
                                Conv2dConfig(stride=c.patch_size)),
                    vb.get((1, grid, grid, c.embed_dim), "pos_embed", cn.Init.const(0.0)),
                    [ViTBlock.load(blocks.pp(i), c.embed_dim, c.num_heads,
                                   0 if i in c.global_attn_indexes else c.window_size, (grid, grid))
                     for i in range(c.depth)],
                    Neck.load(vb.pp("neck"), c.embed_dim, c.out_chans))
+        vb.check_all_read(f"the SAM ViT encoder ({c.embed_dim} wide, {c.depth} blocks)")
+        return encoder
 
     def forward(self, x: mx.array) -> mx.array:
         x = self.patch_embed(x) + self.pos_embed

@@ -72,7 +72,7 @@ class MaskDecoder(Module):
              iou_head_depth: int = 3, iou_head_hidden_dim: int = 256) -> "MaskDecoder":
         d, tokens = transformer_dim, num_multimask_outputs + 1
         up, mlps = ConvTranspose2dConfig(stride=2), vb.pp("output_hypernetworks_mlps")
-        return cls(TwoWayTransformer.load(vb.pp("transformer"), depth=2, dim=d, num_heads=8,
+        decoder = cls(TwoWayTransformer.load(vb.pp("transformer"), depth=2, dim=d, num_heads=8,
                                           mlp_dim=2048),
                    Embedding.load(vb.pp("iou_token"), 1, d),
                    Embedding.load(vb.pp("mask_tokens"), tokens, d),
@@ -82,6 +82,8 @@ class MaskDecoder(Module):
                    [MlpHead.load(mlps.pp(i), d, d, d // 8, 3) for i in range(tokens)],
                    MlpHead.load(vb.pp("iou_prediction_head"), d, iou_head_hidden_dim, tokens,
                                 iou_head_depth))
+        vb.check_all_read(f"the SAM mask decoder ({num_multimask_outputs} masks)")
+        return decoder
 
     def forward(self, image_embeddings: mx.array, image_pe: mx.array,
                 sparse_prompt_embeddings: mx.array, dense_prompt_embeddings: mx.array,

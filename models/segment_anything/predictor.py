@@ -7,7 +7,10 @@ NumPy in, NumPy out; prompts in original-image pixels. The heavy image encoder r
 
 from __future__ import annotations
 
-from candle_nn import ImageError
+import math
+
+from candle_nn import ImageError, ShapeMismatchError
+from candle_nn.inputs import check_rgb_image
 import mlx.core as mx
 import numpy as np
 
@@ -35,12 +38,10 @@ class SamPredictor:
 
         ResizeLongestSide to 1024, normalise, pad to 1024², run the encoder once.
         """
-        image = np.asarray(image)
-        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
-            raise ImageError(f"set_image expects an (H, W, 3) uint8 array, got {image.shape} "
-                             f"{image.dtype}")
+        image = check_rgb_image(image, where="SamPredictor.set_image", error=ImageError)
         if image_format not in ("RGB", "BGR"):
-            raise ValueError(f"image_format must be 'RGB' or 'BGR', not {image_format!r}")
+            raise ShapeMismatchError(
+                f"image_format must be 'RGB' or 'BGR', not {image_format!r}")
         if image_format == "BGR":
             image = image[..., ::-1]
         resized = self.transform.apply_image(np.ascontiguousarray(image))
@@ -101,17 +102,25 @@ class SamPredictor:
         points = boxes = masks = None
         if point_coords is not None:
             if point_labels is None:
-                raise ValueError("point_labels must be given with point_coords")
-            coords = np.asarray(point_coords, dtype=np.float32).reshape(-1, 2)
-            labels = np.asarray(point_labels).reshape(-1)
-            if len(labels) != len(coords):
-                raise ValueError(f"{len(coords)} points but {len(labels)} labels")
+                raise ShapeMismatchError(
+                    "point_labels must be given with point_coords: one label per point, 1 "
+                    "(foreground) or 0 (background)")
+            coords = _prompt(point_coords, "point_coords", (-1, 2), "(N, 2) (x, y) pixels")
+            labels = _prompt(point_labels, "point_labels", (-1,), "(N,) 1 or 0 per point")
+            if len(labels) != len(coords) or len(coords) == 0:
+                raise ShapeMismatchError(
+                    f"{len(coords)} points but {len(labels)} labels: give one label per point "
+                    "(and at least one point)")
             coords = self.transform.apply_coords(coords, size)
-            points = (mx.array(coords)[None], mx.array(labels.astype(np.float32))[None])
+            points = (mx.array(coords)[None], mx.array(labels)[None])
         if box is not None:
-            boxes = mx.array(self.transform.apply_boxes(np.asarray(box).reshape(-1, 4), size))
+            b = _prompt(box, "box", (4,), "(4,) x1, y1, x2, y2 pixels (one box per call)")
+            boxes = mx.array(self.transform.apply_boxes(b.reshape(1, 4), size))
         if mask_input is not None:
-            masks = mx.array(np.asarray(mask_input, dtype=np.float32).reshape(1, 256, 256, 1))
+            m = _prompt(mask_input, "mask_input", (1, 256, 256),
+                        "(1, 256, 256) low-res logits, as the low_res_logits of an earlier "
+                        "predict (one of its masks: low_res_logits[i:i + 1])")
+            masks = mx.array(m.reshape(1, 256, 256, 1))
 
         low_res, iou = self.model(self.features, points, boxes, masks, multimask_output)
         full = self.model.postprocess_masks(low_res, self.input_size, size)
@@ -123,3 +132,18 @@ class SamPredictor:
     def _require_image(self) -> None:
         if not self.is_image_set:
             raise RuntimeError("no image is set: call set_image(...) before predict(...)")
+
+
+def _prompt(value, name: str, shape: tuple[int, ...], want: str) -> np.ndarray:
+    """``value`` as float32 of ``shape`` (``-1``: any length); ShapeMismatchError naming ``want``
+    for anything else (a 3-number box, a mask of another size, text)."""
+    try:
+        a = np.asarray(value, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise ShapeMismatchError(f"{name} must be numbers, {want}; got {value!r:.80}") from None
+    rest = math.prod(n for n in shape if n != -1)
+    if a.size % rest or (a.size != rest if -1 not in shape else a.size == 0):
+        raise ShapeMismatchError(f"{name} must be {want}; got shape {a.shape}")
+    if not np.isfinite(a).all():
+        raise ShapeMismatchError(f"{name} must be finite numbers; got {a.ravel()[:8]}")
+    return a.reshape(shape)

@@ -104,7 +104,7 @@ class PromptEncoder(Module):
              mask_in_chans: int = 16) -> "PromptEncoder":
         stride2, down = Conv2dConfig(stride=2), vb.pp("mask_downscaling")
         points = vb.pp("point_embeddings")
-        return cls(PositionEmbeddingRandom.load(vb.pp("pe_layer"), embed_dim // 2),
+        encoder = cls(PositionEmbeddingRandom.load(vb.pp("pe_layer"), embed_dim // 2),
                    [Embedding.load(points.pp(i), 1, embed_dim)
                     for i in range(NUM_POINT_EMBEDDINGS)],
                    Embedding.load(vb.pp("not_a_point_embed"), 1, embed_dim),
@@ -115,6 +115,8 @@ class PromptEncoder(Module):
                     LayerNorm2d.load(down.pp(4), mask_in_chans),
                     Conv2d.load(down.pp(6), mask_in_chans, embed_dim, 1)),
                    image_embedding_size, input_image_size)
+        vb.check_all_read(f"the SAM prompt encoder ({embed_dim} wide)")
+        return encoder
 
     def get_dense_pe(self) -> mx.array:
         """Positional encoding of the image embedding grid, NHWC ``(1, 64, 64, embed_dim)``."""

@@ -62,6 +62,7 @@ class Sam(Module):
         size = IMAGE_EMBEDDING_SIZE
         image_vb = vb.pp("image_encoder")
         if isinstance(encoder, str):
+            _check_encoder(vb, encoder)
             encoder = (TINY_VIT_CONFIGS[MOBILE_SAM_ENCODERS[encoder]]
                        if encoder in MOBILE_SAM_ENCODERS else VIT_CONFIGS.get(encoder, encoder))
         if isinstance(encoder, TinyViTConfig):
@@ -71,12 +72,14 @@ class Sam(Module):
         else:
             raise ValueError(f"unknown SAM encoder {encoder!r}; choose one of "
                              f"{[*MOBILE_SAM_ENCODERS, *VIT_CONFIGS]}")
-        return cls(image_encoder,
-                   PromptEncoder.load(vb.pp("prompt_encoder"), PROMPT_EMBED_DIM, (size, size),
-                                      (IMAGE_SIZE, IMAGE_SIZE), MASK_IN_CHANS),
-                   MaskDecoder.load(vb.pp("mask_decoder"), PROMPT_EMBED_DIM,
-                                    num_multimask_outputs=3, iou_head_depth=3,
-                                    iou_head_hidden_dim=256))
+        sam = cls(image_encoder,
+                  PromptEncoder.load(vb.pp("prompt_encoder"), PROMPT_EMBED_DIM, (size, size),
+                                     (IMAGE_SIZE, IMAGE_SIZE), MASK_IN_CHANS),
+                  MaskDecoder.load(vb.pp("mask_decoder"), PROMPT_EMBED_DIM,
+                                   num_multimask_outputs=3, iou_head_depth=3,
+                                   iou_head_hidden_dim=256))
+        vb.check_all_read("SAM", unused=("image_encoder.*",))  # the encoder checked its own
+        return sam
 
     # -- image side ------------------------------------------------------------------------------
     def preprocess(self, pixels: mx.array) -> mx.array:
@@ -144,3 +147,47 @@ class Sam(Module):
             cols = mx.array(cols.T.astype(np.float32)).astype(masks.dtype)
             out = rows @ masks.transpose(0, 3, 1, 2) @ cols  # (B, M, H, W)
             return out.transpose(0, 2, 3, 1)
+
+
+def infer_encoder(vb: VarBuilder, name: str = "the weights") -> str:
+    """The image encoder of the SAM checkpoint behind ``vb``: a key of
+    :data:`MOBILE_SAM_ENCODERS` (``"tiny"``) or of ``VIT_CONFIGS`` (``"vit_b"``, ``"vit_l"``,
+    ``"vit_h"``), read from the encoder's stem width and, for a ViT, its number of blocks (what
+    ``Sam.load(vb, infer_encoder(vb))`` needs). Raises WeightsFileError (naming ``name``) when
+    ``vb`` holds no SAM image encoder in candle's layout, or one of another size."""
+    enc = vb.pp("image_encoder")
+    if enc.contains("patch_embed.seq.2.c.weight"):  # TinyViT's two-conv stem
+        width = enc.shape("patch_embed.seq.2.c.weight")[0]
+        found = [e for e, c in MOBILE_SAM_ENCODERS.items()
+                 if TINY_VIT_CONFIGS[c].embed_dims[0] == width]
+        what = f"a TinyViT encoder of stem width {width}"
+    elif enc.contains("patch_embed.proj.weight"):  # ViT: one patch-embedding conv
+        width = enc.shape("patch_embed.proj.weight")[0]
+        depth = 0
+        while enc.contains(f"blocks.{depth}.norm1.weight"):
+            depth += 1
+        found = [v for v, c in VIT_CONFIGS.items() if (c.embed_dim, c.depth) == (width, depth)]
+        what = f"a ViT encoder {width} wide with {depth} blocks"
+    else:
+        raise cn.WeightsFileError(
+            f"{name} holds no SAM image encoder in candle's layout (no "
+            "image_encoder.patch_embed.seq.2.c.weight or image_encoder.patch_embed.proj.weight)")
+    if not found:
+        known = ", ".join([*MOBILE_SAM_ENCODERS, *VIT_CONFIGS])
+        raise cn.WeightsFileError(f"{name} holds {what}, which is none of {known}")
+    return found[0]
+
+
+def _check_encoder(vb: VarBuilder, wanted: str) -> None:
+    """Fail early, naming both, when a checkpoint's encoder is not ``wanted`` (sources without
+    an encoder, such as a fresh VarMap, are not checked)."""
+    try:
+        found = infer_encoder(vb)
+    except cn.WeightsFileError:
+        return
+    if found != wanted:
+        raise cn.ShapeMismatchError(
+            f"the weights hold SAM with the {found} encoder, not {wanted}: build "
+            f"Sam.load(vb, {found!r}) (infer_encoder(vb) reads it from the file; the CLIs: "
+            f"--model {found}) or use {wanted} weights")
+

@@ -294,7 +294,12 @@ class TinyViT(Module):
             out = dims[i + 1] if i + 1 < len(dims) else None
             layers.append(BasicLayer.load(vb.pp("layers").pp(i), dims[i], c.depths[i],
                                           c.num_heads[i], c.window_sizes[i], out))
-        return cls(patch_embed, layers, Neck.load(vb.pp("neck"), dims[-1], NECK_CHANNELS))
+        encoder = cls(patch_embed, layers, Neck.load(vb.pp("neck"), dims[-1], NECK_CHANNELS))
+        # MobileSAM's files keep TinyViT's ImageNet classifier (norm_head, head), unused by SAM,
+        # and may keep the attention-bias index buffers (recomputed here)
+        vb.check_all_read(f"TinyViT {c.embed_dims}",
+                          unused=("norm_head.*", "head.*", "*attention_bias_idxs"))
+        return encoder
 
     def forward(self, x: mx.array) -> mx.array:
         x = self.patch_embed(x)
