@@ -3,17 +3,22 @@
     candle-nn-batch {resnet,yolo_v8,yolo_v8_pose,segment_anything}
                     --input DIR|GLOB|LIST.txt|PARQUET --output DIR [--weights FILE]
                     [--device cpu|gpu] [--batch-size N] [--actors N] [--address ray://…|auto]
+                    [--verbose]
 
 Images are decoded and preprocessed in Ray tasks, the model runs in a pool of actors that load
 the weights once (one GPU each on a GPU job), and every image becomes one row of a Parquet shard
 in ``--output``: its path, size, the model's output, or an ``error``. Rerunning with the same
-``--output`` resumes: images already written are skipped. Without ``--address`` a local Ray
-runtime is started on this machine. Needs the ``batch`` extra (Ray Data, pycocotools).
+``--output`` resumes: images with a result are skipped, failed ones are retried. One job at a
+time per ``--output``, and only with the weights (by SHA-256) and options that made its rows
+(``batch_output``). Without ``--address`` a local Ray runtime is started on this machine; Ray's
+own log lines show with ``--verbose``. Needs the ``batch`` extra (Ray Data, pycocotools).
+See docs/batch.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -33,13 +38,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="candle-nn-batch",
         description="Run a model over many images on Ray Data and write Parquet shards "
-                    "(one row per image; reruns resume).")
+                    "(one row per image; reruns resume and retry failed images). See "
+                    "docs/batch.md.")
     parser.add_argument("model", choices=MODELS)
     parser.add_argument("--input", required=True, metavar="DIR|GLOB|LIST.txt|PARQUET",
                         help="a folder of images, a glob ('photos/**/*.jpg'), a text file with "
                              "one path a line, or a Parquet file with a 'path' column")
     parser.add_argument("--output", required=True, metavar="DIR",
-                        help="folder for the Parquet shards; reuse it to resume a job")
+                        help="folder for the Parquet shards; reuse it to resume a job (same "
+                             "weights and options). Files in it that the job did not write are "
+                             "never changed; other Parquet files there are refused")
     parser.add_argument("--weights", default=None, metavar="FILE",
                         help="safetensors in candle's layout, reachable at this path on every "
                              "node (default: candle's published checkpoint from the Hugging Face "
@@ -63,10 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=5, help="resnet: classes kept (default 5)")
     parser.add_argument("--conf", type=_fraction, default=0.25,
                         help="yolo: minimum class score (default 0.25)")
-    parser.add_argument("--iou", type=_fraction, default=0.45,
-                        help="yolo: NMS IoU threshold (default 0.45)")
+    parser.add_argument("--iou", type=_fraction, default=0.7,
+                        help="yolo: NMS IoU threshold (default 0.7, as ultralytics' predict)")
     parser.add_argument("--size", type=_size, default=640,
                         help="yolo: inputs are letterboxed to size x size (default 640)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show Ray's own log lines and Ray Data's progress (default: only "
+                             "this program's messages, and a progress bar on a terminal)")
     return parser
 
 
@@ -81,15 +92,24 @@ def require_batch_extra() -> None:
                             f"({exc.msg}): {EXTRA_HINT}") from None
 
 
-def start_ray(address: str | None, local_cpus: int, local_gpus: int) -> bool:
+def start_ray(address: str | None, local_cpus: int, local_gpus: int,
+              verbose: bool = False) -> bool:
     """Connect to ``address`` or start a local runtime with ``local_cpus`` CPUs and the GPUs
     MLX has (Ray would miss a Mac's, or count CUDA GPUs a CPU-only MLX cannot use); returns
-    whether this call started (and so should stop) Ray. A connected process is left as is."""
+    whether this call started (and so should stop) Ray. A connected process is left as is.
+
+    Without ``verbose`` Ray prints nothing of its own: its Python loggers at ERROR, workers'
+    output not forwarded, and the C++ core's log level (``RAY_BACKEND_LOG_LEVEL``, unless set)
+    at ``fatal`` (its ``E …`` lines are about Ray's internals); Ray's log files keep the rest."""
     import ray
 
     if ray.is_initialized():
         return False
-    quiet = {"logging_level": logging.WARNING, "log_to_driver": True}
+    if verbose:
+        quiet = {"logging_level": logging.INFO, "log_to_driver": True}
+    else:
+        quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     if address is None:
         ray.init(num_cpus=local_cpus, num_gpus=local_gpus, include_dashboard=False, **quiet)
         return True
@@ -136,21 +156,22 @@ def _main(argv: Sequence[str] | None) -> int:
     require_batch_extra()
     import ray
 
-    from candle_nn_models.scripts.batch_models import JobOptions, batch_model
+    from candle_nn_models.scripts.batch_models import JobOptions, identify
     from candle_nn_models.scripts.batch_pipeline import InputSource, run_job
 
     source = InputSource.parse(args.input)
     weights = None if args.weights is None else str(Path(args.weights).resolve())
     options = JobOptions(model=args.model, weights=weights, variant=args.variant,
                          top_k=args.top_k, conf=args.conf, iou=args.iou, size=args.size)
-    batch_model(options).load(Device.cpu())  # bad weights: one error line here, not in actors
+    options = identify(options)[0]  # bad weights: one error line here, not in the actors
     if args.address is None and args.device == "gpu":
         Device.parse("gpu")  # this machine's MLX must have a GPU backend
     local_device = args.device or ("gpu" if Device.default().kind == "gpu" else "cpu")
     if args.address is None:  # actors on this machine: say so if its CPU BLAS is the slow one
         warn_if_slow_cpu(local_device)
     started = start_ray(args.address, local_cpus(args.actors, local_device),
-                        len(Device.available()) - 1)
+                        len(Device.available()) - 1, args.verbose)
+    created = not Path(args.output).exists()
     try:
         cluster = ray.cluster_resources()
         resources = plan(args, int(cluster.get("CPU", 1)), int(cluster.get("GPU", 0)))
@@ -158,14 +179,18 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.address is not None and args.address.startswith("ray://"):
             # Ray Data cannot stream from a Ray Client driver: run the job as a task there.
             summary = ray.get(ray.remote(num_cpus=0)(run_job).remote(
-                source, output, options, resources))
+                source, output, options, resources, verbose=args.verbose))
         else:
-            summary = run_job(source, output, options, resources)
+            summary = run_job(source, output, options, resources, verbose=args.verbose)
+    except BaseException:
+        if created:  # a job that failed before writing anything leaves no folder behind
+            with contextlib.suppress(OSError):
+                Path(args.output).rmdir()
+        raise
     finally:
         if started:
             ray.shutdown()
-    print(f"{output}: {summary.rows} images in {summary.shards} shard(s), {summary.errors} "
-          f"error(s); this run: {summary.new_rows} new, {summary.skipped} already there")
+    print(summary.line(output))
     return 0
 
 
