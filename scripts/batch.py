@@ -21,8 +21,9 @@ import argparse
 import contextlib
 import logging
 import os
+import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from candle_nn import CandleNNError, Device, DeviceUnavailableError
 from candle_nn.blas import warn_if_slow_cpu
@@ -98,9 +99,8 @@ def start_ray(address: str | None, local_cpus: int, local_gpus: int,
     MLX has (Ray would miss a Mac's, or count CUDA GPUs a CPU-only MLX cannot use); returns
     whether this call started (and so should stop) Ray. A connected process is left as is.
 
-    Without ``verbose`` Ray prints nothing of its own: its Python loggers at ERROR, workers'
-    output not forwarded, and the C++ core's log level (``RAY_BACKEND_LOG_LEVEL``, unless set)
-    at ``fatal`` (its ``E …`` lines are about Ray's internals); Ray's log files keep the rest."""
+    Without ``verbose`` Ray's Python loggers print errors only and workers' output is not
+    forwarded (Ray's log files in its session folder keep everything)."""
     import ray
 
     if ray.is_initialized():
@@ -109,7 +109,6 @@ def start_ray(address: str | None, local_cpus: int, local_gpus: int,
         quiet = {"logging_level": logging.INFO, "log_to_driver": True}
     else:
         quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
-        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     if address is None:
         ray.init(num_cpus=local_cpus, num_gpus=local_gpus, include_dashboard=False, **quiet)
         return True
@@ -118,6 +117,30 @@ def start_ray(address: str | None, local_cpus: int, local_gpus: int,
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise CandleNNError(f"cannot join the Ray cluster at {address}: {exc}") from None
     return True
+
+
+@contextlib.contextmanager
+def native_stderr_to_devnull() -> Iterator[None]:
+    """Point file descriptor 2 at the null device while Python's ``sys.stderr`` keeps writing
+    where it did. Ray's C++ core writes its log lines (``[… E …] core_worker.cc: …``, about
+    Ray's internals) to its log file *and* to descriptor 2, whatever the log level; setting
+    ``RAY_BACKEND_LOG_LEVEL`` prints a line of its own. This program's messages, errors and
+    Ray Data's progress bar go through ``sys.stderr``, so they still show."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    stream = open(saved, "w", encoding=sys.stderr.encoding, errors="backslashreplace",
+                  buffering=1, closefd=False)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    previous, sys.stderr = sys.stderr, stream
+    try:
+        yield
+    finally:
+        stream.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        sys.stderr = previous
 
 
 def plan(args: argparse.Namespace, cpus: int, gpus: int):
@@ -169,27 +192,30 @@ def _main(argv: Sequence[str] | None) -> int:
     local_device = args.device or ("gpu" if Device.default().kind == "gpu" else "cpu")
     if args.address is None:  # actors on this machine: say so if its CPU BLAS is the slow one
         warn_if_slow_cpu(local_device)
-    started = start_ray(args.address, local_cpus(args.actors, local_device),
-                        len(Device.available()) - 1, args.verbose)
-    created = not Path(args.output).exists()
-    try:
-        cluster = ray.cluster_resources()
-        resources = plan(args, int(cluster.get("CPU", 1)), int(cluster.get("GPU", 0)))
-        output = prepare_out_dir(args.output)  # last: a failed start leaves no folder behind
-        if args.address is not None and args.address.startswith("ray://"):
-            # Ray Data cannot stream from a Ray Client driver: run the job as a task there.
-            summary = ray.get(ray.remote(num_cpus=0)(run_job).remote(
-                source, output, options, resources, verbose=args.verbose))
-        else:
-            summary = run_job(source, output, options, resources, verbose=args.verbose)
-    except BaseException:
-        if created:  # a job that failed before writing anything leaves no folder behind
-            with contextlib.suppress(OSError):
-                Path(args.output).rmdir()
-        raise
-    finally:
-        if started:
-            ray.shutdown()
+    quiet = contextlib.nullcontext() if args.verbose or ray.is_initialized() \
+        else native_stderr_to_devnull()
+    with quiet:
+        started = start_ray(args.address, local_cpus(args.actors, local_device),
+                            len(Device.available()) - 1, args.verbose)
+        created = not Path(args.output).exists()
+        try:
+            cluster = ray.cluster_resources()
+            resources = plan(args, int(cluster.get("CPU", 1)), int(cluster.get("GPU", 0)))
+            output = prepare_out_dir(args.output)  # last: a failed start leaves no folder behind
+            if args.address is not None and args.address.startswith("ray://"):
+                # Ray Data cannot stream from a Ray Client driver: run the job as a task there.
+                summary = ray.get(ray.remote(num_cpus=0)(run_job).remote(
+                    source, output, options, resources, verbose=args.verbose))
+            else:
+                summary = run_job(source, output, options, resources, verbose=args.verbose)
+        except BaseException:
+            if created:  # a job that failed before writing anything leaves no folder behind
+                with contextlib.suppress(OSError):
+                    Path(args.output).rmdir()
+            raise
+        finally:
+            if started:
+                ray.shutdown()
     print(summary.line(output))
     return 0
 
