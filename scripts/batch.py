@@ -179,7 +179,8 @@ def _main(argv: Sequence[str] | None) -> int:
     require_batch_extra()
     import ray
 
-    from candle_nn_models.scripts.batch_models import JobOptions, identify
+    from candle_nn_models.scripts.batch_models import JobOptions, batch_model, identify
+    from candle_nn_models.scripts.batch_output import preflight
     from candle_nn_models.scripts.batch_pipeline import InputSource, run_job
 
     source = InputSource.parse(args.input)
@@ -187,6 +188,7 @@ def _main(argv: Sequence[str] | None) -> int:
     options = JobOptions(model=args.model, weights=weights, variant=args.variant,
                          top_k=args.top_k, conf=args.conf, iou=args.iou, size=args.size)
     options = identify(options)[0]  # bad weights: one error line here, not in the actors
+    preflight(Path(args.output), batch_model(options).identity(), options.weights_label)
     if args.address is None and args.device == "gpu":
         Device.parse("gpu")  # this machine's MLX must have a GPU backend
     local_device = args.device or ("gpu" if Device.default().kind == "gpu" else "cpu")

@@ -48,6 +48,11 @@ class JobOptions:
     size: int = 640
     weights_sha256: str | None = None
 
+    @property
+    def weights_label(self) -> str:
+        """The weights as a message names them."""
+        return self.weights or "the published checkpoint"
+
 
 class BatchModel:
     """One model's part of a batch job. Subclasses set ``name``, ``input_shape``/``input_dtype``

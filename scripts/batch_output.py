@@ -69,6 +69,13 @@ def job_digest(job: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def locked(output: Path, holder: bytes) -> OutputLockedError:
+    who = holder.decode("utf-8", "replace").strip() or "another process"
+    return OutputLockedError(f"another candle-nn-batch job is writing to {output} (lock "
+                             f"{output / LOCK} held by {who}): wait for it to finish, or pass "
+                             "another --output")
+
+
 @contextlib.contextmanager
 def claim(output: Path) -> Iterator[None]:
     """Hold ``output`` for one job: ``OUT/_candle_nn_batch.lock`` under ``flock`` (released by
@@ -84,11 +91,9 @@ def claim(output: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 300).decode("utf-8", "replace").strip() or "another process"
+            holder = os.read(fd, 300)
             os.close(fd)
-            raise OutputLockedError(
-                f"another candle-nn-batch job is writing to {output} (lock {path} held by "
-                f"{holder}): wait for it to finish, or pass another --output") from None
+            raise locked(output, holder) from None
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(path))
         except FileNotFoundError:  # the holder removed it as we opened it: take the new one
@@ -199,22 +204,21 @@ class OutputState:
         return frozenset(p for p, r in self.winners.items() if r.ok)
 
 
-def scan(output: Path, manifest: Manifest | None, schema: pa.Schema) -> OutputState:
-    """Read the job's shards in ``output`` (CandleNNError for a Parquet file that is not the
-    job's). A shard of the job's that cannot be read is removed (its images are redone), and
-    temporary files left by a killed run of the job are removed."""
-    runs = {r["id"]: i for i, r in enumerate(manifest.runs)} if manifest else {}
-    digest = job_digest(manifest.job) if manifest else None
-    state, foreign = OutputState(), []
+def classify(output: Path, manifest: Manifest | None
+             ) -> tuple[list[tuple[str, str]], list[str], list[str]]:
+    """The folder's entries that matter: the job's shards ``(name, run)``, temporary files left
+    by a killed run of the job, and Parquet files that are not the job's. Changes nothing."""
+    runs = {r["id"] for r in manifest.runs} if manifest else set()
+    shards, stale, foreign = [], [], []
     for entry in sorted(os.scandir(output), key=lambda e: e.name):
         name = entry.name
         shard = SHARD_RE.fullmatch(name)
         temp = SHARD_TEMP_RE.fullmatch(name)
         if shard and shard["run"] in runs and entry.is_file(follow_symlinks=False):
-            read_shard(output / name, runs[shard["run"]], shard["run"], digest, schema, state)
+            shards.append((name, shard["run"]))
         elif ((temp and temp["run"] in runs) or (manifest and MANIFEST_TEMP_RE.fullmatch(name))) \
                 and entry.is_file(follow_symlinks=False):
-            remove_quietly(output / name)  # we hold the lock: no run of ours is writing it
+            stale.append(name)
         elif name.lower().endswith(".parquet"):
             foreign.append(name)
     if foreign:
@@ -224,6 +228,44 @@ def scan(output: Path, manifest: Manifest | None, schema: pa.Schema) -> OutputSt
             f"{output} holds Parquet files that this candle-nn-batch job did not write ({listed}): "
             "it never changes or removes them, and a reader of the folder would take them for "
             "part of the output; move them elsewhere, or pass another --output")
+    return shards, stale, foreign
+
+
+def preflight(output: Path, job: dict[str, Any], weights: str) -> None:
+    """Before Ray starts (a quick failure): the checks a job makes once it holds ``output`` —
+    no other job holds it, its rows are this job's, no Parquet file of someone else's.
+    Changes nothing."""
+    if not output.is_dir():
+        return
+    try:
+        fd = os.open(output / LOCK, os.O_RDONLY)
+    except OSError:
+        fd = None
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise locked(output, os.read(fd, 300)) from None
+        finally:
+            os.close(fd)
+    manifest = Manifest.read(output)
+    if manifest is not None:
+        manifest.check(output, job, weights)
+    classify(output, manifest)
+
+
+def scan(output: Path, manifest: Manifest | None, schema: pa.Schema) -> OutputState:
+    """Read the job's shards in ``output`` (CandleNNError for a Parquet file that is not the
+    job's). A shard of the job's that cannot be read is removed (its images are redone), and
+    temporary files left by a killed run of the job are removed (the caller holds the lock)."""
+    runs = {r["id"]: i for i, r in enumerate(manifest.runs)} if manifest else {}
+    digest = job_digest(manifest.job) if manifest else None
+    shards, stale, _ = classify(output, manifest)
+    for name in stale:
+        remove_quietly(output / name)
+    state = OutputState()
+    for name, run in shards:
+        read_shard(output / name, runs[run], run, digest, schema, state)
     return state
 
 

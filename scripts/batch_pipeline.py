@@ -229,7 +229,7 @@ def run_job(source: InputSource, output: Path, options: JobOptions, resources: R
         manifest = Manifest.read(output)
         new_manifest = manifest is None
         if manifest is not None:
-            manifest.check(output, job, options.weights or "the published checkpoint")
+            manifest.check(output, job, options.weights_label)
         state = scan(output, manifest, schema)
         done = state.done()
         failed = {p for p, row in state.winners.items() if not row.ok}
@@ -240,7 +240,7 @@ def run_job(source: InputSource, output: Path, options: JobOptions, resources: R
             return summarize(state, None, skipped, 0, source.duplicates)
         run = new_run_id()
         if manifest is None:
-            manifest = Manifest(job, options.weights or "the published checkpoint")
+            manifest = Manifest(job, options.weights_label)
         manifest.runs.append({"id": run, "weights": options.weights, "pid": os.getpid()})
         manifest.write(output)  # before any shard: a shard's run is always listed
         try:
