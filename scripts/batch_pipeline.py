@@ -22,6 +22,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from candle_nn_models.scripts.common import load_rgb, shown
 from candle_nn_models.scripts.inputs import IMAGE_SUFFIXES, expand_image_args
 
 DECODE_CPUS = 0.5
+CANDLE_ERROR_LINE = re.compile(r"^candle_nn\.errors\.\w+: (.+)$", re.M)
 
 
 @dataclass(frozen=True)
@@ -246,14 +248,24 @@ def run_job(source: InputSource, output: Path, options: JobOptions, resources: R
         try:
             write(pending, output, options, resources, predictor_cls,
                   ShardSink(output, run, job_digest(job), schema, resources.shard_rows))
-        except BaseException:
+        except BaseException as exc:
             if new_manifest and not any(output.glob("candle-nn-batch-*.parquet")):
                 (output / MANIFEST).unlink(missing_ok=True)  # nothing written
+            if isinstance(exc, Exception):
+                raise ours_from_ray(exc) from None
             raise
         state = scan(output, manifest, schema)
         drop_superseded(output, state)
         return summarize(state, len(manifest.runs) - 1, skipped,
                          sum(1 for p in pending if p in failed), source.duplicates)
+
+
+def ours_from_ray(exc: Exception) -> Exception:
+    """A CandleNNError raised in an actor or task (a weights file replaced during the job)
+    reaches the driver as Ray's error with the remote traceback in its text: the one line of
+    ours, or ``exc`` as it is."""
+    found = CANDLE_ERROR_LINE.findall(str(exc)) if not isinstance(exc, CandleNNError) else []
+    return CandleNNError(found[-1]) if found else exc
 
 
 def write(paths: list[str], output: Path, options: JobOptions, resources: Resources,

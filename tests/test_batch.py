@@ -413,12 +413,19 @@ def test_resume_is_keyed_on_the_weights_digest_not_the_path(ray_runtime, folder,
     assert manifest["job"]["weights_sha256"] == digest
     assert manifest["job"]["variant"] == "resnet18"
 
-    # an actor that finds another file at the path than the driver digested refuses it
-    from candle_nn_models.scripts.batch_models import JobOptions, ResNetBatch
+    # an actor that finds another file at the path than the job started with (replaced while
+    # the job runs) stops the job with one error, and nothing is written
+    from candle_nn_models.scripts.batch_models import JobOptions
+    from candle_nn_models.scripts.batch_pipeline import InputSource, Resources, run_job
 
-    wrong = ResNetBatch(JobOptions("resnet", str(path), weights_sha256=digest))
-    with pytest.raises(cn.CandleNNError, match="is not the weights this job started with"):
-        wrong.load(cn.Device.cpu())
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    with pytest.raises(cn.CandleNNError, match=f"^{path} is not the weights this job started "
+                       f"with .*expected {digest[:12]}"):
+        run_job(InputSource.parse(str(listing)), fresh,
+                JobOptions("resnet", str(path), variant="resnet18", weights_sha256=digest),
+                Resources(device="cpu", actors=1, batch_size=4, shard_rows=4))
+    assert list(fresh.iterdir()) == []
 
 
 def test_each_image_exactly_once_across_duplicates_failures_and_reruns(
