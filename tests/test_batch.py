@@ -6,6 +6,12 @@ a rerun after deleting (or truncating) a shard redoes that shard's images and no
 actor killed mid-batch loses and duplicates nothing, and the results equal the plain CLIs'
 (``candle-resnet --json``, ``candle-yolo-v8 --square --json``) or ``SamPredictor``'s on the same
 images, within the fixtures' tolerances. Also the message when the ``batch`` extra is missing.
+
+The output folder (docs/batch.md): files the job did not write are refused and never changed,
+resume is keyed on the weights' SHA-256 (not their path), a second job on one folder is refused
+(the lock), each image is once across duplicate inputs, retried failures and reruns, the summary
+counts what was written, Ray is quiet without ``--verbose``, files get the umask's mode, and
+``--iou`` defaults to ultralytics' 0.7.
 """
 
 from __future__ import annotations
@@ -561,3 +567,31 @@ def test_iou_default_is_ultralytics(capsys):
     assert JobOptions("yolo_v8", None).iou == 0.7
     parser.print_help()
     assert "default 0.7, as ultralytics" in " ".join(capsys.readouterr().out.split())
+
+
+def test_manifest_and_lock_files_that_are_not_the_jobs(tmp_path):
+    """A folder from an older version (no weights digest), and a user's own files under the
+    names the job uses, are refused and left as they were."""
+    from candle_nn_models.scripts.batch_output import LOCK, MANIFEST, Manifest, claim
+
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / MANIFEST).write_text(json.dumps({"model": "resnet", "weights": "/w", "top_k": 5}))
+    with pytest.raises(cn.CandleNNError, match="older candle-nn-batch.*pass a new --output"):
+        Manifest.read(old)
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / MANIFEST).write_text('{"my": "settings"}\n')
+    (mine / LOCK).write_text("my notes\n")
+    with pytest.raises(cn.CandleNNError, match="is not a candle-nn-batch manifest"):
+        Manifest.read(mine)
+    with pytest.raises(cn.CandleNNError, match="is not a candle-nn-batch lock file"):
+        with claim(mine):
+            pass
+    assert (mine / MANIFEST).read_text() == '{"my": "settings"}\n'
+    assert (mine / LOCK).read_text() == "my notes\n"
+
+    with claim(tmp_path):  # a claim of the job's own leaves nothing behind
+        assert (tmp_path / LOCK).read_text().startswith("candle-nn-batch job: pid ")
+    assert not (tmp_path / LOCK).exists()
