@@ -3,21 +3,27 @@
     candle-nn-batch {resnet,yolo_v8,yolo_v8_pose,segment_anything}
                     --input DIR|GLOB|LIST.txt|PARQUET --output DIR [--weights FILE]
                     [--device cpu|gpu] [--batch-size N] [--actors N] [--address ray://…|auto]
+                    [--verbose]
 
 Images are decoded and preprocessed in Ray tasks, the model runs in a pool of actors that load
 the weights once (one GPU each on a GPU job), and every image becomes one row of a Parquet shard
 in ``--output``: its path, size, the model's output, or an ``error``. Rerunning with the same
-``--output`` resumes: images already written are skipped. Without ``--address`` a local Ray
-runtime is started on this machine. Needs the ``batch`` extra (Ray Data, pycocotools).
+``--output`` resumes: images with a result are skipped, failed ones are retried. One job at a
+time per ``--output``, and only with the weights (by SHA-256) and options that made its rows
+(``batch_output``). Without ``--address`` a local Ray runtime is started on this machine; Ray's
+own log lines show with ``--verbose``. Needs the ``batch`` extra (Ray Data, pycocotools).
+See docs/batch.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from candle_nn import CandleNNError, Device, DeviceUnavailableError
 from candle_nn.blas import warn_if_slow_cpu
@@ -33,13 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="candle-nn-batch",
         description="Run a model over many images on Ray Data and write Parquet shards "
-                    "(one row per image; reruns resume).")
+                    "(one row per image; reruns resume and retry failed images). See "
+                    "docs/batch.md.")
     parser.add_argument("model", choices=MODELS)
     parser.add_argument("--input", required=True, metavar="DIR|GLOB|LIST.txt|PARQUET",
                         help="a folder of images, a glob ('photos/**/*.jpg'), a text file with "
                              "one path a line, or a Parquet file with a 'path' column")
     parser.add_argument("--output", required=True, metavar="DIR",
-                        help="folder for the Parquet shards; reuse it to resume a job")
+                        help="folder for the Parquet shards; reuse it to resume a job (same "
+                             "weights and options). Files in it that the job did not write are "
+                             "never changed; other Parquet files there are refused")
     parser.add_argument("--weights", default=None, metavar="FILE",
                         help="safetensors in candle's layout, reachable at this path on every "
                              "node (default: candle's published checkpoint from the Hugging Face "
@@ -63,10 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=5, help="resnet: classes kept (default 5)")
     parser.add_argument("--conf", type=_fraction, default=0.25,
                         help="yolo: minimum class score (default 0.25)")
-    parser.add_argument("--iou", type=_fraction, default=0.45,
-                        help="yolo: NMS IoU threshold (default 0.45)")
+    parser.add_argument("--iou", type=_fraction, default=0.7,
+                        help="yolo: NMS IoU threshold (default 0.7, as ultralytics' predict)")
     parser.add_argument("--size", type=_size, default=640,
                         help="yolo: inputs are letterboxed to size x size (default 640)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show Ray's own log lines and Ray Data's progress (default: only "
+                             "this program's messages, and a progress bar on a terminal)")
     return parser
 
 
@@ -81,15 +93,22 @@ def require_batch_extra() -> None:
                             f"({exc.msg}): {EXTRA_HINT}") from None
 
 
-def start_ray(address: str | None, local_cpus: int, local_gpus: int) -> bool:
+def start_ray(address: str | None, local_cpus: int, local_gpus: int,
+              verbose: bool = False) -> bool:
     """Connect to ``address`` or start a local runtime with ``local_cpus`` CPUs and the GPUs
     MLX has (Ray would miss a Mac's, or count CUDA GPUs a CPU-only MLX cannot use); returns
-    whether this call started (and so should stop) Ray. A connected process is left as is."""
+    whether this call started (and so should stop) Ray. A connected process is left as is.
+
+    Without ``verbose`` Ray's Python loggers print errors only and workers' output is not
+    forwarded (Ray's log files in its session folder keep everything)."""
     import ray
 
     if ray.is_initialized():
         return False
-    quiet = {"logging_level": logging.WARNING, "log_to_driver": True}
+    if verbose:
+        quiet = {"logging_level": logging.INFO, "log_to_driver": True}
+    else:
+        quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
     if address is None:
         ray.init(num_cpus=local_cpus, num_gpus=local_gpus, include_dashboard=False, **quiet)
         return True
@@ -98,6 +117,30 @@ def start_ray(address: str | None, local_cpus: int, local_gpus: int) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise CandleNNError(f"cannot join the Ray cluster at {address}: {exc}") from None
     return True
+
+
+@contextlib.contextmanager
+def native_stderr_to_devnull() -> Iterator[None]:
+    """Point file descriptor 2 at the null device while Python's ``sys.stderr`` keeps writing
+    where it did. Ray's C++ core writes its log lines (``[… E …] core_worker.cc: …``, about
+    Ray's internals) to its log file *and* to descriptor 2, whatever the log level; setting
+    ``RAY_BACKEND_LOG_LEVEL`` prints a line of its own. This program's messages, errors and
+    Ray Data's progress bar go through ``sys.stderr``, so they still show."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    stream = open(saved, "w", encoding=sys.stderr.encoding, errors="backslashreplace",
+                  buffering=1, closefd=False)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    previous, sys.stderr = sys.stderr, stream
+    try:
+        yield
+    finally:
+        stream.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        sys.stderr = previous
 
 
 def plan(args: argparse.Namespace, cpus: int, gpus: int):
@@ -136,36 +179,46 @@ def _main(argv: Sequence[str] | None) -> int:
     require_batch_extra()
     import ray
 
-    from candle_nn_models.scripts.batch_models import JobOptions, batch_model
+    from candle_nn_models.scripts.batch_models import JobOptions, batch_model, identify
+    from candle_nn_models.scripts.batch_output import preflight
     from candle_nn_models.scripts.batch_pipeline import InputSource, run_job
 
     source = InputSource.parse(args.input)
     weights = None if args.weights is None else str(Path(args.weights).resolve())
     options = JobOptions(model=args.model, weights=weights, variant=args.variant,
                          top_k=args.top_k, conf=args.conf, iou=args.iou, size=args.size)
-    batch_model(options).load(Device.cpu())  # bad weights: one error line here, not in actors
+    options = identify(options)[0]  # bad weights: one error line here, not in the actors
+    preflight(Path(args.output), batch_model(options).identity(), options.weights_label)
     if args.address is None and args.device == "gpu":
         Device.parse("gpu")  # this machine's MLX must have a GPU backend
     local_device = args.device or ("gpu" if Device.default().kind == "gpu" else "cpu")
     if args.address is None:  # actors on this machine: say so if its CPU BLAS is the slow one
         warn_if_slow_cpu(local_device)
-    started = start_ray(args.address, local_cpus(args.actors, local_device),
-                        len(Device.available()) - 1)
-    try:
-        cluster = ray.cluster_resources()
-        resources = plan(args, int(cluster.get("CPU", 1)), int(cluster.get("GPU", 0)))
-        output = prepare_out_dir(args.output)  # last: a failed start leaves no folder behind
-        if args.address is not None and args.address.startswith("ray://"):
-            # Ray Data cannot stream from a Ray Client driver: run the job as a task there.
-            summary = ray.get(ray.remote(num_cpus=0)(run_job).remote(
-                source, output, options, resources))
-        else:
-            summary = run_job(source, output, options, resources)
-    finally:
-        if started:
-            ray.shutdown()
-    print(f"{output}: {summary.rows} images in {summary.shards} shard(s), {summary.errors} "
-          f"error(s); this run: {summary.new_rows} new, {summary.skipped} already there")
+    quiet = contextlib.nullcontext() if args.verbose or ray.is_initialized() \
+        else native_stderr_to_devnull()
+    with quiet:
+        started = start_ray(args.address, local_cpus(args.actors, local_device),
+                            len(Device.available()) - 1, args.verbose)
+        created = not Path(args.output).exists()
+        try:
+            cluster = ray.cluster_resources()
+            resources = plan(args, int(cluster.get("CPU", 1)), int(cluster.get("GPU", 0)))
+            output = prepare_out_dir(args.output)  # last: a failed start leaves no folder behind
+            if args.address is not None and args.address.startswith("ray://"):
+                # Ray Data cannot stream from a Ray Client driver: run the job as a task there.
+                summary = ray.get(ray.remote(num_cpus=0)(run_job).remote(
+                    source, output, options, resources, verbose=args.verbose))
+            else:
+                summary = run_job(source, output, options, resources, verbose=args.verbose)
+        except BaseException:
+            if created:  # a job that failed before writing anything leaves no folder behind
+                with contextlib.suppress(OSError):
+                    Path(args.output).rmdir()
+            raise
+        finally:
+            if started:
+                ray.shutdown()
+    print(summary.line(output))
     return 0
 
 

@@ -12,7 +12,9 @@ a batch job gives the same numbers as ``candle-resnet`` / ``candle-yolo-v8 --squ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 from candle_nn import CandleNNError, Device
@@ -32,28 +34,50 @@ BASE_FIELDS = [pa.field("path", pa.string(), nullable=False), pa.field("width", 
 
 @dataclass(frozen=True)
 class JobOptions:
-    """The model-related command-line options of a job (picklable: it travels to every actor)."""
+    """The model-related command-line options of a job (picklable: it travels to every actor).
+
+    :func:`identify` fills in ``variant`` and ``weights_sha256`` from the weights the driver
+    loads; every actor then checks that it loaded a file with that digest."""
 
     model: str                  # resnet | yolo_v8 | yolo_v8_pose | segment_anything
     weights: str | None         # None: candle's published checkpoint (each node resolves it)
     variant: str | None = None  # None: what the weights hold (SAM: tiny)
     top_k: int = 5
     conf: float = 0.25
-    iou: float = 0.45
+    iou: float = 0.7            # ultralytics' default
     size: int = 640
+    weights_sha256: str | None = None
+
+    @property
+    def weights_label(self) -> str:
+        """The weights as a message names them."""
+        return self.weights or "the published checkpoint"
 
 
 class BatchModel:
     """One model's part of a batch job. Subclasses set ``name``, ``input_shape``/``input_dtype``
-    (one preprocessed image) and ``output_fields``, and implement the three methods."""
+    (one preprocessed image), ``output_fields`` and ``row_options`` (the options that change a
+    row), and implement ``preprocess``, ``_load`` and ``predict``."""
 
     name: ClassVar[str]
     input_dtype: ClassVar[type] = np.float32
     extras: ClassVar[tuple[str, ...]] = ()  # the per-image numbers ``preprocess`` returns
     output_fields: ClassVar[list[pa.Field]]
+    row_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: JobOptions) -> None:
         self.options = options
+        self.variant: str | None = None       # once loaded: the variant the weights hold
+        self.weights_file: Path | None = None
+        self.weights_sha256: str | None = None
+
+    def identity(self) -> dict[str, Any]:
+        """What produces this job's rows (options as :func:`identify` returns them): model,
+        variant, the weights' SHA-256 and the options that change a row. A resumed job must have
+        the same."""
+        return {"model": self.name, "variant": self.options.variant,
+                "weights_sha256": self.options.weights_sha256,
+                **{k: getattr(self.options, k) for k in self.row_options}}
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -69,7 +93,20 @@ class BatchModel:
         raise NotImplementedError
 
     def load(self, device: Device) -> None:
-        """Load the weights onto ``device`` (once per actor); CandleNNError for bad weights."""
+        """Load the weights onto ``device`` (once per actor); CandleNNError for bad weights, or
+        for a file whose SHA-256 is not ``options.weights_sha256`` (replaced since the job
+        started, or another file at that path on this node)."""
+        path, self.variant = self._load(device)
+        self.weights_file, self.weights_sha256 = path, file_sha256(path)
+        want = self.options.weights_sha256
+        if want is not None and self.weights_sha256 != want:
+            raise CandleNNError(
+                f"{path} is not the weights this job started with (SHA-256 "
+                f"{self.weights_sha256[:12]}…, expected {want[:12]}…): it was replaced, or "
+                "another file has that path on this node; rerun with the same file")
+
+    def _load(self, device: Device) -> tuple[Path, str]:
+        """Load the model; returns the weights file and the variant it holds."""
         raise NotImplementedError
 
     def predict(self, inputs: np.ndarray, extras: dict[str, np.ndarray],
@@ -83,6 +120,7 @@ class ResNetBatch(BatchModel):
     """ImageNet-style classification: ``top_k`` = [{index, label, probability}], best first."""
 
     name = "resnet"
+    row_options = ("top_k",)
     output_fields = [pa.field("top_k", pa.list_(pa.struct([
         ("index", pa.int32()), ("label", pa.string()), ("probability", pa.float32())])))]
 
@@ -93,11 +131,12 @@ class ResNetBatch(BatchModel):
     def preprocess(self, rgb):
         return imagenet_preprocess(rgb), {}
 
-    def load(self, device):
+    def _load(self, device):
         from candle_nn_models.scripts.resnet import load_classifier
 
-        self.model, self.names, _ = load_classifier(self.options.weights, self.options.variant,
-                                                    device)
+        self.model, self.names, path = load_classifier(self.options.weights,
+                                                       self.options.variant, device)
+        return path, self.model.variant
 
     def predict(self, inputs, extras, sizes_hw):
         from candle_nn_models.scripts.resnet import top_k_probabilities
@@ -115,6 +154,7 @@ class YoloBatch(BatchModel):
     task = "detect"
     input_dtype = np.uint8
     extras = ("scale", "pad_x", "pad_y")
+    row_options = ("conf", "iou", "size")
     _detection = [("class_id", pa.int32()), ("class_name", pa.string()), ("score", pa.float32()),
                   ("box_xyxy", pa.list_(pa.float32(), 4))]
     output_fields = [pa.field("detections", pa.list_(pa.struct(_detection)))]
@@ -127,11 +167,12 @@ class YoloBatch(BatchModel):
         lb = letterbox(rgb, self.options.size)  # square: every input of a batch has one shape
         return lb.image, {"scale": lb.scale, "pad_x": lb.pad[0], "pad_y": lb.pad[1]}
 
-    def load(self, device):
+    def _load(self, device):
         from candle_nn_models.scripts.yolo_v8 import load_detector
 
-        self.model, self.spec, self.names, _ = load_detector(
+        self.model, self.spec, self.names, path = load_detector(
             self.options.weights, self.task, self.options.variant, device)
+        return path, self.spec.variant
 
     def predict(self, inputs, extras, sizes_hw):
         boxes = [Letterbox(image, float(scale), (int(px), int(py)), (int(h), int(w)))
@@ -187,14 +228,16 @@ class SamBatch(BatchModel):
         padded[:h, :w] = resized
         return padded, {"input_h": h, "input_w": w}
 
-    def load(self, device):
+    def _load(self, device):
         from candle_nn_models.scripts.segment_anything import MODELS, load_sam
 
         variant = self.options.variant or MODELS[0]
         if variant not in MODELS:
             raise CandleNNError(f"--variant {variant}: segment_anything is one of "
                                 f"{', '.join(MODELS)}")
-        self.predictor = SamPredictor(load_sam(variant, self.options.weights, device)[0])
+        sam, path = load_sam(variant, self.options.weights, device)
+        self.predictor = SamPredictor(sam)
+        return path, variant
 
     def predict(self, inputs, extras, sizes_hw):
         from pycocotools import mask as mask_utils
@@ -216,6 +259,15 @@ class SamBatch(BatchModel):
         return rows
 
 
+def file_sha256(path: "str | Path") -> str:
+    """The SHA-256 of a file's bytes, as hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def center_point(height: int, width: int) -> np.ndarray:
     """The prompt of a SAM batch job: ``(x, y)`` float32 at the image centre."""
     return np.array([width / 2, height / 2], dtype=np.float32)
@@ -223,6 +275,14 @@ def center_point(height: int, width: int) -> np.ndarray:
 
 BATCH_MODELS: dict[str, type[BatchModel]] = {
     cls.name: cls for cls in (ResNetBatch, YoloBatch, YoloPoseBatch, SamBatch)}
+
+
+def identify(options: JobOptions) -> tuple[JobOptions, BatchModel]:
+    """Load the model on the CPU (bad weights: one CandleNNError here, not in the actors) and
+    return ``options`` with the variant and the weights' SHA-256 filled in, and the model."""
+    model = batch_model(options)
+    model.load(Device.cpu())
+    return replace(options, variant=model.variant, weights_sha256=model.weights_sha256), model
 
 
 def batch_model(options: JobOptions) -> BatchModel:

@@ -1,32 +1,34 @@
 """The Ray Data pipeline behind ``candle-nn-batch``.
 
-    image paths (lazy: from_items / read_text / read_parquet)
+    image paths (read on the driver: resolved, duplicates and finished images dropped)
       -> decode + preprocess      Ray tasks, ``batch_size`` paths each; a bad image -> error row
       -> predict                  a fixed pool of stateful actors (``map_batches`` with a class),
                                   weights loaded once per actor, one GPU each on a GPU job
-      -> write_parquet            shards of about ``shard_rows`` rows in the output folder
+      -> write                    shards of about ``shard_rows`` rows in the output folder
+                                  (:class:`~candle_nn_models.scripts.batch_output.ShardSink`)
 
-Resuming: the paths already in the output folder's shards are skipped by the decode tasks, so a
-rerun does only what is missing. A shard that cannot be read (a run killed while writing it) is
-removed and its images are redone. Fault tolerance is Ray Data's own, left at its defaults (Ray
-2.60 deprecates passing these through ``map_batches``): a dead actor is restarted
-(``max_restarts=-1``) and its in-flight batches are resubmitted (``max_task_retries=-1``); a
-decode or write task whose worker dies is retried (``max_retries=-1``). Ray discards a failed
-task's output, so every input lands in exactly one row. Exceptions raised by the model itself are
-not retried: they fail the job (Ray Data's ``retried_map_errors=False``).
+Exactly once: the job holds the output folder (a lock), reads which images already have a row
+(``batch_output``: only the job's own shards, checked against the weights' digest and options),
+and runs the rest; an image whose row is an error is retried, and its new row supersedes the
+old one. Fault tolerance is Ray Data's own, left at its defaults (Ray 2.60 deprecates passing
+these through ``map_batches``): a dead actor is restarted (``max_restarts=-1``) and its in-flight
+batches are resubmitted (``max_task_retries=-1``); a decode or write task whose worker dies is
+retried (``max_retries=-1``), rewriting the same shard names. Exceptions raised by the model
+itself are not retried: they fail the job (Ray Data's ``retried_map_errors=False``).
 """
 
 from __future__ import annotations
 
 import glob
-import json
+import logging
 import os
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -34,66 +36,80 @@ import pyarrow.parquet as pq
 import ray
 
 from candle_nn import CandleNNError, Device, ImageError
-from candle_nn.atomic_write import atomic_write
-from candle_nn_models.scripts.batch_models import BatchModel, JobOptions, batch_model
+from candle_nn_models.scripts.batch_models import BatchModel, JobOptions, batch_model, identify
+from candle_nn_models.scripts.batch_output import (MANIFEST, Manifest, OutputState, ShardSink,
+                                                   claim, drop_superseded, job_digest,
+                                                   new_run_id, scan)
 from candle_nn_models.scripts.common import load_rgb, shown
 from candle_nn_models.scripts.inputs import IMAGE_SUFFIXES, expand_image_args
 
-MANIFEST = "_candle_nn_batch.json"  # "_" prefix: Parquet readers skip it
 DECODE_CPUS = 0.5
+CANDLE_ERROR_LINE = re.compile(r"^candle_nn\.errors\.\w+: (.+)$", re.M)
 
 
 @dataclass(frozen=True)
 class InputSource:
-    """Where the image paths come from: ``kind`` is ``paths`` (a folder, a glob or one image,
-    listed here), ``list`` (a text file, one path a line) or ``parquet`` (its ``path`` column).
-    Relative paths in a list or Parquet file are relative to ``cwd``, the folder the command
-    ran in."""
+    """The images of ``--input``, each once: absolute paths with symbolic links resolved, in
+    input order; ``duplicates`` counts the entries that named an image already listed."""
 
-    kind: str
     spec: str
-    paths: tuple[str, ...] = ()
-    cwd: str = field(default_factory=os.getcwd)
+    paths: tuple[str, ...]
+    duplicates: int = 0
 
     @classmethod
     def parse(cls, spec: str) -> "InputSource":
-        """Check ``--input`` and classify it (ImageError when there is nothing to read)."""
+        """Read ``--input``: a folder, a glob, an image, a text file (one path a line) or a
+        Parquet file (its ``path`` column). Relative paths in a list are relative to the current
+        folder. ImageError when there is nothing to read."""
         path = Path(spec)
-        if path.is_file() and path.suffix.lower() == ".txt":
-            return cls("list", str(path.resolve()))
-        if path.is_file() and path.suffix.lower() == ".parquet":
-            try:
-                names = pq.read_schema(path).names
-            except (pa.ArrowException, OSError) as exc:
-                raise ImageError(f"{path} is not a readable Parquet file ({exc})") from None
-            if "path" not in names:
-                raise ImageError(f"{path} has no 'path' column: --input PARQUET needs one string "
-                                 "column named 'path' with the image paths")
-            return cls("parquet", str(path.resolve()))
-        if path.is_dir() or path.is_file():
+        if path.is_file() and path.suffix.lower() in (".txt", ".parquet"):
+            entries = list(read_list(path))
+            if not entries:
+                raise ImageError(f"{path} lists no image paths")
+        elif path.is_dir() or path.is_file():
             items = expand_image_args([spec])
-            found = [item.path for item in items if not item.error]
-            if not found:
+            entries = [str(item.path) for item in items if not item.error]
+            if not entries:
                 raise ImageError(f"{shown(items[0].path)}: {items[0].error}")
         elif glob.has_magic(spec):
-            found = sorted(Path(p) for p in glob.iglob(spec, recursive=True)
-                           if Path(p).is_file() and Path(p).suffix.lower() in IMAGE_SUFFIXES)
-            if not found:
+            entries = sorted(p for p in glob.iglob(spec, recursive=True)
+                             if Path(p).is_file() and Path(p).suffix.lower() in IMAGE_SUFFIXES)
+            if not entries:
                 raise ImageError(f"no image files match {spec!r}")
         else:
             raise ImageError(f"--input {spec}: no such folder, file or glob match (give a "
                              "folder, a glob, a .txt list of paths or a .parquet file)")
-        return cls("paths", spec, tuple(str(p.resolve()) for p in found))
+        paths = tuple(dict.fromkeys(os.path.realpath(e) for e in entries))
+        return cls(spec, paths, len(entries) - len(paths))
 
-    def dataset(self, block_rows: int) -> "ray.data.Dataset":
-        """A lazy dataset with one string column ``path``."""
-        if self.kind == "paths":
-            blocks = max(1, -(-len(self.paths) // block_rows))
-            return ray.data.from_items([{"path": p} for p in self.paths],
-                                       override_num_blocks=blocks)
-        if self.kind == "list":
-            return ray.data.read_text(self.spec).rename_columns({"text": "path"})
-        return ray.data.read_parquet(self.spec, columns=["path"])
+
+def read_list(path: Path) -> Iterator[str]:
+    """The non-blank entries of a text list (one path a line) or of a Parquet file's ``path``
+    column."""
+    if path.suffix.lower() == ".txt":
+        try:
+            with open(path, "rb") as f:
+                for line in f:
+                    if name := os.fsdecode(line.strip()):
+                        yield name
+        except OSError as exc:
+            raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
+        return
+    try:
+        parquet = pq.ParquetFile(path)
+        column = parquet.schema_arrow.field("path") if "path" in parquet.schema_arrow.names \
+            else None
+        if column is None:
+            raise ImageError(f"{path} has no 'path' column: --input PARQUET needs one string "
+                             "column named 'path' with the image paths")
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            raise ImageError(f"{path}: its 'path' column holds {column.type}, not strings")
+        for batch in parquet.iter_batches(columns=["path"]):
+            for name in batch.column(0).to_pylist():
+                if name and name.strip():
+                    yield name.strip()
+    except (pa.ArrowException, OSError) as exc:
+        raise ImageError(f"{path} is not a readable Parquet file ({exc})") from None
 
 
 @dataclass(frozen=True)
@@ -108,26 +124,34 @@ class Resources:
 
 @dataclass
 class JobSummary:
-    """What the output folder holds after a run."""
+    """What the output folder holds after a run, and what the run did."""
 
-    rows: int
-    errors: int
-    new_rows: int
-    skipped: int
+    rows: int        # images in the output (one row each)
+    errors: int      # of them, error rows
     shards: int
+    written: int     # rows this run wrote
+    retried: int     # of them, images whose row was an error before
+    skipped: int     # inputs that already had a successful row
+    duplicates: int  # input entries that named an image already listed
+
+    def line(self, output: "str | os.PathLike") -> str:
+        retried = f" ({self.retried} retried after an error)" if self.retried else ""
+        dups = (f", {self.duplicates} duplicate input path(s) ignored" if self.duplicates
+                else "")
+        return (f"{output}: {self.rows} images in {self.shards} shard(s), {self.errors} "
+                f"error(s); this run: {self.written} new{retried}, {self.skipped} already "
+                f"there{dups}")
 
 
-def decode_batch(batch: dict[str, np.ndarray], model: BatchModel, done: frozenset[str],
-                 cwd: str) -> dict[str, np.ndarray]:
-    """Ray task: drop paths already in the output, read and preprocess the rest.
+def decode_batch(batch: dict[str, np.ndarray], model: BatchModel) -> dict[str, np.ndarray]:
+    """Ray task: read and preprocess a batch of absolute paths.
 
     Returns columns ``path``, ``width``, ``height``, ``error`` ("" when fine: an all-null column
     would not survive Ray's Arrow round trip as strings), ``input``
     ``(N, *model.input_shape)`` (zeros for a failed image) and the model's ``extras`` columns
     (0 for a failed image: every block has the same columns).
     """
-    paths = [os.path.normpath(os.path.join(cwd, str(p).strip())) for p in batch["path"]]
-    paths = [p for p in paths if p not in done and p != cwd]  # p == cwd: a blank list line
+    paths = [str(p) for p in batch["path"]]
     inputs = np.zeros((len(paths), *model.input_shape), dtype=model.input_dtype)
     sizes = np.zeros((len(paths), 2), dtype=np.int32)
     errors = [""] * len(paths)
@@ -181,62 +205,77 @@ class Predictor:
         return pa.Table.from_pylist(rows, schema=self.schema)
 
 
-def scan_output(output: Path, schema: pa.Schema) -> frozenset[str]:
-    """The paths already in ``output``'s shards. Unreadable shards are removed (their images are
-    redone); a shard of another schema is a CandleNNError."""
-    done: set[str] = set()
-    for shard in sorted(output.glob("*.parquet")):
-        try:
-            names = pq.read_schema(shard).names
-            paths = pq.read_table(shard, columns=["path"]).column("path").to_pylist()
-        except (pa.ArrowException, OSError) as exc:
-            print(f"warning: removing unreadable shard {shard} ({exc}); its images are redone",
-                  file=sys.stderr)
-            shard.unlink()
-            continue
-        if names != schema.names:
-            raise CandleNNError(f"{shard} has columns {names}, not those of this job "
-                                f"({schema.names}): pass a new --output folder")
-        done.update(paths)
-    return frozenset(done)
+def quiet_ray_data(verbose: bool) -> None:
+    """Ray Data's own console lines (INFO/WARNING: plans, logged progress) only with
+    ``verbose``; its log file in the Ray session folder keeps them. Without ``verbose`` a
+    progress bar shows on an interactive terminal only."""
+    from ray.data import DataContext
 
-
-def check_manifest(output: Path, options: JobOptions) -> None:
-    """Write the job's options beside the shards, or check a rerun uses the same ones."""
-    path, want = output / MANIFEST, asdict(options)
-    if path.exists():
-        have = json.loads(path.read_text())
-        diff = [f"{k}: {have.get(k)!r} there, {v!r} now" for k, v in want.items()
-                if have.get(k) != v]
-        if diff:
-            raise CandleNNError(f"{output} holds results of another job ({'; '.join(diff)}): "
-                                "rerun with the same options to resume, or pass a new --output")
-        return
-    with atomic_write(path) as tmp:
-        tmp.write_text(json.dumps(want, indent=2) + "\n")
-
-
-def summarize(output: Path, before: frozenset[str]) -> JobSummary:
-    shards = sorted(output.glob("*.parquet"))
-    rows = errors = 0
-    for shard in shards:
-        column = pq.read_table(shard, columns=["error"]).column("error")
-        rows += len(column)
-        errors += len(column) - column.null_count
-    return JobSummary(rows=rows, errors=errors, new_rows=rows - len(before), skipped=len(before),
-                      shards=len(shards))
+    for handler in logging.getLogger("ray.data").handlers:
+        if handler.get_name() == "console":
+            handler.setLevel(logging.INFO if verbose else logging.ERROR)
+    if not verbose:
+        DataContext.get_current().enable_progress_bars = sys.stdout.isatty()
 
 
 def run_job(source: InputSource, output: Path, options: JobOptions, resources: Resources,
-            predictor_cls: type = Predictor) -> JobSummary:
-    """Run (or resume) a job on the Ray runtime this process is connected to."""
+            predictor_cls: type = Predictor, verbose: bool = False) -> JobSummary:
+    """Run (or resume) a job on the Ray runtime this process is connected to, holding
+    ``output`` for the job's length (OutputLockedError when another job holds it)."""
+    quiet_ray_data(verbose)
+    if options.weights_sha256 is None:
+        options = identify(options)[0]
     model = batch_model(options)
-    check_manifest(output, options)
-    done = scan_output(output, model.schema())
-    if source.kind == "paths" and done.issuperset(source.paths):
-        return summarize(output, done)  # nothing left: no actors to start
-    decoded = source.dataset(resources.batch_size).map_batches(
-        partial(decode_batch, model=model, done=done, cwd=source.cwd),
+    job, schema = model.identity(), model.schema()
+    with claim(output):
+        manifest = Manifest.read(output)
+        new_manifest = manifest is None
+        if manifest is not None:
+            manifest.check(output, job, options.weights_label)
+        state = scan(output, manifest, schema)
+        done = state.done()
+        failed = {p for p, row in state.winners.items() if not row.ok}
+        pending = [p for p in source.paths if p not in done]
+        skipped = len(source.paths) - len(pending)
+        if not pending:
+            drop_superseded(output, state)
+            return summarize(state, None, skipped, 0, source.duplicates)
+        run = new_run_id()
+        if manifest is None:
+            manifest = Manifest(job, options.weights_label)
+        manifest.runs.append({"id": run, "weights": options.weights, "pid": os.getpid()})
+        manifest.write(output)  # before any shard: a shard's run is always listed
+        try:
+            write(pending, output, options, resources, predictor_cls,
+                  ShardSink(output, run, job_digest(job), schema, resources.shard_rows))
+        except BaseException as exc:
+            if new_manifest and not any(output.glob("candle-nn-batch-*.parquet")):
+                (output / MANIFEST).unlink(missing_ok=True)  # nothing written
+            if isinstance(exc, Exception):
+                raise ours_from_ray(exc) from None
+            raise
+        state = scan(output, manifest, schema)
+        drop_superseded(output, state)
+        return summarize(state, len(manifest.runs) - 1, skipped,
+                         sum(1 for p in pending if p in failed), source.duplicates)
+
+
+def ours_from_ray(exc: Exception) -> Exception:
+    """A CandleNNError raised in an actor or task (a weights file replaced during the job)
+    reaches the driver as Ray's error with the remote traceback in its text: the one line of
+    ours, or ``exc`` as it is."""
+    found = CANDLE_ERROR_LINE.findall(str(exc)) if not isinstance(exc, CandleNNError) else []
+    return CandleNNError(found[-1]) if found else exc
+
+
+def write(paths: list[str], output: Path, options: JobOptions, resources: Resources,
+          predictor_cls: type, sink: ShardSink) -> None:
+    """Decode, predict and write ``paths`` through Ray Data."""
+    model = batch_model(options)
+    blocks = max(1, -(-len(paths) // resources.batch_size))
+    decoded = ray.data.from_items([{"path": p} for p in paths], override_num_blocks=blocks
+                                  ).map_batches(
+        partial(decode_batch, model=model),
         batch_size=resources.batch_size, batch_format="numpy",
         # Half a CPU: two decode tasks share a core (they wait on file reads); and a resource
         # shape unlike the CPU actors' keeps Ray from fusing decoding into them, so decoding
@@ -248,6 +287,14 @@ def run_job(source: InputSource, output: Path, options: JobOptions, resources: R
         batch_size=resources.batch_size, batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=resources.actors),
         num_gpus=1 if gpu else 0, num_cpus=1)  # a CPU actor's BLAS runs on its one core
-    predicted.write_parquet(str(output), min_rows_per_file=resources.shard_rows,
-                            max_rows_per_file=resources.shard_rows)
-    return summarize(output, done)
+    predicted.write_datasink(sink)
+
+
+def summarize(state: OutputState, run: int | None, skipped: int, retried: int,
+              duplicates: int) -> JobSummary:
+    rows = state.winners.values()
+    return JobSummary(rows=len(rows), errors=sum(1 for r in rows if not r.ok),
+                      shards=len(state.shards),
+                      written=sum(1 for r in rows if r.run == run) if run is not None else 0,
+                      retried=retried if run is not None else 0, skipped=skipped,
+                      duplicates=duplicates)
