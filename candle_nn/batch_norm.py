@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -12,7 +10,6 @@ from .init import ONES, ZEROS
 from .module import Module
 from .var_builder import VarBuilder
 
-_STATS = ["running_mean", "running_var"]
 
 
 class BatchNorm2d(Module):
@@ -26,8 +23,8 @@ class BatchNorm2d(Module):
 
     Input ``(N, H, W, C)`` (or any ``(..., C)``) → same shape.
 
-    * ``eval()`` (how it is built, and how models' ``load`` return it): ``(x - running_mean) / sqrt(running_var + eps)
-      * weight + bias``.
+    * ``eval()`` (how it is built, and how models' ``load`` return it):
+      ``(x - running_mean) / sqrt(running_var + eps) * weight + bias``.
     * ``train()``: normalised by the batch's mean and biased variance over every axis but the
       last; the running statistics become ``(1 - momentum) * running + momentum * batch``, the
       variance's batch term unbiased (``n / (n - 1)``), exactly as PyTorch. Under
@@ -42,6 +39,8 @@ class BatchNorm2d(Module):
     :meth:`Conv2d.absorb_bn`.
     """
 
+    _always_frozen = ("running_mean", "running_var")
+
     def __init__(self, running_mean: mx.array, running_var: mx.array, weight: mx.array,
                  bias: mx.array, eps: float = 1e-5, *, momentum: float = 0.1,
                  device: Device) -> None:
@@ -53,7 +52,7 @@ class BatchNorm2d(Module):
         self.eps = float(eps)
         self.momentum = float(momentum)
         object.__setattr__(self, "_stats_frozen", False)
-        self.freeze(keys=_STATS, recurse=False)
+        self.freeze(keys=list(self._always_frozen), recurse=False)
         self.eval()
 
     @classmethod
@@ -64,12 +63,6 @@ class BatchNorm2d(Module):
         return cls(vb.get(shape, "running_mean", ZEROS), vb.get(shape, "running_var", ONES),
                    vb.get(shape, "weight", ONES), vb.get(shape, "bias", ZEROS), eps,
                    momentum=momentum, device=vb.device).loaded_from(vb)
-
-    def unfreeze(self, *args: Any, **kwargs: Any) -> "BatchNorm2d":
-        """MLX's ``unfreeze``; the running statistics stay frozen (they are not learned)."""
-        super().unfreeze(*args, **kwargs)
-        self.freeze(keys=_STATS, recurse=False)
-        return self
 
     def freeze_stats(self, frozen: bool = True) -> "BatchNorm2d":
         """Use (and keep) the running statistics in train mode too (``frozen``), or go back to
