@@ -140,7 +140,7 @@ def conv_bn_case() -> Case:
          **{f"bn.{k}": v for k, v in bn_tensors(6).items()}}
 
     def build(vb):
-        layer = cn.conv_bn(vb, 4, 6, 3, cn.Conv2dConfig(padding=1), fold_bn=False).train()
+        layer = cn.ConvBn.load(vb, 4, 6, 3, cn.Conv2dConfig(padding=1), fold_bn=False).train()
         return layer, lambda x, res: layer(x, activation="relu", residual=res)
 
     def ref(p, x, res):
