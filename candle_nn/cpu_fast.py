@@ -85,6 +85,7 @@ import weakref
 import mlx.core as mx
 
 from . import cpu_native, cpu_winograd
+from .custom_vjp import with_reference_vjp
 
 ENV_VAR = "CANDLE_NN_CPU_FAST"
 _enabled = os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "off", "false", "no")
@@ -148,8 +149,11 @@ def exp_f32(x: mx.array) -> mx.array:
 
 
 # ``x * sigmoid(x)`` for float32 on the CPU (see exp_f32); below -88 (exp clamped) ``x * 0``, so
-# -Inf gives NaN as ``x * sigmoid(x)`` does.
-silu_f32 = mx.compile(lambda x: mx.where(x < -88.0, x * 0.0, x / (1.0 + exp_f32(-x))))
+# -Inf gives NaN as ``x * sigmoid(x)`` does. exp_f32's bit cast (``view``) has no VJP, so
+# gradients are those of MLX's own ``x * sigmoid(x)``.
+silu_f32 = with_reference_vjp(
+    mx.compile(lambda x: mx.where(x < -88.0, x * 0.0, x / (1.0 + exp_f32(-x)))),
+    lambda x: x * mx.sigmoid(x))
 
 
 # -- the compiled kernels (cpu_native.py), with the pure-MLX paths as fallback ---------------------
