@@ -34,10 +34,10 @@ from .yolo_v8_assigner import Assignment, TaskAlignedAssigner
 from .yolo_v8_boxes import bbox2dist, bbox_ciou, dist2bbox, xywh2xyxy
 from .yolo_v8_head import make_anchors
 
-__all__ = ["DetectionLoss", "GroundTruth", "Predictions", "pad_targets"]
+__all__ = ["DetectionLoss", "GroundTruth", "Predictions", "check_targets", "pad_targets", "sum_all"]
 
 
-def _total(x: mx.array) -> mx.array:
+def sum_all(x: mx.array) -> mx.array:
     """Sum of all elements, one axis at a time from the last: in float32 as accurate as
     PyTorch's (MLX's one-pass CPU sum of YOLOv8's 1.3 M class terms is off by 1e-4)."""
     for _ in range(x.ndim):
@@ -192,16 +192,16 @@ class DetectionLoss(cn.Module):
 
     def detection_items(self, pred: Predictions, t: Assignment) -> mx.array:
         """``(3,)`` box, cls and dfl losses after the gains (differentiable wrt ``pred``)."""
-        scores_sum = mx.maximum(_total(t.target_scores), 1)
-        cls = _total(nn.losses.binary_cross_entropy(pred.scores, t.target_scores,
+        scores_sum = mx.maximum(sum_all(t.target_scores), 1)
+        cls = sum_all(nn.losses.binary_cross_entropy(pred.scores, t.target_scores,
                                                     with_logits=True, reduction="none"))
         cls = cls / scores_sum
         target_bboxes = t.target_bboxes / pred.strides
         weight = t.target_scores.sum(axis=-1)  # (B, A), zero on the background
         iou = bbox_ciou(pred.bboxes, target_bboxes)
-        box = _total(mx.where(t.fg_mask, (1 - iou) * weight, 0)) / scores_sum
+        box = sum_all(mx.where(t.fg_mask, (1 - iou) * weight, 0)) / scores_sum
         ltrb = bbox2dist(pred.anchors, target_bboxes, self.reg_max - 1)
-        dfl = _total(mx.where(t.fg_mask, self._dfl(pred.distri, ltrb) * weight, 0)) / scores_sum
+        dfl = sum_all(mx.where(t.fg_mask, self._dfl(pred.distri, ltrb) * weight, 0)) / scores_sum
         return mx.stack([box, cls, dfl]) * mx.array(self.gains, dtype=box.dtype)
 
     def _dfl(self, distri: mx.array, target: mx.array) -> mx.array:

@@ -4,8 +4,6 @@ ultralytics' formulas (written out below, in float64)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -14,10 +12,8 @@ import candle_nn as cn  # noqa: F401  (before mlx, as candle_nn/_startup.py asks
 import mlx.core as mx
 from candle_nn_models.yolo_v8_boxes import bbox_ciou
 from candle_nn_models.yolo_v8_loss import DetectionLoss
+from _yolo_loss_reference import feats_of, rel_l2, torch_ciou, torch_loss
 from conftest import assert_matches, load_fixture
-
-SIZES = (80, 40, 20)  # the fixture's feature maps (640 / 8, 16, 32)
-
 
 @pytest.fixture(scope="module")
 def fixture():
@@ -25,35 +21,18 @@ def fixture():
     return io, meta
 
 
-def _feats(io: dict[str, np.ndarray]) -> list[mx.array]:
-    """The head's raw output per level, NHWC ``(B, H, W, 64 + 80)``, from the fixture's
-    anchor-major ``boxes`` and ``scores``."""
-    raw = np.concatenate([io["output.boxes"], io["output.scores"]], axis=1).transpose(0, 2, 1)
-    feats, start = [], 0
-    for s in SIZES:
-        level = raw[:, start:start + s * s].reshape(len(raw), s, s, -1)
-        feats.append(mx.array(np.ascontiguousarray(level)))
-        start += s * s
-    return feats
-
-
-def _rel_l2(candidate, reference) -> float:
-    candidate, reference = (np.asarray(a, dtype=np.float64) for a in (candidate, reference))
-    return float(np.linalg.norm(candidate - reference) / np.linalg.norm(reference))
-
-
 def _check(meta: dict, key: str, candidate, reference) -> None:
     """The fixture's max-abs tolerance and, for the losses, its relative-L2 one."""
     assert_matches(meta, key, candidate, reference)
     if key.startswith("loss"):
         tol = meta["tolerance"][key]["rtol_l2"]
-        assert _rel_l2(candidate, reference) <= tol, (key, _rel_l2(candidate, reference), tol)
+        assert rel_l2(candidate, reference) <= tol, (key, rel_l2(candidate, reference), tol)
 
 
 def test_assigner_and_loss_match_ultralytics(fixture, device) -> None:
     io, meta = fixture
     criterion = DetectionLoss(80, device=device)
-    feats, targets = _feats(io), io["input.targets"]
+    feats, targets = feats_of(io), io["input.targets"]
     with criterion.on_device():
         pred = criterion.predictions(feats)
         t = criterion.assign(pred, criterion.ground_truth(pred, targets))
@@ -69,7 +48,7 @@ def test_assigner_and_loss_match_ultralytics(fixture, device) -> None:
 def test_compiled_gives_the_same_numbers(fixture) -> None:
     io, _ = fixture
     criterion = DetectionLoss(80)
-    feats, targets = _feats(io), mx.array(io["input.targets"])
+    feats, targets = feats_of(io), mx.array(io["input.targets"])
     eager_loss, eager_items = criterion(feats, targets)
     compiled = mx.compile(lambda p3, p4, p5, t: criterion([p3, p4, p5], t))
     loss, items = compiled(*feats, targets)
@@ -80,7 +59,7 @@ def test_compiled_gives_the_same_numbers(fixture) -> None:
 def test_padding_rows_and_row_order_change_nothing(fixture) -> None:
     io, _ = fixture
     criterion = DetectionLoss(80)
-    feats, targets = _feats(io), io["input.targets"]
+    feats, targets = feats_of(io), io["input.targets"]
     _, items = criterion(feats, targets)
     # Rows of both images interleaved, plus two padding rows (image index -1).
     shuffled = np.concatenate([targets[[3, 0, 4, 1, 2]], np.full((2, 6), -1, np.float32)])
@@ -90,7 +69,7 @@ def test_padding_rows_and_row_order_change_nothing(fixture) -> None:
 
 def test_no_boxes_learns_background_only(fixture) -> None:
     io, _ = fixture
-    feats = _feats(io)
+    feats = feats_of(io)
     loss, items = DetectionLoss(80)(feats, np.zeros((0, 6), np.float32))
     x = io["output.scores"].astype(np.float64)
     bce = np.logaddexp(0, x).sum() * 0.5  # all-zero targets; divided by max(0, 1) = 1
@@ -107,7 +86,7 @@ def test_no_boxes_learns_background_only(fixture) -> None:
 def test_bad_targets_are_named(fixture, bad, fragment) -> None:
     io, _ = fixture
     with pytest.raises(ValueError, match="targets") as err:
-        DetectionLoss(80)(_feats(io), bad)
+        DetectionLoss(80)(feats_of(io), bad)
     assert fragment in str(err.value)
 
 
@@ -118,82 +97,26 @@ def test_ciou_matches_the_formula() -> None:
     boxes = np.concatenate([xy, xy + wh], axis=-1)  # (2, 64, 4): two sets of 64 boxes
     got = np.array(bbox_ciou(mx.array(boxes[0].astype(np.float32)),
                              mx.array(boxes[1].astype(np.float32))))
-    ref = _torch_ciou(torch.from_numpy(boxes[0]), torch.from_numpy(boxes[1])).numpy()
+    ref = torch_ciou(torch.from_numpy(boxes[0]), torch.from_numpy(boxes[1])).numpy()
     np.testing.assert_allclose(got, ref, atol=2e-6)
     assert np.allclose(np.array(bbox_ciou(mx.array(boxes[0]), mx.array(boxes[0]))), 1, atol=1e-6)
-
-
-# --- the reference: ultralytics' v8DetectionLoss given the assigner's targets, in torch ---
-
-def _torch_ciou(b1: torch.Tensor, b2: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
-    """ultralytics.utils.metrics.bbox_iou(b1, b2, xywh=False, CIoU=True), xyxy ``(N, 4)``."""
-    b1_x1, b1_y1, b1_x2, b1_y2 = b1.unbind(-1)
-    b2_x1, b2_y1, b2_x2, b2_y2 = b2.unbind(-1)
-    w1, h1 = b1_x2 - b1_x1, b1_y2 - b1_y1 + eps
-    w2, h2 = b2_x2 - b2_x1, b2_y2 - b2_y1 + eps
-    inter = ((b1_x2.minimum(b2_x2) - b1_x1.maximum(b2_x1)).clamp(0)
-             * (b1_y2.minimum(b2_y2) - b1_y1.maximum(b2_y1)).clamp(0))
-    union = w1 * h1 + w2 * h2 - inter + eps
-    iou = inter / union
-    cw = b1_x2.maximum(b2_x2) - b1_x1.minimum(b2_x1)
-    ch = b1_y2.maximum(b2_y2) - b1_y1.minimum(b2_y1)
-    c2 = cw ** 2 + ch ** 2 + eps
-    rho2 = ((b2_x1 + b2_x2 - b1_x1 - b1_x2) ** 2 + (b2_y1 + b2_y2 - b1_y1 - b1_y2) ** 2) / 4
-    v = (4 / math.pi ** 2) * ((w2 / h2).atan() - (w1 / h1).atan()) ** 2
-    with torch.no_grad():
-        alpha = v / (1 - iou + v + eps)
-    return iou - (rho2 / c2 + v * alpha)
-
-
-def _torch_loss(boxes: torch.Tensor, scores: torch.Tensor, io: dict[str, np.ndarray]):
-    """ultralytics' loss (box, cls, dfl gains 7.5, 0.5, 1.5; × batch size) of the raw outputs
-    ``boxes`` (B, 64, A) and ``scores`` (B, 80, A), given the fixture's assigner outputs."""
-    b = boxes.shape[0]
-    distri, logits = boxes.permute(0, 2, 1), scores.permute(0, 2, 1)
-    anchors, strides = [], []
-    for s, stride in zip(SIZES, (8, 16, 32)):
-        sy, sx = torch.meshgrid(torch.arange(s) + 0.5, torch.arange(s) + 0.5, indexing="ij")
-        anchors.append(torch.stack([sx, sy], -1).view(-1, 2))
-        strides.append(torch.full((s * s, 1), float(stride)))
-    anchors, strides = torch.cat(anchors).double(), torch.cat(strides).double()
-    dist = distri.view(b, -1, 4, 16).softmax(3) @ torch.arange(16).double()
-    pred_bboxes = torch.cat([anchors - dist[..., :2], anchors + dist[..., 2:]], -1)
-    target_bboxes = torch.from_numpy(io["output.target_bboxes"]).double() / strides
-    target_scores = torch.from_numpy(io["output.target_scores"]).double()
-    fg = torch.from_numpy(io["output.fg_mask"]) > 0
-    tss = target_scores.sum().clamp(min=1)
-    cls = torch.nn.functional.binary_cross_entropy_with_logits(
-        logits, target_scores, reduction="sum") / tss
-    weight = target_scores[fg].sum(-1, keepdim=True)
-    iou = _torch_ciou(pred_bboxes[fg], target_bboxes[fg]).unsqueeze(-1)
-    box = ((1.0 - iou) * weight).sum() / tss
-    ltrb = torch.cat([anchors - target_bboxes[..., :2], target_bboxes[..., 2:] - anchors], -1)
-    target = ltrb.clamp(0, 15 - 0.01)[fg]
-    tl = target.long()
-    wl = tl + 1 - target
-    logp = distri[fg].reshape(-1, 4, 16).log_softmax(-1)
-    dfl = -(logp.gather(-1, tl[..., None])[..., 0] * wl
-            + logp.gather(-1, tl[..., None] + 1)[..., 0] * (1 - wl)).mean(-1, keepdim=True)
-    dfl = (dfl * weight).sum() / tss
-    items = torch.stack([box * 7.5, cls * 0.5, dfl * 1.5])
-    return items.sum() * b, items
 
 
 def test_gradient_matches_torch_autograd(fixture) -> None:
     io, meta = fixture
     boxes = torch.from_numpy(io["output.boxes"]).double().requires_grad_()
     scores = torch.from_numpy(io["output.scores"]).double().requires_grad_()
-    ref_loss, ref_items = _torch_loss(boxes, scores, io)
+    ref_loss, ref_items = torch_loss(boxes, scores, io)
     ref_loss.backward()
     _check(meta, "loss_items", ref_items.detach().numpy(), io["output.loss_items"])
 
     criterion, targets = DetectionLoss(80), mx.array(io["input.targets"])
-    grads = mx.grad(lambda fs: criterion(fs, targets)[0])(_feats(io))
+    grads = mx.grad(lambda fs: criterion(fs, targets)[0])(feats_of(io))
     flat = np.concatenate([np.array(g).reshape(2, -1, 144) for g in grads], axis=1)
     for name, got, ref in [("boxes", flat[..., :64], boxes.grad), ("scores", flat[..., 64:],
                                                                    scores.grad)]:
         ref = ref.numpy().transpose(0, 2, 1)
-        err = _rel_l2(got, ref)
+        err = rel_l2(got, ref)
         assert err <= 1e-5, f"d loss / d {name}: relative L2 error {err:.2e}"
         assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), name
 
@@ -201,7 +124,7 @@ def test_gradient_matches_torch_autograd(fixture) -> None:
 def test_bad_feature_maps_are_named(fixture) -> None:
     io, _ = fixture
     criterion = DetectionLoss(80)
-    feats = _feats(io)
+    feats = feats_of(io)
     with pytest.raises(ValueError, match="3 feature maps for 2 strides"):
         DetectionLoss(80, strides=(8, 16))(feats, io["input.targets"])
     with pytest.raises(ValueError, match="expected"):
