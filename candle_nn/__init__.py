@@ -17,9 +17,10 @@ from .activation import (
     ACTIVATIONS, Activation, gelu, gelu_tanh, relu, sigmoid, silu, softmax,
 )
 from .attention import multi_head_attention, packed_qkv_attention, scaled_dot_product_attention
-from .batch_norm import BatchNorm2d
+from .batch_norm import BatchNorm2d, freeze_bn_stats
 from .checkpoint import save_safetensors, state_dict
 from .conv import Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig
+from .conv_bn import ConvBn, conv_bn
 from .device import Device
 from .embedding import Embedding
 from .errors import (
@@ -43,12 +44,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ACTIVATIONS", "Activation", "AvgPool2d", "BatchNorm2d", "CandleNNError", "Conv2d",
-    "Conv2dConfig", "ConvTranspose2d", "ConvTranspose2dConfig", "DTypeError", "Device",
+    "Conv2dConfig", "ConvBn", "ConvTranspose2d", "ConvTranspose2dConfig", "DTypeError", "Device",
     "DeviceMismatchError", "DeviceUnavailableError", "Embedding", "ImageError", "Init",
     "LayerNorm", "LayerNorm2d", "LayerNormConfig", "Linear", "MaxPool2d", "MissingTensorError",
     "Module", "Sequential", "ShapeMismatchError", "TensorSource", "VarBuilder", "VarMap",
     "WeightsFileError",
-    "avg_pool2d", "check_image_batch", "check_same_device", "check_weights_path",
+    "avg_pool2d", "check_image_batch", "check_same_device", "check_weights_path", "conv_bn",
+    "freeze_bn_stats",
     "float32_precision", "gelu", "gelu_tanh", "info", "max_pool2d", "model_dtype",
     "multi_head_attention",
     "open_safetensors", "packed_qkv_attention", "read_tensor", "relu", "save_safetensors",
