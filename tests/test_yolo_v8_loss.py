@@ -8,12 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-import candle_nn as cn  # noqa: F401  (before mlx, as candle_nn/_startup.py asks)
+import candle_nn as cn
 import mlx.core as mx
+import mlx.nn as nn
+from candle_nn.checkpoint import state_dict
 from candle_nn_models.yolo_v8_boxes import bbox_ciou
+from candle_nn_models.yolo_v8 import YoloV8
 from candle_nn_models.yolo_v8_loss import DetectionLoss
 from _yolo_loss_reference import feats_of, rel_l2, torch_ciou, torch_loss
-from conftest import assert_matches, load_fixture
+from conftest import FIXTURES, assert_matches, load_fixture
 
 @pytest.fixture(scope="module")
 def fixture():
@@ -129,3 +132,40 @@ def test_bad_feature_maps_are_named(fixture) -> None:
         DetectionLoss(80, strides=(8, 16))(feats, io["input.targets"])
     with pytest.raises(ValueError, match="expected"):
         criterion([f[..., :100] for f in feats], io["input.targets"])
+
+
+def test_train_mode_model_loss_and_gradients_match_ultralytics(fixture) -> None:
+    """The whole step as ultralytics trains: YOLOv8n with BatchNorm on batch statistics
+    (``fold_bn=False``, ``train()``), its raw maps into the loss, d loss / d parameters."""
+    io, meta = fixture
+    folder = FIXTURES / "yolov8n_loss"
+    vb = cn.VarBuilder.from_safetensors(folder / "weights.safetensors", device=cn.Device.cpu())
+    model = YoloV8.load(vb, "n", num_classes=80, fold_bn=False).train()
+    criterion = DetectionLoss(80)
+    x = mx.array(io["input.image"].transpose(0, 2, 3, 1))
+    targets = mx.array(io["input.targets"])
+    start = model.parameters()
+
+    def loss_fn(model, x, targets):
+        return criterion(model(x), targets)
+
+    loss_and_grad = nn.value_and_grad(model, lambda m, x, t: loss_fn(m, x, t)[0])
+    (loss, items) = loss_fn(model, x, targets)
+    stats = {k: np.array(v) for k, v in state_dict(model).items()}  # after one forward
+    _check(meta, "loss_items", items, io["output.loss_items"])
+    _check(meta, "loss", np.array(loss).reshape(1), io["output.loss"])
+    model.update(start)  # that forward moved the running statistics
+    loss, grads = loss_and_grad(model, x, targets)
+    mx.eval(loss, grads)
+    model.update(grads)  # name the gradients as the weights (candle names, PyTorch layout)
+    named = {k: np.array(v) for k, v in state_dict(model).items()}
+    checked = 0
+    for key in meta["tolerance"]:
+        kind, _, name = key.partition(".")
+        if kind not in ("grad", "after"):
+            continue
+        got, ref = (named if kind == "grad" else stats)[name], io[f"output.{key}"]
+        err, tol = rel_l2(got, ref), meta["tolerance"][key]["rtol_l2"]
+        assert err <= tol, f"{key}: relative L2 error {err:.3e} > tolerance {tol:.1e}"
+        checked += 1
+    assert checked == 9
