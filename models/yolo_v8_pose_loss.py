@@ -4,9 +4,10 @@ The detection loss (:class:`~.yolo_v8_loss.DetectionLoss`: the same assigner, bo
 terms) plus, on the anchors that learn a box, the keypoints of that box's person::
 
     criterion = PoseLoss(num_classes=1, kpt_shape=(17, 3))
-    loss, items = criterion(feats, targets, keypoints)
-    # feats: per level (B, H, W, 64 + nc + 17 * 3), the pose head's raw maps: box logits,
-    #        class logits, then per keypoint x, y, visibility logit (ultralytics' order)
+    loss, items = criterion(model.train()(x), targets, keypoints)
+    # model(x) in train mode: (feats, kpts), ultralytics' train-mode Pose output: feats per level
+    #        (B, H, W, 64 + nc) as DetectionLoss reads them, kpts (B, A, 17 * 3) the raw keypoint
+    #        outputs, anchor-major, per keypoint x, y, visibility logit
     # targets: (n, 6) as DetectionLoss's; keypoints: (n, 17, 3) x, y normalised to the input,
     #          visibility (0: not labelled)
     # items: (5,) box, pose, kobj, cls, dfl after the gains; loss = items.sum() * B
@@ -49,7 +50,8 @@ class PoseLoss(DetectionLoss):
         sigmas: ``(K,)`` OKS sigmas; default COCO's for ``(17, 3)``, else ``1 / K`` each.
         The rest: as :class:`DetectionLoss`.
 
-    Call ``criterion(feats, targets, keypoints) -> (loss, items)`` (see the module's docstring);
+    Call ``criterion((feats, kpts), targets, keypoints) -> (loss, items)`` (see the module's
+    docstring);
     ``keypoints`` ``(n, K, 3)`` or ``(n, K, 2)`` (then every keypoint counts as labelled), the rows
     of ``targets`` in the same order.
     """
@@ -73,25 +75,26 @@ class PoseLoss(DetectionLoss):
         self.sigmas = mx.array(sigmas)
         self.pose_gains = (pose, kobj)
 
-    def forward(self, feats: Sequence[mx.array], targets, keypoints) -> tuple[mx.array, mx.array]:
+    def forward(self, preds: tuple[Sequence[mx.array], mx.array], targets,
+                keypoints) -> tuple[mx.array, mx.array]:
+        feats, kpts = preds
         pred = self.predictions(feats)
         gt = self.ground_truth(pred, targets)
         t = self.assign(pred, gt)
         box, cls, dfl = self.detection_items(pred, t)
-        pose, kobj = self.keypoint_items(pred, self.keypoint_logits(feats), gt,
+        pose, kobj = self.keypoint_items(pred, self.keypoint_logits(pred, kpts), gt,
                                          self.ground_truth_keypoints(pred, gt, keypoints), t)
         items = mx.stack([box, pose, kobj, cls, dfl])
         return items.sum() * pred.scores.shape[0], mx.stop_gradient(items)
 
-    def keypoint_logits(self, feats: Sequence[mx.array]) -> mx.array:
-        """``(B, A, K, dim)`` the raw keypoint channels after the detection ones."""
-        b, (k, dim) = feats[0].shape[0], self.kpt_shape
-        start = 4 * self.reg_max + self.num_classes
-        for f in feats:
-            if f.shape[-1] != start + k * dim:
-                raise ValueError(f"feature map of shape {tuple(f.shape)}: expected {start} box "
-                                 f"and class channels + {k} keypoints x {dim}")
-        return mx.concatenate([f[..., start:].reshape(b, -1, k, dim) for f in feats], axis=1)
+    def keypoint_logits(self, pred: Predictions, kpts: mx.array) -> mx.array:
+        """``(B, A, K, dim)``: the raw keypoint outputs ``(B, A, K * dim)`` split per keypoint."""
+        b, a = pred.scores.shape[:2]
+        k, dim = self.kpt_shape
+        if tuple(kpts.shape) != (b, a, k * dim):
+            raise ValueError(f"keypoint outputs of shape {tuple(kpts.shape)}: expected (B={b}, "
+                             f"anchors={a}, {k} keypoints x {dim})")
+        return kpts.reshape(b, a, k, dim)
 
     def ground_truth_keypoints(self, pred: Predictions, gt: GroundTruth, keypoints) -> mx.array:
         """``(B, M, K, 3)`` the keypoints of each ground-truth slot, x, y in input pixels."""

@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-import candle_nn as cn  # noqa: F401  (before mlx, as candle_nn/_startup.py asks)
+import candle_nn as cn
 import mlx.core as mx
+import mlx.nn as nn
+from candle_nn_models.yolo_v8 import YoloV8Pose
 from candle_nn_models.yolo_v8_pose_loss import OKS_SIGMA, PoseLoss
-from conftest import load_fixture
+from conftest import fixture_dir, load_fixture
 from _yolo_loss_reference import SIZES, anchors_and_strides, feats_of, rel_l2, torch_loss
 
 A = sum(s * s for s in SIZES)
@@ -39,14 +41,10 @@ def _keypoints(io: dict[str, np.ndarray], k: int, dim: int, seed: int = 0):
     return logits, labels.astype(np.float32)
 
 
-def _pose_feats(io, logits: np.ndarray) -> list[mx.array]:
-    """The detection maps with the keypoint channels appended, per level."""
-    out, start = [], 0
-    for f, s in zip(feats_of(io), SIZES):
-        kpt = logits[:, start:start + s * s].reshape(2, s, s, -1)
-        out.append(mx.concatenate([f, mx.array(kpt)], axis=-1))
-        start += s * s
-    return out
+def _pose_preds(io, logits: np.ndarray) -> tuple[list[mx.array], mx.array]:
+    """The pose model's train-mode output: the detection maps and the raw keypoints
+    ``(B, A, K * dim)``."""
+    return feats_of(io), mx.array(logits.reshape(2, A, -1))
 
 
 def _torch_keypoint_items(logits: torch.Tensor, labels: np.ndarray, io, sigmas: np.ndarray):
@@ -103,15 +101,14 @@ def test_pose_loss_matches_ultralytics_formula(fixture, kpt_shape) -> None:
     (ref_items.sum() * 2).backward()
 
     criterion = PoseLoss(80, kpt_shape)
-    feats = _pose_feats(io, logits.reshape(2, A, -1))
-    loss, items = criterion(feats, io["input.targets"], labels)
+    preds = _pose_preds(io, logits)
+    loss, items = criterion(preds, io["input.targets"], labels)
     np.testing.assert_allclose(np.array(items), ref_items.detach().numpy(), rtol=2e-5, atol=1e-7)
     np.testing.assert_allclose(float(loss), 2 * ref_items.sum().item(), rtol=2e-5)
 
     targets, kpts = mx.array(io["input.targets"]), mx.array(labels)
-    grads = mx.grad(lambda fs: criterion(fs, targets, kpts)[0])(feats)
-    got = np.concatenate([np.array(g).reshape(2, -1, g.shape[-1]) for g in grads], axis=1)
-    got = got[..., 144:].reshape(logits.shape)
+    grad = mx.grad(lambda k: criterion((preds[0], k), targets, kpts)[0])(preds[1])
+    got = np.array(grad).reshape(logits.shape)
     ref = ref_logits.grad.numpy()
     assert rel_l2(got, ref) <= 1e-5, rel_l2(got, ref)
 
@@ -123,21 +120,21 @@ def test_pose_loss_traces_without_host_round_trips(fixture, tmp_path) -> None:
     io = fixture
     logits, labels = _keypoints(io, 17, 3, seed=1)
     criterion = PoseLoss(80)
-    feats = _pose_feats(io, logits.reshape(2, A, -1))
+    preds = _pose_preds(io, logits)
     targets, kpts = mx.array(io["input.targets"]), mx.array(labels)
-    eager = np.array(criterion(feats, targets, kpts)[1])
+    eager = np.array(criterion(preds, targets, kpts)[1])
     path = str(tmp_path / "pose_loss.mlxfn")
-    mx.export_function(path, lambda p3, p4, p5, t, kp: criterion([p3, p4, p5], t, kp),
-                       *feats, targets, kpts)
-    replayed = mx.import_function(path)(*feats, targets, kpts)
+    mx.export_function(path, lambda p3, p4, p5, k, t, kp: criterion(([p3, p4, p5], k), t, kp),
+                       *preds[0], preds[1], targets, kpts)
+    replayed = mx.import_function(path)(*preds[0], preds[1], targets, kpts)
     np.testing.assert_allclose(np.array(replayed[1]), eager, rtol=1e-6)
 
 
 def test_pose_loss_without_boxes_is_background_only(fixture) -> None:
     io = fixture
     logits, _ = _keypoints(io, 17, 3)
-    feats = _pose_feats(io, logits.reshape(2, A, -1))
-    _, items = PoseLoss(80)(feats, np.zeros((0, 6), np.float32), np.zeros((0, 17, 3), np.float32))
+    preds = _pose_preds(io, logits)
+    _, items = PoseLoss(80)(preds, np.zeros((0, 6), np.float32), np.zeros((0, 17, 3), np.float32))
     box, pose, kobj, _, dfl = np.array(items)
     assert box == pose == kobj == dfl == 0
 
@@ -145,10 +142,27 @@ def test_pose_loss_without_boxes_is_background_only(fixture) -> None:
 def test_pose_loss_names_bad_keypoints(fixture) -> None:
     io = fixture
     logits, labels = _keypoints(io, 17, 3)
-    feats = _pose_feats(io, logits.reshape(2, A, -1))
+    preds = _pose_preds(io, logits)
     with pytest.raises(ValueError, match=r"keypoints of shape \(4, 17, 3\)"):
-        PoseLoss(80)(feats, io["input.targets"], labels[:4])
+        PoseLoss(80)(preds, io["input.targets"], labels[:4])
     with pytest.raises(ValueError, match="12 keypoints"):
-        PoseLoss(80, (12, 3))(feats, io["input.targets"], labels[:, :12])
+        PoseLoss(80, (12, 3))(preds, io["input.targets"], labels[:, :12])
     with pytest.raises(ValueError, match="sigmas"):
         PoseLoss(80, (17, 3), sigmas=[0.1] * 16)
+
+
+def test_pose_model_train_output_feeds_the_loss() -> None:
+    """YOLOv8n-pose in train mode (BatchNorm on batch statistics) into PoseLoss, and the gradient
+    reaches the keypoint branch."""
+    folder = fixture_dir("yolov8n_pose")
+    vb = cn.VarBuilder.from_safetensors(folder / "weights.safetensors", device=cn.Device.cpu())
+    model = YoloV8Pose.load(vb, "n", fold_bn=False).train()
+    x = mx.array(np.random.default_rng(0).random((1, 64, 64, 3), np.float32))
+    targets = np.array([[0, 0, 0.5, 0.5, 0.6, 0.8]], np.float32)
+    keypoints = np.random.default_rng(1).uniform(0.3, 0.7, (1, 17, 3)).astype(np.float32)
+    keypoints[..., 2] = 2
+    criterion = PoseLoss(1)
+    loss, grads = nn.value_and_grad(model, lambda m: criterion(m(x), targets, keypoints)[0])(model)
+    assert np.isfinite(float(loss)) and float(loss) > 0
+    kpt_grad = np.array(grads["head"]["cv4"][0]["layers"][2]["weight"])
+    assert np.isfinite(kpt_grad).all() and np.abs(kpt_grad).max() > 0
