@@ -14,10 +14,11 @@ box learn it by CIoU and by the distribution focal loss (DFL) of their ``reg_max
 distances, each weighted by the anchor's target score; every anchor learns the soft one-hot class
 targets by binary cross-entropy. Sums are divided by the total target score.
 
-Targets are padded on the device into ``(B, n, ...)`` slots (every image has room for all ``n``
-rows), so nothing is read back to the host and the whole loss runs under ``mx.compile``; rows
-whose image index is negative are padding (a trainer may pad ``n`` to a few fixed sizes to keep
-the compiled shapes few).
+Targets are padded on the device into ``(B, M, ...)`` slots, so nothing is read back to the host
+and the whole loss runs under ``mx.compile``: ``M`` is ``max_boxes`` when given, else for NumPy
+targets the fullest image's count rounded up to 8, for ``mx.array`` targets ``n`` (room for every
+row). Rows whose image index is negative are padding (a trainer may pad ``n`` to a few fixed sizes
+to keep the compiled shapes few).
 """
 
 from __future__ import annotations
@@ -96,28 +97,32 @@ def check_targets(targets: np.ndarray, batch_size: int, num_classes: int,
                          f"0..{num_classes - 1} and a finite box")
 
 
-def pad_targets(targets: mx.array, batch_size: int, imgsz: tuple[int, int]) -> GroundTruth:
+def pad_targets(targets: mx.array, batch_size: int, imgsz: tuple[int, int],
+                max_boxes: int | None = None) -> GroundTruth:
     """``(n, 6)`` rows ``image index, class, cx, cy, w, h`` (normalised) → :class:`GroundTruth`
-    with ``M = n`` slots per image, each image's rows in their order (ultralytics' layout, with
-    more empty slots). Rows with a negative image index are dropped. Runs on the device."""
+    with ``M = max_boxes`` slots per image (default ``n``: room for every row), each image's rows
+    in their order (ultralytics' layout). Rows with a negative image index are dropped, and so
+    are an image's rows beyond ``M`` (the caller's ``max_boxes`` must cover the fullest image).
+    Runs on the device."""
     n = targets.shape[0]
+    m = n if max_boxes is None else max_boxes
     image = targets[:, 0].astype(mx.int32)
     live = (image >= 0) & (image < batch_size)
     # A row's slot: how many earlier rows belong to its image.
     earlier = mx.arange(n)[:, None] < mx.arange(n)[None, :]
     slot = ((image[:, None] == image[None, :]) & earlier).sum(axis=0).astype(mx.int32)
-    flat = mx.where(live, image * n + slot, batch_size * n)  # dead rows land in a spare slot
+    flat = mx.where(live & (slot < m), image * m + slot, batch_size * m)  # dead: a spare slot
     h, w = imgsz
     scale = mx.array([w, h, w, h], dtype=mx.float32)
     rows = mx.concatenate([targets[:, 1:2].astype(mx.float32),
                            xywh2xyxy(targets[:, 2:6].astype(mx.float32) * scale)], axis=-1)
-    padded = mx.zeros((batch_size * n + 1, 5), dtype=mx.float32).at[flat].add(rows)
-    index = mx.full((batch_size * n + 1,), -1, dtype=mx.int32).at[flat].add(
+    padded = mx.zeros((batch_size * m + 1, 5), dtype=mx.float32).at[flat].add(rows)
+    index = mx.full((batch_size * m + 1,), -1, dtype=mx.int32).at[flat].add(
         mx.arange(n, dtype=mx.int32) + 1)
-    padded = padded[:-1].reshape(batch_size, n, 5)
+    padded = padded[:-1].reshape(batch_size, m, 5)
     bboxes = padded[..., 1:]
     mask = bboxes.sum(axis=-1, keepdims=True) > 0  # ultralytics' mask_gt
-    return GroundTruth(padded[..., :1], bboxes, mask, index[:-1].reshape(batch_size, n))
+    return GroundTruth(padded[..., :1], bboxes, mask, index[:-1].reshape(batch_size, m))
 
 
 class DetectionLoss(cn.Module):
@@ -133,7 +138,8 @@ class DetectionLoss(cn.Module):
     ``(B, H_i, W_i, 4 * reg_max + num_classes)`` (NHWC; box logits first, as ultralytics'
     ``Detect`` concatenates them), ``targets`` ``(n, 6)`` (an ``mx.array`` or NumPy; NumPy rows
     are checked first), ``items`` ``(3,)`` box, cls, dfl after the gains (no gradient), ``loss``
-    ``items.sum() * B`` (the scalar to differentiate).
+    ``items.sum() * B`` (the scalar to differentiate). ``max_boxes``: ground-truth slots per
+    image (see :meth:`ground_truth`; the assigner's memory is ``B x max_boxes x anchors``).
     """
 
     def __init__(self, num_classes: int, strides: Sequence[int] = (8, 16, 32), reg_max: int = 16,
@@ -147,9 +153,10 @@ class DetectionLoss(cn.Module):
         self.assigner = TaskAlignedAssigner(topk=topk, num_classes=num_classes, alpha=alpha,
                                             beta=beta, min_side=min_side)
 
-    def forward(self, feats: Sequence[mx.array], targets) -> tuple[mx.array, mx.array]:
+    def forward(self, feats: Sequence[mx.array], targets,
+                max_boxes: int | None = None) -> tuple[mx.array, mx.array]:
         pred = self.predictions(feats)
-        gt = self.ground_truth(pred, targets)
+        gt = self.ground_truth(pred, targets, max_boxes)
         items = self.detection_items(pred, self.assign(pred, gt))
         return items.sum() * pred.scores.shape[0], mx.stop_gradient(items)
 
@@ -174,16 +181,26 @@ class DetectionLoss(cn.Module):
         return Predictions(distri, scores, anchors, strides,
                            dist2bbox(dist, anchors, xywh=False), imgsz)
 
-    def ground_truth(self, pred: Predictions, targets) -> GroundTruth:
-        """:func:`pad_targets` for this batch (NumPy targets are checked first)."""
+    def ground_truth(self, pred: Predictions, targets,
+                     max_boxes: int | None = None) -> GroundTruth:
+        """:func:`pad_targets` for this batch. NumPy targets are checked first, and without
+        ``max_boxes`` get as many slots as the fullest image needs, rounded up to a multiple of 8
+        (ultralytics' memory, few distinct shapes); ``mx.array`` targets get ``n`` slots."""
         b = pred.scores.shape[0]
         if isinstance(targets, np.ndarray):
             check_targets(targets, b, self.num_classes)
+            image = targets[:, 0].astype(np.int64)
+            fullest = int(np.bincount(image[image >= 0], minlength=1).max())
+            if max_boxes is None:
+                max_boxes = -(-fullest // 8) * 8
+            elif max_boxes < fullest:
+                raise ValueError(f"max_boxes {max_boxes}: an image of this batch has {fullest} "
+                                 "boxes")
             targets = mx.array(targets.astype(np.float32))
         elif targets.ndim != 2 or targets.shape[1] != 6:
             raise ValueError(f"targets of shape {tuple(targets.shape)}: expected (n, 6) rows "
                              "image index, class, cx, cy, w, h")
-        return pad_targets(targets, b, pred.imgsz)
+        return pad_targets(targets, b, pred.imgsz, max_boxes)
 
     def assign(self, pred: Predictions, gt: GroundTruth) -> Assignment:
         """The assigner's targets (boxes in input pixels, as ultralytics returns them)."""

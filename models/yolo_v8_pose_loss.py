@@ -75,15 +75,15 @@ class PoseLoss(DetectionLoss):
         self.sigmas = mx.array(sigmas)
         self.pose_gains = (pose, kobj)
 
-    def forward(self, preds: tuple[Sequence[mx.array], mx.array], targets,
-                keypoints) -> tuple[mx.array, mx.array]:
+    def forward(self, preds: tuple[Sequence[mx.array], mx.array], targets, keypoints,
+                max_boxes: int | None = None) -> tuple[mx.array, mx.array]:
         feats, kpts = preds
         pred = self.predictions(feats)
-        gt = self.ground_truth(pred, targets)
+        gt = self.ground_truth(pred, targets, max_boxes)
         t = self.assign(pred, gt)
         box, cls, dfl = self.detection_items(pred, t)
-        pose, kobj = self.keypoint_items(pred, self.keypoint_logits(pred, kpts), gt,
-                                         self.ground_truth_keypoints(pred, gt, keypoints), t)
+        gt_kpts = self.ground_truth_keypoints(pred, gt, keypoints, targets.shape[0])
+        pose, kobj = self.keypoint_items(pred, self.keypoint_logits(pred, kpts), gt, gt_kpts, t)
         items = mx.stack([box, pose, kobj, cls, dfl])
         return items.sum() * pred.scores.shape[0], mx.stop_gradient(items)
 
@@ -96,15 +96,17 @@ class PoseLoss(DetectionLoss):
                              f"anchors={a}, {k} keypoints x {dim})")
         return kpts.reshape(b, a, k, dim)
 
-    def ground_truth_keypoints(self, pred: Predictions, gt: GroundTruth, keypoints) -> mx.array:
-        """``(B, M, K, 3)`` the keypoints of each ground-truth slot, x, y in input pixels."""
+    def ground_truth_keypoints(self, pred: Predictions, gt: GroundTruth, keypoints,
+                               n: int) -> mx.array:
+        """``(B, M, K, 3)`` the keypoints of each ground-truth slot, x, y in input pixels, from
+        ``keypoints`` ``(n, K, 3 or 2)`` (one per targets row)."""
         k = self.kpt_shape[0]
-        n = gt.rows.shape[1]
+        shape = tuple(keypoints.shape)
+        if len(shape) != 3 or shape[:2] != (n, k) or shape[2] not in (2, 3) or (
+                isinstance(keypoints, np.ndarray) and not np.isfinite(keypoints).all()):
+            raise ValueError(f"keypoints of shape {shape}: expected ({n}, {k}, 3) finite x, y, "
+                             "visibility, one row per targets row")
         if isinstance(keypoints, np.ndarray):
-            if keypoints.ndim != 3 or keypoints.shape[0] != n or keypoints.shape[1] != k \
-                    or keypoints.shape[2] not in (2, 3) or not np.isfinite(keypoints).all():
-                raise ValueError(f"keypoints of shape {keypoints.shape}: expected ({n}, {k}, 3) "
-                                 "finite x, y, visibility, one row per targets row")
             keypoints = mx.array(keypoints.astype(np.float32))
         if keypoints.shape[-1] == 2:
             keypoints = mx.concatenate([keypoints, mx.ones_like(keypoints[..., :1])], axis=-1)

@@ -48,9 +48,9 @@ def test_assigner_and_loss_match_ultralytics(fixture, device) -> None:
     _check(meta, "loss", np.array(loss).reshape(1), io["output.loss"])
 
 
-def test_compiled_gives_the_same_numbers(fixture) -> None:
+def test_compiled_gives_the_same_numbers(fixture, device) -> None:
     io, _ = fixture
-    criterion = DetectionLoss(80)
+    criterion = DetectionLoss(80, device=device)
     feats, targets = feats_of(io), mx.array(io["input.targets"])
     eager_loss, eager_items = criterion(feats, targets)
     compiled = mx.compile(lambda p3, p4, p5, t: criterion([p3, p4, p5], t))
@@ -105,7 +105,7 @@ def test_ciou_matches_the_formula() -> None:
     assert np.allclose(np.array(bbox_ciou(mx.array(boxes[0]), mx.array(boxes[0]))), 1, atol=1e-6)
 
 
-def test_gradient_matches_torch_autograd(fixture) -> None:
+def test_gradient_matches_torch_autograd(fixture, device) -> None:
     io, meta = fixture
     boxes = torch.from_numpy(io["output.boxes"]).double().requires_grad_()
     scores = torch.from_numpy(io["output.scores"]).double().requires_grad_()
@@ -113,7 +113,7 @@ def test_gradient_matches_torch_autograd(fixture) -> None:
     ref_loss.backward()
     _check(meta, "loss_items", ref_items.detach().numpy(), io["output.loss_items"])
 
-    criterion, targets = DetectionLoss(80), mx.array(io["input.targets"])
+    criterion, targets = DetectionLoss(80, device=device), mx.array(io["input.targets"])
     grads = mx.grad(lambda fs: criterion(fs, targets)[0])(feats_of(io))
     flat = np.concatenate([np.array(g).reshape(2, -1, 144) for g in grads], axis=1)
     for name, got, ref in [("boxes", flat[..., :64], boxes.grad), ("scores", flat[..., 64:],
@@ -134,14 +134,14 @@ def test_bad_feature_maps_are_named(fixture) -> None:
         criterion([f[..., :100] for f in feats], io["input.targets"])
 
 
-def test_train_mode_model_loss_and_gradients_match_ultralytics(fixture) -> None:
+def test_train_mode_model_loss_and_gradients_match_ultralytics(fixture, device) -> None:
     """The whole step as ultralytics trains: YOLOv8n with BatchNorm on batch statistics
     (``fold_bn=False``, ``train()``), its raw maps into the loss, d loss / d parameters."""
     io, meta = fixture
     folder = FIXTURES / "yolov8n_loss"
-    vb = cn.VarBuilder.from_safetensors(folder / "weights.safetensors", device=cn.Device.cpu())
+    vb = cn.VarBuilder.from_safetensors(folder / "weights.safetensors", device=device)
     model = YoloV8.load(vb, "n", num_classes=80, fold_bn=False).train()
-    criterion = DetectionLoss(80)
+    criterion = DetectionLoss(80, device=device)
     x = mx.array(io["input.image"].transpose(0, 2, 3, 1))
     targets = mx.array(io["input.targets"])
     start = model.parameters()
@@ -169,3 +169,17 @@ def test_train_mode_model_loss_and_gradients_match_ultralytics(fixture) -> None:
         assert err <= tol, f"{key}: relative L2 error {err:.3e} > tolerance {tol:.1e}"
         checked += 1
     assert checked == 9
+
+
+def test_slots_per_image_change_nothing(fixture) -> None:
+    io, _ = fixture
+    criterion, feats, targets = DetectionLoss(80), feats_of(io), io["input.targets"]
+    pred = criterion.predictions(feats)
+    assert criterion.ground_truth(pred, targets).bboxes.shape == (2, 8, 4)  # 3 rounded up to 8
+    assert criterion.ground_truth(pred, mx.array(targets)).bboxes.shape == (2, 5, 4)  # n
+    _, items = criterion(feats, targets)
+    for t, m in ((targets, None), (targets, 3), (mx.array(targets), 3), (mx.array(targets), 9)):
+        np.testing.assert_allclose(np.array(criterion(feats, t, m)[1]), np.array(items),
+                                   rtol=1e-6)
+    with pytest.raises(ValueError, match="max_boxes 2: an image of this batch has 3 boxes"):
+        criterion(feats, targets, 2)
