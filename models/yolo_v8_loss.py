@@ -163,7 +163,8 @@ class DetectionLoss(cn.Module):
     # The steps, public for the trainer's logging and the parity tests.
 
     def predictions(self, feats: Sequence[mx.array]) -> Predictions:
-        """Split and decode the head's maps (see :class:`Predictions`)."""
+        """Split and decode the head's maps (see :class:`Predictions`), in float32 whatever their
+        dtype (a float16 model's loss keeps float32's precision; its gradient flows back)."""
         if len(feats) != len(self.strides):
             raise ValueError(f"{len(feats)} feature maps for {len(self.strides)} strides")
         b, no = feats[0].shape[0], 4 * self.reg_max + self.num_classes
@@ -172,6 +173,7 @@ class DetectionLoss(cn.Module):
                 raise ValueError(f"feature map of shape {tuple(f.shape)}: expected (B={b}, H, W, "
                                  f"{no}) = 4 * reg_max box logits + {self.num_classes} classes")
         flat = mx.concatenate([f[..., :no].reshape(b, -1, no) for f in feats], axis=1)
+        flat = flat.astype(mx.float32)
         distri, scores = flat[..., :4 * self.reg_max], flat[..., 4 * self.reg_max:]
         anchors, strides = make_anchors([tuple(f.shape[1:3]) for f in feats], self.strides,
                                         flat.dtype)

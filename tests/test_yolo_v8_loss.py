@@ -183,3 +183,16 @@ def test_slots_per_image_change_nothing(fixture) -> None:
                                    rtol=1e-6)
     with pytest.raises(ValueError, match="max_boxes 2: an image of this batch has 3 boxes"):
         criterion(feats, targets, 2)
+
+
+def test_float16_maps_give_float32_losses(fixture) -> None:
+    io, _ = fixture
+    criterion = DetectionLoss(80)
+    feats = feats_of(io)
+    _, items = criterion(feats, io["input.targets"])
+    half = [f.astype(mx.float16) for f in feats]
+    loss, items16 = criterion(half, io["input.targets"])
+    assert loss.dtype == mx.float32
+    np.testing.assert_allclose(np.array(items16), np.array(items), rtol=2e-3)  # inputs rounded
+    grads = mx.grad(lambda fs: criterion(fs, io["input.targets"])[0])(half)
+    assert all(g.dtype == mx.float16 and np.isfinite(np.array(g)).all() for g in grads)
