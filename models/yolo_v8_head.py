@@ -17,6 +17,7 @@ import candle_nn as cn
 import mlx.core as mx
 
 from .yolo_v8_blocks import ConvBlock
+from .yolo_v8_boxes import dist2bbox
 
 REG_MAX = 16  # DFL bins per box side
 STRIDES = (8, 16, 32)  # of the three feature maps the heads read (p3, p4, p5)
@@ -117,10 +118,7 @@ class DetectionHead(cn.Module):
         cls = mx.concatenate([cv(f).reshape(n, -1, self.num_classes)
                               for f, cv in zip(feats, self.cv3)], axis=1)
         anchors, strides = make_anchors([tuple(f.shape[1:3]) for f in feats], STRIDES, box.dtype)
-        dist = self.dfl(box)
-        x1y1 = anchors - dist[..., :2]
-        x2y2 = anchors + dist[..., 2:]
-        xywh = mx.concatenate([(x1y1 + x2y2) / 2, x2y2 - x1y1], axis=-1) * strides
+        xywh = dist2bbox(self.dfl(box), anchors) * strides
         return mx.concatenate([xywh, cn.sigmoid(cls)], axis=-1), anchors, strides
 
     def forward(self, feats: list[mx.array]) -> mx.array:

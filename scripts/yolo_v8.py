@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -113,7 +114,9 @@ def _class_id(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="candle-yolo-v8",
-        description="Detect objects (or human poses) with YOLOv8 and write annotated images.")
+        description="Detect objects (or human poses) with YOLOv8 and write annotated images.",
+        epilog="candle-yolo-v8 val --data data.yaml: P, R and mAP on a labelled data set "
+               "(see candle-yolo-v8 val --help)")
     add_input_arguments(parser, what="detections", required=False)
     parser.add_argument("--video", action="append", metavar="PATH",
                         help="a video file, or a folder of images read as a sequence (repeatable);"
@@ -339,7 +342,12 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point ``candle-yolo-v8``."""
+    """Console entry point ``candle-yolo-v8`` (``val``: scripts/yolo_v8_val.py)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["val"]:
+        from candle_nn_models.scripts.yolo_v8_val import main as val
+
+        return val(argv[1:])
     return run_main(_main, argv)
 
 
