@@ -67,20 +67,22 @@ def make_generator(sam: Sam, args: argparse.Namespace) -> SamAutomaticMaskGenera
         raise CandleNNError(f"--everything: {exc}") from exc
 
 
-def segment_everything(path: Path, rgb: np.ndarray, generator: SamAutomaticMaskGenerator,
+def segment_everything(path: Path, stem: str, rgb: np.ndarray,
+                       generator: SamAutomaticMaskGenerator,
                        output: OutputFolder) -> tuple[dict[str, Any], list[str]]:
-    """Run the generator on one image and stage its outputs in ``output``; returns the JSON
-    document and the lines to print."""
+    """Run the generator on one image and stage its outputs in ``output``, named from ``stem``
+    (claimed for ``path`` in the run folder); returns the JSON document and the lines to print.
+    """
     records = generator.generate(rgb)
     masks = [_decode(r["segmentation"]) for r in records]
-    stem = path.stem
-    overlay = output.save_image(overlay_masks(rgb, masks), f"{stem}_everything.png")
+    overlay = output.save_image(overlay_masks(rgb, masks), f"{stem}_everything.png", path)
     for i, mask in enumerate(masks):
-        output.save_image(Image.fromarray(mask.astype(np.uint8) * 255), f"{stem}_masks/{i}.png")
+        output.save_image(Image.fromarray(mask.astype(np.uint8) * 255), f"{stem}_masks/{i}.png",
+                          path)
     mask_dir = output.path / f"{stem}_masks"
     h, w = rgb.shape[:2]
     doc = {"image": shown(path), "width": w, "height": h, "mode": "everything", "masks": records}
-    json_path = output.save_text(json.dumps(doc), f"{stem}_masks.json")
+    json_path = output.save_text(json.dumps(doc), f"{stem}_masks.json", path)
     lines = [f"{shown(path)}: {w}x{h}, everything: {len(records)} mask(s) from "
              f"{len(generator.point_grids[0])} points"]
     for i, r in enumerate(records):
