@@ -78,6 +78,7 @@ class OutputFolder:
         self._staged: list[tuple[Path, Path, str]] = []  # (staging file, destination, image)
         self._stems: set[str] = set()
         self._taken: set[Path] = set()  # every destination of this run, staged or committed
+        self._committed: set[Path] = set()  # written by this run (never removed as stale)
         self._lock = threading.Lock()  # an interrupt waits for a commit in progress
         interrupt.on_interrupt(self.abort)
 
@@ -250,7 +251,8 @@ class OutputFolder:
                     info = os.stat(dest)
                     self._manifest[dest.relative_to(self.path).as_posix()] = {
                         "image": image, "size": info.st_size, "mtime_ns": info.st_mtime_ns}
-                self._remove_replaced(images, set(done))
+                self._committed.update(done)
+                self._remove_replaced(images)
                 self._write_manifest()
             except OSError as exc:
                 raise CandleNNError(f"cannot write {shown(dest)}: {exc.strerror or exc}") from exc
@@ -264,6 +266,7 @@ class OutputFolder:
         """Add files a writer renamed into the run folder itself (a video) to its file list."""
         with self._lock:
             for path in paths:
+                self._committed.add(path)
                 info = os.stat(path)
                 self._manifest[path.relative_to(self.path).as_posix()] = {
                     "image": shown(source), "size": info.st_size, "mtime_ns": info.st_mtime_ns}
@@ -273,10 +276,11 @@ class OutputFolder:
                 raise CandleNNError(f"cannot write {shown(self.path / MANIFEST)}: "
                                     f"{exc.strerror or exc}") from exc
 
-    def _remove_replaced(self, images: set[str], written: set[Path]) -> None:
+    def _remove_replaced(self, images: set[str]) -> None:
+        """An earlier run's files of ``images`` that this run did not write again."""
         for rel, entry in list(self._manifest.items()):
             path = self.path / rel
-            if entry.get("image") in images and path not in written:
+            if entry.get("image") in images and path not in self._committed:
                 if self._ours(path):
                     remove_quietly(path)
                     _remove_empty_parents(path.parent, self.path)

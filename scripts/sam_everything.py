@@ -1,7 +1,8 @@
 """``candle-segment-anything --everything``: automatic masks for the whole image (no prompts),
 with the generator's main knobs as flags. Writes ``<stem>_everything.png`` (every mask in its
 own colour), ``<stem>_masks/<i>.png`` (one white-on-black PNG per mask, as segment-anything's
-``amg.py`` does) and ``<stem>_masks.json`` (the generator's records, masks as COCO RLE)."""
+``amg.py`` does; no folder when there is no mask) and ``<stem>_masks.json`` (the generator's
+records, masks as COCO RLE)."""
 
 from __future__ import annotations
 
@@ -90,9 +91,11 @@ def segment_everything(path: Path, stem: str, rgb: np.ndarray,
         lines.append(f"mask {i}: iou {r['predicted_iou']:.4f}, stability "
                      f"{r['stability_score']:.4f}, {r['area']} pixels "
                      f"({100.0 * r['area'] / (h * w):.1f}%), box {x},{y},{bw}x{bh}")
-    lines += [f"wrote {shown(overlay)}", f"wrote {shown(mask_dir)}/ ({len(masks)} PNGs)",
-              f"wrote {shown(json_path)}"]
-    doc["files"] = {"overlay": shown(overlay), "masks": shown(mask_dir), "json": shown(json_path)}
+    lines += [f"wrote {shown(overlay)}"]
+    lines += [f"wrote {shown(mask_dir)}/ ({len(masks)} PNGs)"] if masks else []
+    lines += [f"wrote {shown(json_path)}"]
+    doc["files"] = {"overlay": shown(overlay), "masks": shown(mask_dir) if masks else None,
+                    "json": shown(json_path)}
     return doc, lines
 
 
