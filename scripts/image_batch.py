@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from candle_nn import CandleNNError, ImageError
 from candle_nn.cli import print_json_document
+from candle_nn_models.scripts import interrupt
 from candle_nn_models.scripts.common import ImageInputError, shown
 from candle_nn_models.scripts.inputs import expand_image_args
 from candle_nn_models.scripts.outputs import OutputFolder
@@ -59,6 +60,8 @@ class Batch:
         self._started = 0.0
         self._held: list[str] = []  # --strict: stdout lines held until the run succeeds
         self._pending: list[str] | None = None  # the current image's lines, until committed
+        if self.json:  # Ctrl-C / SIGTERM end the process from the signal thread: say so first
+            interrupt.on_interrupt(self._on_signal)
 
     def __enter__(self) -> "Batch":
         return self
@@ -140,7 +143,11 @@ class Batch:
         else:
             print(line, file=stream)
 
+    def _on_signal(self) -> None:
+        self._print_doc(KeyboardInterrupt())
+
     def __exit__(self, kind, exc, tb) -> bool:
+        interrupt.forget(self._on_signal)
         if exc is None:
             if self.output:
                 try:

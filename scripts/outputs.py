@@ -102,6 +102,9 @@ class OutputFolder:
 
     def _choose(self) -> Path:
         req = self.requested
+        if req.exists() and not req.is_dir():
+            raise CandleNNError(f"--out {shown(req)} is a file, not a folder; pass a folder "
+                                "with --out DIR")
         if self.exist_ok or _free(req):
             return req
         if not req.name or req.name in (".", ".."):
