@@ -69,12 +69,13 @@ class OutputFolder:
     def __init__(self, path: "str | os.PathLike", exist_ok: bool = False) -> None:
         self.requested = Path(path)
         self.exist_ok = exist_ok
+        self._made: list[Path] = []  # folders this run made (removed at the end if empty)
         self._clean_stale()
-        self.path = self._choose()
+        self.path = self.requested
         self._check()
-        self._existed = self.path.exists()
+        self._existed = True  # unless _choose makes it
+        self.path = self._choose()
         self._manifest = read_manifest(self.path) if exist_ok else {}
-        self._made: list[Path] = []  # folders made for staged files (removed on abort if empty)
         self._staged: list[tuple[Path, Path, str]] = []  # (staging file, destination, image)
         self._stems: set[str] = set()
         self._taken: set[Path] = set()  # every destination of this run, staged or committed
@@ -105,15 +106,33 @@ class OutputFolder:
         if req.exists() and not req.is_dir():
             raise CandleNNError(f"--out {shown(req)} is a file, not a folder; pass a folder "
                                 "with --out DIR")
-        if self.exist_ok or _free(req):
+        if self.exist_ok or self._claim(req):
             return req
         if not req.name or req.name in (".", ".."):
             raise CandleNNError(f"output folder {shown(req)} is not empty; pass --exist-ok to "
                                 "write into it, or name a new folder with --out DIR")
         n = 2
-        while not _free(_numbered(req, n)):
+        while not self._claim(_numbered(req, n)):
             n += 1
         return _numbered(req, n)
+
+    def _claim(self, folder: Path) -> bool:
+        """Take ``folder`` for this run if it is free: made now (so that a run started at the
+        same moment takes the next one), or an empty folder already there."""
+        if not _free(folder):
+            return False
+        if folder.is_dir():
+            return True
+        try:
+            self._mkdirs(folder.parent)
+            folder.mkdir()
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise CandleNNError(f"cannot create output folder {shown(folder)}: "
+                                f"{exc.strerror or exc}") from exc
+        self._existed = False
+        return True
 
     def _check(self) -> None:
         probe = self.path
