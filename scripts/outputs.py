@@ -63,8 +63,8 @@ def _free(path: Path) -> bool:
 
 
 class OutputFolder:
-    """The run folder of one run (see the module docstring). Chosen and checked when made;
-    created when the first file is staged, so a run that writes nothing leaves no folder."""
+    """The run folder of one run (see the module docstring), chosen, checked and (when new)
+    made when this object is; a run that writes nothing removes the folders it made."""
 
     def __init__(self, path: "str | os.PathLike", exist_ok: bool = False) -> None:
         self.requested = Path(path)
