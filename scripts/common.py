@@ -62,6 +62,18 @@ def add_input_arguments(parser: argparse.ArgumentParser, *, what: str = "results
                              "\"errors\" list of the images that failed")
 
 
+def add_output_arguments(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--out DIR`` (the run folder; a fresh ``DIR2``, ``DIR3``, … when it is taken) and
+    ``--exist-ok`` (write into ``DIR`` even so), as ultralytics' ``project/name`` and
+    ``exist_ok``; see :mod:`candle_nn_models.scripts.outputs`."""
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help=f"run folder for the output files (default {default}); when it "
+                             "exists and is not empty, a fresh DIR2, DIR3, ... is used")
+    parser.add_argument("--exist-ok", action="store_true",
+                        help="write into --out even when it is not empty: files this program "
+                             "wrote there before are replaced, other files are never touched")
+
+
 def number_arg(text: str, kind: type = float) -> "int | float":
     """``text`` as a finite ``kind`` (``int`` or ``float``), for the CLIs' argparse ``type=``
     checks: anything else is an ArgumentTypeError saying what was expected (argparse's own

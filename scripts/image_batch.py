@@ -6,7 +6,7 @@ job, is :mod:`candle_nn_models.scripts.batch`).
         if todo:
             model = ...                       # load only when there is work
             batch.doc["model"] = ...          # top-level fields of the --json document
-            batch.output = OutputFolder(args.out)   # optional: staged files, committed at the end
+            batch.output = OutputFolder(args.out)   # optional: each image's files committed
             for path in batch.progress(todo):
                 with batch.image(path):       # an ImageError here: reported, skipped
                     ...
@@ -14,9 +14,10 @@ job, is :mod:`candle_nn_models.scripts.batch`).
     return batch.exit_code
 
 A failed image is one ``error: <path>: <reason>`` line on stderr and an ``errors`` entry in the
-JSON document; its staged output files are dropped. ``--strict`` turns the first failure into a
-fatal error (and holds stdout until the run has succeeded). At the end the staged files are
-renamed into place, ``--json`` prints its one document, and a run of several images prints
+JSON document; its staged output files are dropped. A good image's files are renamed into place
+when it is done, before its lines are printed (so every path printed exists); ``--strict`` turns
+the first failure into a fatal error and holds stdout and the files until the run has succeeded.
+At the end ``--json`` prints its one document, and a run of several images prints
 ``N images: k ok, f failed`` on stderr. Exit status 0 when any image succeeded, else 1. A fatal
 error (weights, device, a write, Ctrl-C) removes every staged file and, with ``--json``, still
 prints the document (with the error) before re-raising. Progress (``i/N``, ms per image) goes to
@@ -26,7 +27,6 @@ stderr through tqdm, only when it is a terminal.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from contextlib import contextmanager
@@ -36,6 +36,8 @@ from typing import Iterable, Iterator, Sequence
 from tqdm import tqdm
 
 from candle_nn import CandleNNError, ImageError
+from candle_nn.cli import print_json_document
+from candle_nn_models.scripts import interrupt
 from candle_nn_models.scripts.common import ImageInputError, shown
 from candle_nn_models.scripts.inputs import expand_image_args
 from candle_nn_models.scripts.outputs import OutputFolder
@@ -57,6 +59,9 @@ class Batch:
         self._bar: tqdm | None = None
         self._started = 0.0
         self._held: list[str] = []  # --strict: stdout lines held until the run succeeds
+        self._pending: list[str] | None = None  # the current image's lines, until committed
+        if self.json:  # Ctrl-C / SIGTERM end the process from the signal thread: say so first
+            interrupt.on_interrupt(self._on_signal)
 
     def __enter__(self) -> "Batch":
         return self
@@ -88,6 +93,7 @@ class Batch:
         """Run one image's work: an :class:`ImageError` (or one of ``errors``) or running out of
         memory fails this image only, dropping the files it staged; anything else is fatal."""
         mark = self.output.mark() if self.output else 0
+        self._pending = []
         try:
             yield
         except (ImageError, MemoryError, *errors) as exc:
@@ -98,6 +104,12 @@ class Batch:
             elif not isinstance(exc, ImageInputError):
                 exc = ImageInputError(path, str(exc))
             self.fail(exc)
+        else:
+            if self.output and not self.strict:  # its lines name files that are on disk
+                self.output.commit()
+            self._flush(self._pending)
+        finally:
+            self._pending = None
 
     def fail(self, exc: ImageInputError) -> None:
         """Record and report one failed image (fatal under ``--strict``)."""
@@ -109,14 +121,20 @@ class Batch:
     def done(self, result: dict, lines: Iterable[str] = ()) -> None:
         """One image succeeded: ``result`` goes into the JSON document, ``lines`` to stdout."""
         self.results.append(result)
+        if self._pending is not None:  # inside image(): printed once its files are in place
+            self._pending.extend(lines)
+        else:
+            self._flush(lines)
+        if self._bar is not None:
+            ms = 1000 * (time.perf_counter() - self._started) / len(self.results)
+            self._bar.set_postfix_str(f"{ms:.0f} ms/img", refresh=False)
+
+    def _flush(self, lines: Iterable[str]) -> None:
         if self.strict:  # printed only if the whole run succeeds (else nothing is written)
             self._held.extend(lines)
         elif not self.json:
             for line in lines:
                 self.write(line, sys.stdout)
-        if self._bar is not None:
-            ms = 1000 * (time.perf_counter() - self._started) / len(self.results)
-            self._bar.set_postfix_str(f"{ms:.0f} ms/img", refresh=False)
 
     def write(self, line: str, stream) -> None:
         """Print a line without garbling the progress bar."""
@@ -125,14 +143,20 @@ class Batch:
         else:
             print(line, file=stream)
 
+    def _on_signal(self) -> None:
+        self._print_doc(KeyboardInterrupt())
+
     def __exit__(self, kind, exc, tb) -> bool:
+        interrupt.forget(self._on_signal)
         if exc is None:
             if self.output:
                 try:
                     self.output.commit()
                 except CandleNNError as error:
+                    self.output.abort()
                     self._print_doc(error)
                     raise
+                self.output.finish()
             if not self.json:
                 for line in self._held:
                     print(line)
@@ -160,4 +184,4 @@ class Batch:
         doc = {**self.doc, "images": self.results, "errors": errors,
                "summary": {"images": self.total, "ok": len(self.results),
                            "failed": self.total - len(self.results)}}
-        print(json.dumps(doc, indent=2, ensure_ascii=True))
+        print_json_document(doc)

@@ -25,15 +25,22 @@ from candle_nn_models.resnet import VARIANTS, ResNet, class_probabilities, infer
 from candle_nn_models.scripts.image_batch import Batch
 from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments, check_finite,
                                              load_rgb, parse_device, run_main, shown)
-from candle_nn_models.scripts.common import compile_choice
+from candle_nn.cli import ArgumentParser
+from candle_nn_models.scripts.common import compile_choice, number_arg
 from candle_nn_models.weights.metadata import WeightsMetadata
 from candle_nn_models.weights.registry import resolve_weights
 from candle_nn_models.weights.spec import build_model
 
 
+def _at_least_one(text: str) -> int:
+    value = number_arg(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not at least 1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="candle-resnet",
-                                     description="Classify images with a ResNet.")
+    parser = ArgumentParser(prog="candle-resnet", description="Classify images with a ResNet.")
     add_input_arguments(parser, what="top-k labels")
     parser.add_argument("--variant", choices=tuple(VARIANTS), default=None,
                         help="ResNet depth; default: what --weights holds, else resnet18")
@@ -41,8 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ResNet safetensors in candle's layout (default: candle's published "
                              "resnet{depth}.safetensors from the Hugging Face hub)")
     add_device_argument(parser)
-    parser.add_argument("--top-k", type=int, default=5, help="labels printed per image (default 5)")
-    parser.add_argument("--batch-size", type=int, default=8, help="images per forward (default 8)")
+    parser.add_argument("--top-k", type=_at_least_one, default=5,
+                        help="labels printed per image (default 5)")
+    parser.add_argument("--batch-size", type=_at_least_one, default=8,
+                        help="images per forward (default 8)")
     return parser
 
 
@@ -94,8 +103,6 @@ def top_k_probabilities(model: ResNet, batch: np.ndarray,
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    if args.top_k < 1 or args.batch_size < 1:
-        raise CandleNNError("--top-k and --batch-size must be at least 1")
     with Batch(args) as batch:
         paths = batch.start()
         if paths:

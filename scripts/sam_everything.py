@@ -1,7 +1,8 @@
 """``candle-segment-anything --everything``: automatic masks for the whole image (no prompts),
 with the generator's main knobs as flags. Writes ``<stem>_everything.png`` (every mask in its
 own colour), ``<stem>_masks/<i>.png`` (one white-on-black PNG per mask, as segment-anything's
-``amg.py`` does) and ``<stem>_masks.json`` (the generator's records, masks as COCO RLE)."""
+``amg.py`` does; no folder when there is no mask) and ``<stem>_masks.json`` (the generator's
+records, masks as COCO RLE)."""
 
 from __future__ import annotations
 
@@ -67,20 +68,22 @@ def make_generator(sam: Sam, args: argparse.Namespace) -> SamAutomaticMaskGenera
         raise CandleNNError(f"--everything: {exc}") from exc
 
 
-def segment_everything(path: Path, rgb: np.ndarray, generator: SamAutomaticMaskGenerator,
+def segment_everything(path: Path, stem: str, rgb: np.ndarray,
+                       generator: SamAutomaticMaskGenerator,
                        output: OutputFolder) -> tuple[dict[str, Any], list[str]]:
-    """Run the generator on one image and stage its outputs in ``output``; returns the JSON
-    document and the lines to print."""
+    """Run the generator on one image and stage its outputs in ``output``, named from ``stem``
+    (claimed for ``path`` in the run folder); returns the JSON document and the lines to print.
+    """
     records = generator.generate(rgb)
     masks = [_decode(r["segmentation"]) for r in records]
-    stem = path.stem
-    overlay = output.save_image(overlay_masks(rgb, masks), f"{stem}_everything.png")
+    overlay = output.save_image(overlay_masks(rgb, masks), f"{stem}_everything.png", path)
     for i, mask in enumerate(masks):
-        output.save_image(Image.fromarray(mask.astype(np.uint8) * 255), f"{stem}_masks/{i}.png")
+        output.save_image(Image.fromarray(mask.astype(np.uint8) * 255), f"{stem}_masks/{i}.png",
+                          path)
     mask_dir = output.path / f"{stem}_masks"
     h, w = rgb.shape[:2]
     doc = {"image": shown(path), "width": w, "height": h, "mode": "everything", "masks": records}
-    json_path = output.save_text(json.dumps(doc), f"{stem}_masks.json")
+    json_path = output.save_text(json.dumps(doc), f"{stem}_masks.json", path)
     lines = [f"{shown(path)}: {w}x{h}, everything: {len(records)} mask(s) from "
              f"{len(generator.point_grids[0])} points"]
     for i, r in enumerate(records):
@@ -88,9 +91,11 @@ def segment_everything(path: Path, rgb: np.ndarray, generator: SamAutomaticMaskG
         lines.append(f"mask {i}: iou {r['predicted_iou']:.4f}, stability "
                      f"{r['stability_score']:.4f}, {r['area']} pixels "
                      f"({100.0 * r['area'] / (h * w):.1f}%), box {x},{y},{bw}x{bh}")
-    lines += [f"wrote {shown(overlay)}", f"wrote {shown(mask_dir)}/ ({len(masks)} PNGs)",
-              f"wrote {shown(json_path)}"]
-    doc["files"] = {"overlay": shown(overlay), "masks": shown(mask_dir), "json": shown(json_path)}
+    lines += [f"wrote {shown(overlay)}"]
+    lines += [f"wrote {shown(mask_dir)}/ ({len(masks)} PNGs)"] if masks else []
+    lines += [f"wrote {shown(json_path)}"]
+    doc["files"] = {"overlay": shown(overlay), "masks": shown(mask_dir) if masks else None,
+                    "json": shown(json_path)}
     return doc, lines
 
 

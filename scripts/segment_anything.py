@@ -5,15 +5,19 @@ or everything in it.
                             [--point X,Y ...] [--neg-point X,Y] [--box X1,Y1,X2,Y2] [--multimask]
                             [--threshold X] [--save-embedding FILE | --embedding FILE]
                             [--model tiny|vit_b|vit_l|vit_h] [--weights FILE] [--device cpu]
-                            [--out DIR] [--recursive] [--strict] [--max-pixels N] [--json]
+                            [--out DIR] [--exist-ok] [--recursive] [--strict] [--max-pixels N]
+                            [--json]
     candle-segment-anything --image bike.jpg --everything [--points-per-side 32 ...]
 
 Coordinates: each value in ``[0, 1]`` is a fraction of the image width (x) or height (y), as in
 candle's example; larger values are pixels. Writes ``<stem>_mask.png`` (the best mask, white on
 black; with ``--multimask`` also ``<stem>_mask_<i>.png`` for each of the three candidates),
 ``<stem>_overlay.png`` (the image with each mask in its own colour and the prompts drawn) and
-``<stem>_masks.json`` (prompts, scores, boxes, masks as COCO RLE) into ``--out`` and prints the
-predicted IoU of each mask. ``--everything``: see ``scripts/sam_everything.py``.
+``<stem>_masks.json`` (prompts, scores, boxes, masks as COCO RLE) into the run folder (``--out``,
+default ``runs/segment/predict``; a fresh ``predict2``, … when it is taken, unless ``--exist-ok``:
+see ``scripts/outputs.py``) and prints the predicted IoU of each mask. ``<stem>`` is the image's
+own, numbered (``x-2``) when another input of the run has it. ``--everything``: see
+``scripts/sam_everything.py``.
 ``--save-embedding`` / ``--embedding`` (one image) keep the image encoder's output in a
 safetensors file, so prompting the same image again skips the encoder. Every image gets the same
 prompts (fractions suit images of different sizes). A malformed prompt is refused before the
@@ -27,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -40,9 +45,10 @@ from candle_nn_models.segment_anything.embedding_file import (read_image_embeddi
                                                               save_image_embedding)
 from candle_nn_models.segment_anything.transforms import preprocess_shape
 from candle_nn_models.scripts.image_batch import Batch
+from candle_nn.cli import ArgumentParser
 from candle_nn_models.scripts.common import (ImageInputError, add_device_argument,
-                                             add_input_arguments, check_finite, load_rgb,
-                                             parse_device, run_main, shown)
+                                             add_input_arguments, add_output_arguments,
+                                             check_finite, load_rgb, parse_device, run_main, shown)
 from candle_nn_models.scripts.outputs import OutputFolder
 from candle_nn_models.scripts.common import compile_choice, number_arg
 from candle_nn_models.scripts.sam_everything import (add_everything_arguments, make_generator,
@@ -55,6 +61,7 @@ POSITIVE, NEGATIVE, BOX = (0, 220, 0), (230, 0, 0), (255, 200, 0)
 # --model: MobileSAM's encoders, then SAM's (the registry's variants: tiny, vit_b, vit_l, vit_h)
 FAMILIES = ("mobile_sam", "sam")
 MODELS = tuple(variant for family in FAMILIES for variant in SPECS[family].variants)
+DEFAULT_OUT = "runs/segment/predict"
 
 
 def load_sam(variant: str, weights: "str | None", device: Device) -> tuple[Sam, Path]:
@@ -168,7 +175,7 @@ def overlay_image(rgb: np.ndarray, masks: Sequence[np.ndarray], prompts: Prompts
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="candle-segment-anything",
         description="Segment the object at the given points / box with MobileSAM (TinyViT) "
                     "or SAM.",
@@ -202,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "published file for --model from the Hugging Face hub: "
                              "mobile_sam-tiny-vitt.safetensors, sam_vit_b_01ec64.safetensors)")
     add_device_argument(parser)
-    parser.add_argument("--out", default=".", help="output folder (default: the current folder)")
+    add_output_arguments(parser, DEFAULT_OUT)
     add_everything_arguments(parser)
     return parser
 
@@ -246,7 +253,7 @@ def _main(argv: Sequence[str] | None) -> int:
             sam.image_encoder.set_compiled(compile_choice(args.compile))
             sam.mask_threshold = args.threshold
             batch.doc["model"] = args.model
-            batch.output = OutputFolder(args.out)
+            batch.output = OutputFolder(args.out or DEFAULT_OUT, args.exist_ok)
             predictor = SamPredictor(sam)
             generator = make_generator(sam, args) if args.everything else None
             for path in batch.progress(paths):
@@ -270,7 +277,8 @@ def _load(path: Path, args: argparse.Namespace, side: int) -> np.ndarray:
 
 def _everything(path: Path, args: argparse.Namespace, generator, batch: Batch) -> None:
     rgb = _load(path, args, generator.predictor.model.image_size)
-    doc, lines = segment_everything(path, rgb, generator, batch.output)
+    doc, lines = segment_everything(path, batch.output.claim_stem(path), rgb, generator,
+                                    batch.output)
     batch.done(doc, lines)
 
 
@@ -284,7 +292,7 @@ def _segment(path: Path, args: argparse.Namespace, predictor: SamPredictor, batc
     else:
         predictor.set_image(rgb)
         if args.save_embedding:
-            save_image_embedding(predictor, args.save_embedding, args.model, rgb)
+            _save_embedding(predictor, args, rgb)
     logits, scores, low_res = predictor.predict(
         point_coords=np.array(prompts.points, dtype=np.float32) if prompts.points else None,
         point_labels=np.array(prompts.labels, dtype=np.int32) if prompts.points else None,
@@ -295,20 +303,21 @@ def _segment(path: Path, args: argparse.Namespace, predictor: SamPredictor, batc
     masks = logits > args.threshold
 
     best = int(np.argmax(scores))
-    stem = path.stem
-    files = {"mask": batch.output.save_image(_mask_png(masks[best]), f"{stem}_mask.png")}
+    output = batch.output
+    stem = output.claim_stem(path)
+    files = {"mask": output.save_image(_mask_png(masks[best]), f"{stem}_mask.png", path)}
     if len(masks) > 1:
         for i, mask in enumerate(masks):
-            files[f"mask_{i}"] = batch.output.save_image(_mask_png(mask), f"{stem}_mask_{i}.png")
-    files["overlay"] = batch.output.save_image(overlay_image(rgb, list(masks), prompts),
-                                               f"{stem}_overlay.png")
+            files[f"mask_{i}"] = output.save_image(_mask_png(mask), f"{stem}_mask_{i}.png", path)
+    files["overlay"] = output.save_image(overlay_image(rgb, list(masks), prompts),
+                                         f"{stem}_overlay.png", path)
     records = [{**mask_json(mask), "predicted_iou": float(score), "best": i == best}
                for i, (mask, score) in enumerate(zip(masks, scores))]
     doc = {"image": shown(path), "width": width, "height": height, "mode": "prompts",
            "prompts": {"points": [list(p) for p in prompts.points], "labels": prompts.labels,
                        "box": list(prompts.box) if prompts.box is not None else None},
            "threshold": args.threshold, "masks": records}
-    files["json"] = batch.output.save_text(json.dumps(doc), f"{stem}_masks.json")
+    files["json"] = output.save_text(json.dumps(doc), f"{stem}_masks.json", path)
     if args.save_embedding:
         files["embedding"] = Path(args.save_embedding)
     doc["files"] = {k: shown(v) for k, v in files.items()}
@@ -322,6 +331,26 @@ def _segment(path: Path, args: argparse.Namespace, predictor: SamPredictor, batc
                      + ("  <- best" if i == best and len(scores) > 1 else ""))
     lines += [f"wrote {shown(v)}" for v in files.values()]
     batch.done(doc, lines)
+
+
+def _save_embedding(predictor: SamPredictor, args: argparse.Namespace, rgb: np.ndarray) -> None:
+    """``--save-embedding``: written whole or not at all; a write error (a full disk, no
+    permission, a read-only file system) is one CandleNNError naming the file."""
+    from safetensors import SafetensorError
+
+    try:
+        save_image_embedding(predictor, args.save_embedding, args.model, rgb)
+    except (SafetensorError, OSError) as exc:  # safetensors reports I/O errors as its own type
+        raise CandleNNError(f"--save-embedding: cannot write {shown(args.save_embedding)}: "
+                            f"{_io_reason(exc)}") from None
+
+
+def _io_reason(exc: BaseException) -> str:
+    """The OS's words for an I/O error, also when safetensors wraps it (``Os { code: 28, … }``)."""
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    code = re.search(r"\bcode: (\d+)", str(exc))
+    return os.strerror(int(code.group(1))) if code else str(exc)
 
 
 def _mask_png(mask: np.ndarray) -> Image.Image:

@@ -3,15 +3,17 @@
     candle-yolo-v8 --image bike.jpg [DIR 'photos/*.jpg' - ...] [--recursive] [--strict]
                    | --video clip.mp4 [--video FRAMES_DIR ...] [--batch-size 8]
                    [--task detect|pose] [--variant n|s|m|l|x] [--weights FILE] [--conf 0.25]
-                   [--iou 0.45] [--size 640] [--square] [--device cpu] [--out DIR]
+                   [--iou 0.7] [--size 640] [--square] [--device cpu] [--out DIR] [--exist-ok]
                    [--max-pixels N] [--json]
                    [--classes N ...] [--max-det 300] [--agnostic-nms] [--half]
                    [--save-txt [--save-conf]] [--save-crop]
                    [--line-width PX] [--hide-labels] [--hide-conf]
 
-For each image, writes ``<stem>_detect<ext>`` (or ``_pose``) into ``--out`` (all files of a run
-are renamed into place together at its end; a failed run leaves none): boxes with class
-names and scores, and skeletons for pose. Prints the detections (``--json``: one JSON document
+For each image, writes ``<stem>_detect<ext>`` (or ``_pose``) into the run folder (``--out``,
+default ``runs/detect/predict`` or ``runs/pose/predict``; a fresh ``predict2``, ``predict3``, … when
+it is taken, unless ``--exist-ok``; see ``scripts/outputs.py`` and ``docs/outputs.md``): boxes
+with class names and scores, and skeletons for pose. ``<stem>`` is the image's own, numbered
+(``x-2``) when another input of the run has it. Prints the detections (``--json``: one JSON document
 on stdout). Without ``--weights`` the default is candle's published ``yolov8{variant}[-pose]``
 checkpoint (variant ``n``); with ``--weights`` the variant, task and class count are read from the
 file, and a ``--variant``/``--task`` that disagrees is an error. Class names come from the file's
@@ -24,8 +26,8 @@ in YOLO's label format, one line per detection, ``class cx cy w h`` normalised t
 image's size (pose: then ``x y visibility`` per keypoint), ``--save-conf`` appending the score; an
 image without detections gets no label file. ``--save-crop`` writes each detection's crop (box
 enlarged by 2 % + 10 px, as ultralytics) to ``<out>/crops/<class name>/<stem>.jpg``
-(``<stem>2.jpg``, ``<stem>3.jpg``, … for more of one class). ``--line-width``, ``--hide-labels``
-and ``--hide-conf`` change the drawing.
+(``<stem>2.jpg``, ``<stem>3.jpg``, …: the first name not yet taken, for more of one class).
+``--line-width``, ``--hide-labels`` and ``--hide-conf`` change the drawing.
 
 ``--video`` takes video files and folders of images (image sequences): each gives an annotated MP4
 and per-frame JSON lines (see ``scripts/yolo_v8_video.py``); labels and crops are named
@@ -35,7 +37,6 @@ and per-frame JSON lines (see ``scripts/yolo_v8_video.py``); labels and crops ar
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,9 +52,11 @@ from candle_nn_models.yolo_v8 import (MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec,
                                       load_model)
 from candle_nn_models.yolo_v8_post import Detection, crop_box, postprocess, yolo_label_lines
 from candle_nn_models.scripts.image_batch import Batch
-from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments, check_finite,
-                                             load_rgb, parse_device, run_main, shown)
-from candle_nn_models.scripts.outputs import OutputFolder
+from candle_nn.cli import ArgumentParser, print_json_document
+from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments,
+                                             add_output_arguments, check_finite, load_rgb,
+                                             parse_device, run_main, shown)
+from candle_nn_models.scripts.outputs import OutputFolder, fit_name
 from candle_nn_models.scripts.common import compile_choice, number_arg
 from candle_nn_models.scripts.yolo_v8_draw import draw_detections
 from candle_nn_models.scripts.yolo_v8_video import check_sources, detect_video, print_video_result
@@ -112,7 +115,7 @@ def _class_id(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="candle-yolo-v8",
         description="Detect objects (or human poses) with YOLOv8 and write annotated images.",
         epilog="candle-yolo-v8 val --data data.yaml: P, R and mAP on a labelled data set "
@@ -133,8 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "yolov8{variant}[-pose].safetensors from the Hugging Face hub)")
     parser.add_argument("--conf", type=_fraction, default=0.25,
                         help="minimum class score (default 0.25)")
-    parser.add_argument("--iou", type=_fraction, default=0.45,
-                        help="NMS IoU threshold (default 0.45)")
+    parser.add_argument("--iou", type=_fraction, default=0.7,
+                        help="NMS IoU threshold: a box overlapping a better one by more than "
+                             "this is dropped (default 0.7, as ultralytics' yolo predict)")
     parser.add_argument("--size", type=_size, default=640,
                         help=f"longest side of the model input, a multiple of 32 up to {MAX_SIZE} "
                              "(default 640)")
@@ -142,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="pad every input to size x size "
                              "(default: pad only up to a multiple of 32)")
     add_device_argument(parser)
-    parser.add_argument("--out", default="out", help="output folder (default: ./out)")
+    add_output_arguments(parser, "runs/detect/predict, or runs/pose/predict for --task pose")
     yolo = parser.add_argument_group("ultralytics-style options (same meanings as yolo predict)")
     yolo.add_argument("--classes", type=_class_id, nargs="+", metavar="N", default=None,
                       help="keep only these class ids, e.g. --classes 0 2 3")
@@ -212,10 +216,16 @@ def load_for(args: argparse.Namespace, device: Device,
     return model, spec, names, path
 
 
-def output_name(image: Path, task: str) -> str:
-    """``<stem>_<task><ext>`` (the output folder numbers a name already taken in the run)."""
+def output_name(stem: str, image: Path, task: str) -> str:
+    """``<stem>_<task><ext>``: ``stem`` claimed for ``image`` in the run folder, the image's own
+    suffix when Pillow writes it, else ``.png``."""
     suffix = image.suffix.lower() if image.suffix.lower() in SAVE_SUFFIXES else ".png"
-    return f"{image.stem}_{task}{suffix}"
+    return f"{stem}_{task}{suffix}"
+
+
+def run_folder(args: argparse.Namespace, task: str) -> str:
+    """``--out``, or ultralytics' default ``runs/<task>/predict``."""
+    return args.out if args.out is not None else f"runs/{task}/predict"
 
 
 def detect(args: argparse.Namespace, batch: Batch) -> None:
@@ -226,7 +236,8 @@ def detect(args: argparse.Namespace, batch: Batch) -> None:
     device = parse_device(args.device, args.verbose)
     model, spec, names, weights = load_for(args, device)
     batch.doc.update({"model": str(spec), "task": spec.task})
-    output = batch.output = OutputFolder(args.out)  # after the weights: a failed load makes none
+    # after the weights: a failed load makes no folder
+    output = batch.output = OutputFolder(run_folder(args, spec.task), args.exist_ok)
     skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()
     for image in batch.progress(paths):
         with batch.image(image):
@@ -241,43 +252,37 @@ def detect(args: argparse.Namespace, batch: Batch) -> None:
             drawing = draw_detections(rgb, detections, names, skeleton,
                                       line_width=args.line_width, labels=not args.hide_labels,
                                       scores=not args.hide_conf)
-            out = output.save_image(drawing, output_name(image, spec.task))
-            save_labels_and_crops(args, output, _output_stem(out, image, spec.task), rgb,
-                                  detections, names)
+            stem = output.claim_stem(image)
+            out = output.save_image(drawing, output_name(stem, image, spec.task), image)
+            save_labels_and_crops(args, output, stem, rgb, detections, names, image)
             result = ImageResult(image, out, rgb.shape[:2], detections)
             batch.done(result.to_dict(names), _result_lines(result, names))
 
 
-def _output_stem(output: Path, image: Path, task: str) -> str:
-    """The image's stem plus the numbering the output folder gave it (``bike``, ``bike-1``)."""
-    return image.stem + output.stem[len(image.stem) + len(task) + 1:]
-
-
 def save_labels_and_crops(args: argparse.Namespace, output: OutputFolder, stem: str, rgb,
-                          detections: Sequence[Detection], names: Sequence[str]) -> None:
+                          detections: Sequence[Detection], names: Sequence[str],
+                          source: Path) -> None:
     """``--save-txt``: ``<out>/labels/<stem>.txt`` (none without detections); ``--save-crop``:
-    ``<out>/crops/<class name>/<stem>[N].jpg`` (see the module docstring)."""
+    ``<out>/crops/<class name>/<stem>[N].jpg`` (see the module docstring); for input
+    ``source``."""
     from PIL import Image
 
     hw = rgb.shape[:2]
     if args.save_txt and detections:
         lines = yolo_label_lines(detections, hw, save_conf=args.save_conf)
-        output.save_text("".join(f"{line}\n" for line in lines), f"labels/{stem}.txt")
+        output.save_text("".join(f"{line}\n" for line in lines), f"labels/{stem}.txt", source)
     if args.save_crop:
-        counts: dict[int, int] = {}
         for det in detections:
             x1, y1, x2, y2 = crop_box(det.box_xyxy, hw)
             if x2 <= x1 or y2 <= y1:
                 continue  # nothing left after clipping
-            n = counts[det.class_id] = counts.get(det.class_id, 0) + 1
-            output.save_image(Image.fromarray(rgb[y1:y2, x1:x2]),
-                              f"crops/{_safe_name(names[det.class_id])}/"
-                              f"{stem}{n if n > 1 else ''}.jpg")
+            name = output.next_free(f"crops/{_safe_name(names[det.class_id])}", stem, ".jpg")
+            output.save_image(Image.fromarray(rgb[y1:y2, x1:x2]), name, source)
 
 
 def _safe_name(name: str) -> str:
     """A class name usable as one folder name."""
-    return name.replace("/", "_").replace("\\", "_").strip(". ") or "unnamed"
+    return fit_name(name.replace("/", "_").replace("\\", "_").strip(". ")) or "unnamed"
 
 
 def _result_lines(result: ImageResult, names: Sequence[str]) -> list[str]:
@@ -296,7 +301,7 @@ def detect_videos(args: argparse.Namespace) -> list:
     sources = check_sources(args.video)
     device = parse_device(args.device, args.verbose)
     model, spec, names, _ = load_for(args, device)
-    extras = OutputFolder(args.out)  # labels and crops; the videos commit their own files
+    extras = OutputFolder(run_folder(args, spec.task), args.exist_ok)  # videos commit their own
     out_dir = extras.create()
     skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()
 
@@ -304,28 +309,31 @@ def detect_videos(args: argparse.Namespace) -> list:
         return draw_detections(rgb, detections, names, skeleton, line_width=args.line_width,
                                labels=not args.hide_labels, scores=not args.hide_conf)
 
-    def save_extras(stem, rgb, detections):
-        save_labels_and_crops(args, extras, stem, rgb, detections, names)
-
-    results, taken = [], set()
+    results = []
     for source in sources:
-        output, n = out_dir / f"{source.stem}_{spec.task}.mp4", 1
-        while output in taken:
-            output, n = out_dir / f"{source.stem}_{spec.task}-{n}.mp4", n + 1
-        taken.add(output)
+        stem = extras.claim_stem(source)
+        output = out_dir / f"{stem}_{spec.task}.mp4"
+
+        def save_extras(index, rgb, detections, stem=stem, source=source):
+            save_labels_and_crops(args, extras, f"{stem}_{index}", rgb, detections, names, source)
+
         try:
+            for written in (output, output.with_suffix(".jsonl")):
+                extras.check_replaceable(written)
             result = detect_video(args, source, model, spec, names, output,
                                   annotate, save_extras)
         except BaseException:
             extras.abort()
             raise
         extras.commit()  # this video's labels and crops, with its MP4 and JSON lines
+        extras.record([result.output, result.jsonl], source)
         results.append(result)
         if not args.json:
             print_video_result(result)
+    extras.finish()
     if args.json:
-        print(json.dumps({"model": str(spec), "task": spec.task,
-                          "videos": [r.to_dict() for r in results]}, indent=2))
+        print_json_document({"model": str(spec), "task": spec.task,
+                             "videos": [r.to_dict() for r in results]})
     return results
 
 

@@ -180,8 +180,8 @@ def detect_video(args: argparse.Namespace, source: Path, model, spec,
                  annotate, save_extras) -> VideoResult:
     """Run the model over every frame of ``source`` in batches of ``args.batch_size``; write the
     annotated video ``output`` and its JSON lines beside it (both or neither).
-    ``annotate(rgb, detections)`` draws a frame; ``save_extras(stem, rgb, detections)`` writes
-    --save-txt/--save-crop outputs."""
+    ``annotate(rgb, detections)`` draws a frame; ``save_extras(frame index, rgb, detections)``
+    writes --save-txt/--save-crop outputs."""
     from tqdm import tqdm
 
     reader = FrameReader(source)
@@ -210,7 +210,7 @@ def detect_video(args: argparse.Namespace, source: Path, model, spec,
                     if writer is None:
                         writer = VideoWriter(output, rgb.shape[:2], reader.fps)
                     writer.write(np.asarray(annotate(rgb, detections)))
-                    save_extras(f"{source.stem}_{index}", rgb, detections)
+                    save_extras(index, rgb, detections)
                     lines.write(_frame_line(index, index / reader.fps, detections, names))
                     counts["frames"] += 1
                     counts["detections"] += len(detections)

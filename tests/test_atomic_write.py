@@ -8,7 +8,8 @@ import stat
 
 import pytest
 
-from candle_nn.atomic_write import atomic_write, temp_beside
+from candle_nn.atomic_write import (atomic_write, is_staging, remove_stale_staging, staging_name,
+                                    temp_beside)
 
 
 def test_the_file_appears_only_when_the_block_ends(tmp_path):
@@ -16,7 +17,7 @@ def test_the_file_appears_only_when_the_block_ends(tmp_path):
     with atomic_write(path) as tmp:
         tmp.write_text("new")
         assert not path.exists()
-        assert tmp.parent == tmp_path and tmp.name.startswith(".out-") and tmp.suffix == ".json"
+        assert tmp.parent == tmp_path and is_staging(tmp.name) and tmp.suffix == ".json"
     assert path.read_text() == "new"
     assert os.listdir(tmp_path) == ["out.json"]
 
@@ -50,3 +51,32 @@ def test_a_missing_folder_is_an_oserror(tmp_path):
     with pytest.raises(OSError):
         with atomic_write(tmp_path / "no" / "such" / "file.txt"):
             pass
+
+
+def test_staging_names_fit_name_max_whatever_the_destination(tmp_path):
+    long = tmp_path / ("y" * 250 + ".png")  # a staging name built from the stem would be > 255
+    tmp = temp_beside(long)
+    assert len(tmp.name) < 64 and tmp.suffix == ".png" and is_staging(tmp.name)
+    assert len(staging_name("." + "x" * 300)) < 64  # an absurd suffix is dropped
+
+
+def test_stale_staging_of_a_dead_process_is_removed_and_nothing_else(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    pid = int(dead.stdout)
+    live = temp_beside(tmp_path / "live.png")  # this process's own: still in use
+    stale = live.with_name(live.name.replace(f"-{os.getpid()}-", f"-{pid}-"))
+    stale.write_bytes(b"left by a SIGKILL")
+    (tmp_path / "sub").mkdir()
+    deep = tmp_path / "sub" / stale.name
+    deep.write_bytes(b"left by a SIGKILL")
+    user = [tmp_path / ".out-abcd1234.png", tmp_path / ".candle-nn-staging-notes.txt",
+            tmp_path / "photo.png"]
+    for path in user:
+        path.write_bytes(b"the user's")
+    assert remove_stale_staging(tmp_path) == [stale]
+    assert remove_stale_staging(tmp_path, recursive=True) == [deep]
+    assert live.exists() and all(path.read_bytes() == b"the user's" for path in user)

@@ -24,6 +24,7 @@ from _cli_helpers import cli_command, cli_env, noise
 from conftest import FIXTURES, ROOT, error_line, fixture_dir
 from candle_nn_models.scripts import resnet, segment_anything, yolo_v8
 from candle_nn_models.scripts.inputs import expand_image_args
+from candle_nn_models.scripts.run_manifest import MANIFEST
 
 BIKE = FIXTURES / "images" / "bike.jpg"
 
@@ -182,9 +183,9 @@ def test_sam_processes_every_image(capsys, weights, photos, tmp_path, monkeypatc
                                                                             "sub/d.png", "a.jpg")]
     assert seen == [(556, 800, 3), (556, 800, 3), (50, 70, 3), (556, 800, 3)]
     # same stem twice
-    assert doc["images"][-1]["files"]["mask"] == str(tmp_path / "out" / "a_mask-1.png")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "a_mask-1.png", "a_mask.png", "a_masks-1.json", "a_masks.json", "a_overlay-1.png",
+    assert doc["images"][-1]["files"]["mask"] == str(tmp_path / "out" / "a-2_mask.png")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.name != MANIFEST) == [
+        "a-2_mask.png", "a-2_masks.json", "a-2_overlay.png", "a_mask.png", "a_masks.json",
         "a_overlay.png", "b_mask.png", "b_masks.json", "b_overlay.png", "d_mask.png",
         "d_masks.json", "d_overlay.png"]
     assert err.splitlines()[-1] == "5 images: 4 ok, 1 failed"

@@ -24,6 +24,7 @@ from conftest import FIXTURES, ROOT, error_line, fixture_dir
 from candle_nn_models.imagenet import preprocess
 import candle_nn_models.imagenet as imagenet
 from candle_nn_models.scripts import resnet, segment_anything, yolo_v8
+from candle_nn_models.scripts.run_manifest import MANIFEST
 
 BIKE = FIXTURES / "images" / "bike.jpg"
 
@@ -156,7 +157,7 @@ def test_non_utf8_names_on_an_ascii_stdout(cli, weights, tmp_path):
         out = proc.stdout.decode("ascii")
         assert "caf\\xe9.jpg" in (json.loads(out)["images"][0]["image"] if extra else out)
     if cli == "yolo":
-        written = [p.name for p in (tmp_path / "out").iterdir()]
+        written = [p.name for p in (tmp_path / "out").iterdir() if p.name != MANIFEST]
         assert written == [os.fsdecode(b"caf\xe9_detect.jpg")]
 
 
@@ -169,7 +170,8 @@ def test_sam_non_utf8_name_on_an_ascii_stdout(weights, tmp_path):
     assert proc.returncode == 0 and proc.stderr == b"", proc.stderr.decode()
     out = proc.stdout.decode("ascii")
     assert "\\xff\\xfe.jpg: 800x556" in out and "wrote" in out and "\\xff\\xfe_overlay.png" in out
-    assert sorted(os.fsencode(p.name) for p in (tmp_path / "out").iterdir()) == [
+    assert sorted(os.fsencode(p.name) for p in (tmp_path / "out").iterdir()
+                  if p.name != MANIFEST) == [
         b"\xff\xfe_mask.png", b"\xff\xfe_masks.json", b"\xff\xfe_overlay.png"]
 
 
@@ -263,7 +265,12 @@ def test_sam_leaves_no_mask_when_the_overlay_cannot_be_written(capsys, weights, 
     assert os.listdir(tmp_path) == []  # neither the mask nor a temporary file
 
 
-def test_yolo_failed_write_leaves_none_of_the_runs_images(capsys, weights, tmp_path, monkeypatch):
+@pytest.mark.parametrize("strict", [False, True])
+def test_yolo_failed_write_keeps_only_what_was_reported(capsys, weights, tmp_path, monkeypatch,
+                                                        strict):
+    """A disk full at the second image ends the run: the first image's file, printed as
+    written, stays (none with --strict, which prints nothing until the run succeeds); the second
+    leaves nothing, not even a staging file."""
     drawings = iter([None, _DiskFull()])
     real = yolo_v8.draw_detections
     monkeypatch.setattr(yolo_v8, "draw_detections",
@@ -272,7 +279,11 @@ def test_yolo_failed_write_leaves_none_of_the_runs_images(capsys, weights, tmp_p
     shutil.copy(BIKE, second)
     out_dir = tmp_path / "out"
     code = yolo_v8.main(["--image", str(BIKE), str(second), "--weights", str(weights["yolo"]),
-                         "--size", "64", "--out", str(out_dir)])
-    err = capsys.readouterr().err
+                         "--size", "64", "--out", str(out_dir), *(["--strict"] if strict else [])])
+    out, err = capsys.readouterr()
     assert code == 1 and err.count("\n") == 1 and "second_detect.jpg" in err
-    assert not out_dir.exists()  # bike_detect.jpg was staged, then removed, and the folder
+    if strict:
+        assert out == "" and not out_dir.exists()
+    else:
+        assert f"-> {out_dir / 'bike_detect.jpg'}" in out
+        assert sorted(os.listdir(out_dir)) == [MANIFEST, "bike_detect.jpg"]

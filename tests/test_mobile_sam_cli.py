@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from conftest import FIXTURES, error_line, load_fixture, one_error_line
+from candle_nn_models.scripts.run_manifest import MANIFEST
 from candle_nn_models.scripts.segment_anything import PromptError, main, parse_prompts
 
 IMAGE = str(FIXTURES / "images" / "bike.jpg")  # 800x556, the fixture's raw_rgb
@@ -101,7 +102,7 @@ def test_good_run_writes_best_mask_and_overlay(multimask_run):
     io, _, _ = load_fixture("mobile_sam")
     assert code == 0, err
     assert out.count("iou") == 3 and out.count("<- best") == 1
-    files = sorted(p.name for p in tmp_path.iterdir())
+    files = sorted(p.name for p in tmp_path.iterdir() if p.name != MANIFEST)
     assert files == ["bike_mask.png", "bike_mask_0.png", "bike_mask_1.png", "bike_mask_2.png",
                      "bike_masks.json", "bike_overlay.png"]
 
@@ -230,7 +231,7 @@ def test_everything_writes_overlay_pngs_and_coco_json(capsys, tmp_path, monkeypa
     assert code == 0, err
     doc = json.loads(out)["images"][0]
     out_dir = tmp_path / "out"
-    assert sorted(p.name for p in out_dir.iterdir()) == [
+    assert sorted(p.name for p in out_dir.iterdir() if p.name != MANIFEST) == [
         "small_everything.png", "small_masks", "small_masks.json"]
     assert json.loads((out_dir / "small_masks.json").read_text())["masks"] == doc["masks"]
     assert doc["files"]["json"].endswith("small_masks.json")

@@ -126,7 +126,9 @@ def test_a_gpu_the_machine_lacks(capsys, monkeypatch, weights, gpus):
 
 
 def test_bad_numbers(capsys, weights):
-    _fails(capsys, ["--image", BIKE, "--weights", weights, "--top-k", "0"], "--top-k")
+    with pytest.raises(SystemExit) as exc:  # a usage error, as argparse's own
+        main(["--image", BIKE, "--weights", weights, "--top-k", "0"])
+    assert exc.value.code == 2 and "--top-k: 0 is not at least 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--image", BIKE, "--variant", "resnet19"])
 

@@ -18,6 +18,7 @@ from conftest import error_line, fixture_dir
 from PIL import Image
 
 import candle_nn_models.scripts.yolo_v8 as cli
+from candle_nn_models.scripts.run_manifest import MANIFEST
 from candle_nn_models.yolo_v8 import YoloV8
 
 
@@ -36,7 +37,8 @@ def run(capsys, *argv) -> tuple[int, str, str]:
 
 
 def images_in(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir()) if folder.exists() else []
+    """The files a run wrote (its run folder's file list aside)."""
+    return sorted(p for p in folder.iterdir() if p.name != MANIFEST) if folder.exists() else []
 
 
 def test_detect_writes_an_annotated_image(capsys, paths, tmp_path) -> None:
@@ -85,7 +87,7 @@ def test_folder_and_repeated_images_get_distinct_outputs(capsys, paths, tmp_path
     code, out, _ = run(capsys, "--image", folder, "--image", paths["bike"],
                        "--weights", paths["detect"], "--out", out_dir, "--size", 320, "--square")
     assert code == 0
-    assert [p.name for p in images_in(out_dir)] == ["bike_detect-1.jpg", "bike_detect.jpg",
+    assert [p.name for p in images_in(out_dir)] == ["bike-2_detect.jpg", "bike_detect.jpg",
                                                      "small_detect.png"]
     with Image.open(out_dir / "small_detect.png") as img:
         assert img.size == (200, 139)
@@ -198,8 +200,8 @@ def test_class_names_from_the_weights_metadata(capsys, paths, tmp_path) -> None:
     YoloV8.load(cn.VarBuilder.from_varmap(varmap, device="cpu", seed=5), "n", num_classes=2)
     weights = tmp_path / "pets.safetensors"
     varmap.save(weights, metadata={"candle_nn.names": json.dumps(["cat", "dog"])})
-    code, out, _ = run(capsys, "--image", paths["bike"], "--weights", weights, "--out", tmp_path,
-                       "--size", 64, "--conf", 0, "--json")
+    code, out, _ = run(capsys, "--image", paths["bike"], "--weights", weights, "--out",
+                       tmp_path / "out", "--size", 64, "--conf", 0, "--json")
     assert code == 0
     doc = json.loads(out)
     assert doc["model"] == "YOLOv8n (2 classes)"

@@ -130,7 +130,7 @@ def paths():
 
 def run_json(capsys, paths, out, *argv) -> list[dict]:
     code = cli.main(["--image", str(paths["bike"]), "--weights", str(paths["detect"]), "--out",
-                     str(out), "--size", "320", "--json", *map(str, argv)])
+                     str(out), "--exist-ok", "--size", "320", "--json", *map(str, argv)])
     stdout, err = capsys.readouterr()
     assert code == 0 and err == "", err
     return json.loads(stdout)["images"][0]["detections"]
@@ -180,9 +180,9 @@ def test_cli_save_crop_writes_one_crop_per_detection(capsys, paths, tmp_path) ->
 
 
 def test_cli_classes_max_det_and_agnostic_nms(capsys, paths, tmp_path) -> None:
-    everything = run_json(capsys, paths, tmp_path)
+    everything = run_json(capsys, paths, tmp_path, "--max-det", 30000)  # no cap: all classes
     some = sorted({d["class_id"] for d in everything})[:2]
-    filtered = run_json(capsys, paths, tmp_path, "--classes", *some)
+    filtered = run_json(capsys, paths, tmp_path, "--classes", *some, "--max-det", 30000)
     # class-aware NMS never lets classes interact, so filtering = keeping those classes' rows
     assert filtered == [d for d in everything if d["class_id"] in some]
     assert run_json(capsys, paths, tmp_path, "--max-det", 3) == everything[:3]
@@ -196,7 +196,8 @@ def test_cli_classes_max_det_and_agnostic_nms(capsys, paths, tmp_path) -> None:
     from candle_nn_models.scripts.common import load_rgb
     model, spec, names, _ = cli.load_detector(paths["detect"], None, None, cn.Device.cpu())
     lb = letterbox(load_rgb(paths["bike"]), 320, auto=True)
-    want = postprocess(model(mx.array(lb.as_input())), [lb], num_classes=80, agnostic=True)[0]
+    want = postprocess(model(mx.array(lb.as_input())), [lb], num_classes=80, iou=0.7,
+                       agnostic=True)[0]  # the CLI's default --iou, ultralytics'
     assert agnostic == [d.to_dict(names) for d in want]
 
 
