@@ -16,7 +16,10 @@ from .sysinfo import info
 from .activation import (
     ACTIVATIONS, Activation, gelu, gelu_tanh, relu, sigmoid, silu, softmax,
 )
-from .attention import multi_head_attention, packed_qkv_attention, scaled_dot_product_attention
+from . import backends, config, ops  # noqa: F401  (backends: registers the ops' implementations)
+from .ops.attention import (
+    multi_head_attention, packed_qkv_attention, scaled_dot_product_attention,
+)
 from .batch_norm import BatchNorm2d
 from .checkpoint import save_safetensors, state_dict
 from .conv import Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig

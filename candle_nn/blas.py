@@ -54,7 +54,7 @@ import sys
 import warnings
 from dataclasses import asdict, dataclass
 
-from . import blas_copy
+from . import blas_copy, config
 
 ENV_VAR = "CANDLE_NN_BLAS"
 _OFF = {"off", "0", "false", "no", "none", "reference"}
@@ -287,7 +287,7 @@ def preload() -> BlasStatus:
     global _status, _lib
     if _status is not None:
         return _status
-    setting = os.environ.get(ENV_VAR, "auto").strip()
+    setting = config.get(ENV_VAR)
     bundled = _bundled_reference_blas() if sys.platform.startswith("linux") else None
     external = _global_cblas_provider()
 
@@ -394,7 +394,7 @@ def slow_cpu_warning() -> str | None:
     current = status()
     if current.optimized:
         return None
-    setting = os.environ.get(ENV_VAR, "auto").strip()
+    setting = config.get(ENV_VAR)
     if setting.lower() in _OFF:
         why, fix = f"{ENV_VAR}={setting}", f"unset {ENV_VAR}"
     elif setting.lower() != "auto":

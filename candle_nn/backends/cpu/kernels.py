@@ -35,7 +35,8 @@ from types import ModuleType
 
 import mlx.core as mx
 
-from . import blas
+from ... import blas, config
+from ...ops import registry
 
 MODULE = "candle_nn._cpu_kernels"
 BUILD_ERROR_FILE = "_cpu_kernels.build-error.txt"  # written by setup.py when the build failed
@@ -61,7 +62,7 @@ def _load() -> tuple[ModuleType | None, str]:
     try:
         module = importlib.import_module(MODULE)
     except ImportError as exc:
-        here = os.path.dirname(os.path.abspath(__file__))
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         error_file = os.path.join(here, BUILD_ERROR_FILE)
         if os.path.exists(error_file):
             with open(error_file, encoding="utf-8") as f:
@@ -110,6 +111,8 @@ _module, _detail = _load()
 _threads: int | None = None
 if _module is not None:
     _module.set_sgemm(_sgemm_address())
+    _module.set_winograd_avx512(config.flag("CANDLE_NN_WINOGRAD_AVX512"))
+    registry.set_tracer_check(_module.is_tracer)
 
 
 def module() -> ModuleType | None:
@@ -122,7 +125,9 @@ def threads() -> int:
     n = blas.num_threads()
     if n:
         return n
-    for var in ("CANDLE_NN_CPU_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+    if config.cpu_threads():
+        return config.cpu_threads()
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(var, "")
         if value.isdigit() and int(value) > 0:
             return int(value)
@@ -137,6 +142,16 @@ def sync_threads() -> None:
         if n != _threads:
             _module.set_num_threads(n)
             _threads = n
+
+
+def loaded() -> bool:
+    """Whether the compiled kernels are loaded."""
+    return _module is not None
+
+
+def float32_cpu(dtype: mx.Dtype) -> bool:
+    """The common condition of every CPU implementation: float32 on the CPU device."""
+    return dtype == mx.float32 and mx.default_device() == mx.cpu
 
 
 def has_sgemm() -> bool:
