@@ -42,7 +42,9 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 def fixtures() -> Path:
     """The shared reference fixtures (``$CANDLE_NN_FIXTURES``, else ``../shared/fixtures``)."""
-    return Path(os.environ.get("CANDLE_NN_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+    from candle_nn import config
+
+    return config.fixtures_dir(ROOT.parent / "shared" / "fixtures")
 
 
 # -- ours ------------------------------------------------------------------------------------------
@@ -345,6 +347,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="measure everything N times, round-robin, and keep each figure's best "
                         "(use 3 on a shared, noisy machine)")
     p.add_argument("--quick", action="store_true", help="smoke run: few iterations, batch 2")
+    p.add_argument("--trace", action="store_true",
+                   help="also record the GPU kernel/idle trace of the timed calls (JSON 'trace')")
     p.add_argument("--in-process", action="store_true",
                    help="run every implementation in this process (default: one process each)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
@@ -391,7 +395,8 @@ def _main(argv: Sequence[str] | None) -> int:
         raise SystemExit("error: --rounds must be at least 1")
     if args.amg_points is not None and args.amg_points < 1:
         raise SystemExit("error: --amg-points must be at least 1")
-    settings = {"threads": args.threads, "batch": args.batch, "precision": args.precision}
+    settings = {"threads": args.threads, "batch": args.batch, "precision": args.precision,
+                "trace": args.trace}
     if args.repeat:
         settings["repeat"] = args.repeat
     if args.amg_points:

@@ -138,7 +138,7 @@ def profile_calls(single: Callable[[], Any], batched: Callable[[], Any], iters: 
                   enqueue: tuple[Enqueue, Enqueue] | None = None) -> dict:
     """``{"bs1": stats, "batch": stats}`` (see :func:`analyse`) for two synchronous callables,
     with ``host_ms`` (see :func:`host_ms`) when their ``enqueue`` counterparts are given;
-    ``candle-nn-bench`` records these in its JSON when ``CANDLE_NN_BENCH_TRACE=1``."""
+    ``candle-nn-bench`` records these in its JSON when ``--trace``."""
     # Host times first: measured after a CUPTI trace in the same process, they came out above the
     # untraced wall time on the H100 (PyTorch eager, MobileSAM encoder float16: 14.3 vs 7.3 ms).
     hosts = [host_ms(fn, max(iters, 10)) for fn in enqueue] if enqueue is not None else [None] * 2
@@ -246,7 +246,7 @@ def _line(row: dict) -> str:
 
 def bench_rows(report: dict) -> list[dict]:
     """The trace rows (as this tool's own) of a ``candle-nn-bench --json`` report measured with
-    ``CANDLE_NN_BENCH_TRACE=1``: one per implementation, dtype and batch (1 and the throughput
+    ``--trace``: one per implementation, dtype and batch (1 and the throughput
     batch), ``wall_ms`` being the benchmark's median for that batch."""
     rows = []
     for r in report["results"]:
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--report", nargs="+", metavar="JSON",
                    help="trace nothing: print the trace rows of saved candle-nn-bench --json runs "
-                        "(made with CANDLE_NN_BENCH_TRACE=1), then a Markdown table")
+                        "(made with --trace), then a Markdown table")
     p.add_argument("--side", choices=("ours", "ours+mx.compile", "torch", "torch.compile"))
     p.add_argument("--models", nargs="+", default=["resnet50", "yolov8n", "mobilesam-encoder"],
                    choices=sorted(MODELS))

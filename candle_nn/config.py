@@ -40,7 +40,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CANDLE_NN_CUDA_KERNELS", "all",
             "`all`, `0` (none), or a comma list of CUDA kernels to keep for every dtype"),
     Setting("CANDLE_NN_FIXTURES", "", "the reference fixtures folder (tests, benchmarks)"),
-    Setting("CANDLE_NN_BENCH_TRACE", "", "benchmarks: write a GPU trace of the timed calls"),
     Setting("CANDLE_NN_PARITY_REPORT", "", "tests: a file the parity tests append errors to"),
     Setting("CANDLE_NN_REQUIRE_NATIVE", "", "tests: fail (not fall back) without the C++ kernels"),
 )

@@ -18,7 +18,7 @@ import candle_nn as cn
 from candle_nn import device as cn_device
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = Path(os.environ.get("CANDLE_NN_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+FIXTURES = cn.config.fixtures_dir(ROOT.parent / "shared" / "fixtures")
 
 
 def fixture_dir(name: str) -> Path:
@@ -47,7 +47,7 @@ def rel_err(candidate, reference) -> float:
     return float(np.abs(candidate - reference).max() / np.abs(reference).max())
 
 
-PARITY_REPORT = os.environ.get("CANDLE_NN_PARITY_REPORT")
+PARITY_REPORT = cn.config.get("CANDLE_NN_PARITY_REPORT") or None
 
 
 def assert_matches(meta: dict, key: str, candidate, reference) -> float:

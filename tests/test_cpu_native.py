@@ -49,7 +49,7 @@ def _installed_from_this_checkout() -> bool:
 
 
 def test_kernels_are_loaded_when_installed() -> None:
-    required = os.environ.get("CANDLE_NN_REQUIRE_NATIVE")
+    required = cn.config.get("CANDLE_NN_REQUIRE_NATIVE") or None
     status = cpu_native.status()
     # Installed, the build ran, so the kernels must load - unless MLX was swapped for another
     # build after it (the README's CUDA set-up): then they are refused, and status says so.
