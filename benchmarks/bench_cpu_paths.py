@@ -34,7 +34,7 @@ import candle_nn as cn  # before mlx: picks the CPU BLAS
 import mlx.core as mx
 from candle_nn.backends.cpu import kernels as cpu_kernels
 
-from benchmarks.bench import load_ours, ours_inputs
+from benchmarks.ours import load_ours, ours_inputs
 from benchmarks.bench_models import MODELS
 
 SETTINGS = ("plain", "mlx-fast", "native-no-conv", "native-im2col", "native-no-dw-attn-ln",

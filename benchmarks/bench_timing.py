@@ -66,9 +66,9 @@ def time_calls(single: Callable[[], Any], batched: Callable[[], Any], batch: int
     batch_times = _timed(batched, opts)
     batch_s = statistics.median(batch_times)
     trace = {}
-    # GPU kernel/idle split (benchmarks/bench_gpu_trace.py)
+    # GPU kernel/idle split (benchmarks/gpu_trace.py)
     if opts.trace:
-        from benchmarks.bench_gpu_trace import profile_calls
+        from benchmarks.gpu_trace import profile_calls
 
         trace = {"trace": profile_calls(single, batched, enqueue=enqueue)}
     return {

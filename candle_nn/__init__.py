@@ -42,7 +42,7 @@ from .var_builder import (
 )
 from .var_map import VarMap
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401  (re-exported)
 
 __all__ = [
     "ACTIVATIONS", "Activation", "AvgPool2d", "BatchNorm2d", "CandleNNError", "Conv2d",

@@ -49,11 +49,12 @@ def info() -> Info:
     """
     import mlx.core as mx
 
-    from . import __version__, ops
+    from . import ops
     from .backends.cpu import kernels
     from .blas import status
     from .device import Device
     from .precision import float32_precision
+    from .version import __version__
 
     rows = ops.status()
     gemm = next(r for r in rows if r["op"] == "conv2d" and r["name"] == "packed_gemm")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.bench_gpu_trace import analyse
+from benchmarks.gpu_trace import analyse
 
 
 def test_busy_time_is_the_union_of_gpu_intervals_per_forward(tmp_path):
@@ -31,7 +31,7 @@ def test_busy_time_is_the_union_of_gpu_intervals_per_forward(tmp_path):
 def test_host_time_stops_the_clock_before_waiting_for_the_gpu():
     import time
 
-    from benchmarks.bench_gpu_trace import host_ms
+    from benchmarks.gpu_trace import host_ms
 
     waited = []
 
