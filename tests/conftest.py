@@ -125,3 +125,14 @@ def one_error_line(capsys, *fragments: str, quiet_stdout: bool = False) -> str:
     captured = capsys.readouterr()
     assert not (quiet_stdout and captured.out), captured.out
     return error_line(captured.err, *fragments)
+
+
+@pytest.fixture(params=["fast", "reference"])
+def op_paths(request):
+    """Run a test twice: with every registered op implementation on, and with every one off (the
+    ops' plain-MLX references), switched through the registry (``cn.ops.disabled``)."""
+    if request.param == "reference":
+        with cn.ops.disabled("cpu", "cuda"):
+            yield request.param
+    else:
+        yield request.param

@@ -105,6 +105,14 @@ class Op:
                     return out
         return self.reference(*args, **kwargs)
 
+    def add(self, impl: Impl) -> None:
+        """Append ``impl`` (tried after those already there); :func:`register` calls it."""
+        if any(i.name == impl.name and i.backend == impl.backend for i in self.impls):
+            raise ValueError(f"{self.name} has a {impl.backend} implementation {impl.name!r} "
+                             "already")
+        self.impls.append(impl)
+        self._refresh()
+
     def _refresh(self) -> None:
         self._active = tuple(i for i in self.impls if _on(i) and i.available())
 
@@ -141,12 +149,8 @@ def register(op_name: str, name: str, backend: str, *, applies: Callable[..., bo
         raise ValueError(f"grad must be one of {GRADS}, not {grad!r}")
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        target = _OPS[op_name]
-        if any(i.name == name and i.backend == backend for i in target.impls):
-            raise ValueError(f"{op_name} has a {backend} implementation {name!r} already")
-        target.impls.append(Impl(op_name, name, backend, fn, applies, works_around, mlx, grad,
-                                 available))
-        target._refresh()
+        _OPS[op_name].add(Impl(op_name, name, backend, fn, applies, works_around, mlx, grad,
+                                available))
         return fn
     return wrap
 
