@@ -2,14 +2,13 @@
 
 Images are NHWC; conv weights are read in candle/PyTorch layout and kept in MLX's
 ``(O, kH, kW, I)``. See README.md for a tour. Importing it applies candle_nn's import-time
-policy (float32 precision, CUDA launch settings, the CPU BLAS MLX binds to): ``_startup.py``, which
-also says why candle_nn is imported before mlx.
+policy (``_startup.py``, the one place that states the import-order rule) and registers the ops'
+backend implementations (``ops/``, ``backends/``).
 """
 
 from __future__ import annotations
 
-# First: the import-time policy (float32 precision, CUDA launch settings, CPU BLAS), which must
-# be in place before any module below imports MLX; see _startup.py.
+# First: the import-time policy, in place before any module below imports MLX (_startup.py).
 from . import _startup  # noqa: F401  (imported for that effect)
 from .sysinfo import info
 
