@@ -12,13 +12,15 @@ PyPI; the NixOS tool that auditwheel itself uses to rename the libraries it bund
 wheel was built with it): ``--set-soname``, and ``--set-rpath`` to the original's directory so the
 copy finds the original's neighbours as the original did (``$ORIGIN`` substituted).
 
-Where: ``candle_nn/_blas/``, next to the compiled kernels. ``pip install`` makes it (setup.py runs
-``python -m candle_nn.make_blas_copy``), so ``import candle_nn`` writes nothing outside the package.
-The copy is named after a hash of everything it was made from (paths, sizes, mtimes, inodes): a
-changed source library is a new name, and the stale copy is deleted. Where the install's copy is
-missing or stale (a forced ``CANDLE_NN_BLAS`` library, OpenBLAS upgraded after the install), the
-import makes it in the same folder when it can write there, else MLX keeps its reference BLAS and
-``candle_nn.info()`` / the CLIs' warning say to run ``python -m candle_nn.make_blas_copy``.
+Where: ``candle_nn/_blas/``, next to the compiled kernels, so ``import candle_nn`` writes nothing
+outside the package. setup.py's build step makes it (``python -m candle_nn.make_blas_copy``) when
+the package is built in the environment it runs in (``pip install --no-build-isolation``); the
+copy is named after a hash of everything it was made from (paths, sizes, mtimes, inodes), so a
+copy made from another environment's library, or a changed source library, is a new name and the
+stale copy is deleted. Where the copy is missing or stale (an isolated build, a forced
+``CANDLE_NN_BLAS`` library, OpenBLAS upgraded after the install), the import makes it in the same
+folder when it can write there, else MLX keeps its reference BLAS and ``candle_nn.info()`` / the
+CLIs' warning say to run ``python -m candle_nn.make_blas_copy``.
 Files are written to a temporary name and renamed into place, so concurrent imports each publish
 a complete file and no process ever maps a half-written one.
 """
