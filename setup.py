@@ -65,17 +65,21 @@ def _cmdclass() -> dict:
             _make_blas_copy(out_dir)
 
         def copy_extensions_to_source(self) -> None:
-            # editable installs: the module (or the error note) goes next to candle_nn's sources
+            # editable installs: the module (or the error note) and the BLAS copy go next to
+            # candle_nn's sources, from where build_extension wrote them (the build folder)
+            build_py = self.get_finalized_command("build_py")
+            package_dir = Path(build_py.get_package_dir("candle_nn")).resolve()
             for ext in self.extensions:
-                built = Path(self.get_ext_fullpath(ext.name))
-                build_py = self.get_finalized_command("build_py")
-                package_dir = Path(build_py.get_package_dir("candle_nn"))
-                for name in (built.name, ERROR_FILE):
+                module = Path(self.get_ext_fullpath(ext.name)).name
+                built_dir = (Path(self.build_lib) / "candle_nn").resolve()
+                if built_dir == package_dir:
+                    continue
+                for name in (module, ERROR_FILE):
                     (package_dir / name).unlink(missing_ok=True)
-                    if (built.parent / name).exists():
-                        shutil.copy2(built.parent / name, package_dir / name)
-                if (built.parent / BLAS_DIR).is_dir():
-                    shutil.copytree(built.parent / BLAS_DIR, package_dir / BLAS_DIR,
+                    if (built_dir / name).exists():
+                        shutil.copy2(built_dir / name, package_dir / name)
+                if (built_dir / BLAS_DIR).is_dir():
+                    shutil.copytree(built_dir / BLAS_DIR, package_dir / BLAS_DIR,
                                     dirs_exist_ok=True)
 
     return {"build_ext": OptionalCMakeBuild}

@@ -299,8 +299,7 @@ def test_kernels_give_the_same_bits_on_one_and_two_threads() -> None:
                                 np.array(kernels.attention_packed(x[:, :49, 0, :36], None, 2,
                                                                   0.3))])
     finally:
-        cpu_native._threads = None
-        cpu_native.sync_threads()
+        cpu_native.sync_threads(force=True)
     for other in results[1:]:
         for a, b_ in zip(results[0], other):
             np.testing.assert_array_equal(a, b_)
@@ -454,8 +453,7 @@ def test_depthwise_kernel_gives_the_same_bits_on_one_and_two_threads() -> None:
                                                                   (1, 1), kernels.Act.gelu,
                                                                   kernels.Residual.none)))
     finally:
-        cpu_native._threads = None
-        cpu_native.sync_threads()
+        cpu_native.sync_threads(force=True)
     for other in results[1:]:
         np.testing.assert_array_equal(results[0], other)
 
@@ -504,7 +502,7 @@ def test_convs_stay_on_mlx_without_an_optimized_sgemm() -> None:
         with mx.stream(mx.cpu), pytest.raises(RuntimeError, match="no sgemm"):
             kernels.conv2d_fused(x, w, None, None, (1, 1), (1, 1))
     finally:
-        kernels.set_sgemm(cpu_native._sgemm_address())
+        kernels.set_sgemm(cpu_native.sgemm_address())
         cn.ops.refresh()
     assert available()["im2col"] is (cn.blas.status().optimized and sys.platform == "linux")
 
@@ -512,7 +510,7 @@ def test_convs_stay_on_mlx_without_an_optimized_sgemm() -> None:
 def test_the_conv_sgemm_is_the_optimized_blas() -> None:
     """The address handed to the kernels lies in the optimized library blas.py bound to MLX (for
     OpenBLAS: a library with ``openblas_get_config``), not in MLX's bundled reference BLAS."""
-    address = cpu_native._sgemm_address()
+    address = cpu_native.sgemm_address()
     status = cn.blas.status()
     if not status.optimized or sys.platform != "linux":
         assert address == 0

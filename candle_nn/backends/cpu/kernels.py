@@ -9,7 +9,7 @@ custom MLX primitives whose ``eval_cpu`` runs fused, multithreaded float32 loops
 - ``conv2d_fused(x, w, bias, residual, stride, padding, act, residual_mode)``: a groups-1 conv
   as a multithreaded im2col (none for 1x1 stride 1) + one ``cblas_sgemm`` + the same epilogue.
   The sgemm is the one MLX's own ``cblas_sgemm`` calls resolve to (the optimized BLAS blas.py
-  binds to MLX; its address is handed over at load, :func:`_sgemm_address`; nothing is linked);
+  binds to MLX; its address is handed over at load, :func:`sgemm_address`; nothing is linked);
   without an optimized BLAS there is none and convs stay on MLX's path;
 - ``conv2d_packed(x, w_packed, bias, residual, kernel, out_channels, stride, padding, act,
   residual_mode)`` with ``pack_gemm_weight(w (N, K))``: the same conv (and Linear, as a 1x1 conv)
@@ -90,7 +90,7 @@ def _libmlx() -> str | None:
     return None
 
 
-def _sgemm_address() -> int:
+def sgemm_address() -> int:
     """The ``cblas_sgemm`` MLX's own calls resolve to: the process's global scope first, then
     ``libmlx``'s dependencies (where blas.py binds the optimized library, as MLX's bundled
     ``libblas``'s soname). 0 when blas.py found no optimized BLAS (MLX's reference one: convs
@@ -110,7 +110,7 @@ def _sgemm_address() -> int:
 _module, _detail = _load()
 _threads: int | None = None
 if _module is not None:
-    _module.set_sgemm(_sgemm_address())
+    _module.set_sgemm(sgemm_address())
     _module.set_winograd_avx512(config.flag("CANDLE_NN_WINOGRAD_AVX512"))
     registry.set_tracer_check(_module.is_tracer)
 
@@ -134,9 +134,12 @@ def threads() -> int:
     return os.cpu_count() or 1
 
 
-def sync_threads() -> None:
-    """Follow the BLAS thread count (``blas.set_num_threads``) before a kernel is queued."""
+def sync_threads(force: bool = False) -> None:
+    """Follow the BLAS thread count (``blas.set_num_threads``) before a kernel is queued;
+    ``force``: set it even if it looks unchanged (after ``set_num_threads`` was called directly)."""
     global _threads
+    if force:
+        _threads = None
     if _module is not None:
         n = threads()
         if n != _threads:
