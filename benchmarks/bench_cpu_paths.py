@@ -7,7 +7,7 @@ busy shared machine slows them alike and the ratios stay meaningful:
 - ``mlx-fast``: the pure-MLX fast paths (polynomial SiLU/GELU, depthwise), the compiled kernels
   off (what a source checkout without ``pip install`` runs),
 - ``native-no-conv``: the compiled element-wise kernels (epilogues, GELU, softmax) on, convs
-  on MLX's path (the compiled conv's sgemm unset),
+  other than Winograd's on MLX's path (``packed_gemm`` and ``im2col`` off),
 - ``native-im2col``: every compiled kernel, but 3x3 stride-1 convs by im2col instead of
   Winograd (``winograd`` off),
 - ``native-no-dw-attn-ln``: every compiled kernel except the depthwise conv, the two attention
@@ -46,12 +46,11 @@ _NATIVE = tuple(sorted({r["name"] for r in cn.ops.status() if r["backend"] == "c
 _OFF: dict[str, tuple[str, ...]] = {
     "plain": ("cpu",),
     "mlx-fast": _NATIVE,
-    "native-no-conv": ("conv2d.winograd", "conv2d.packed_gemm", "conv2d.im2col",
-                       "linear.packed_gemm"),
+    "native-no-conv": ("packed_gemm", "im2col"),  # Winograd (its own GEMM) stays
     "native-im2col": ("winograd",),
     "native-no-dw-attn-ln": ("depthwise_conv2d.depthwise", "attention_packed", "attention_heads",
                              "layer_norm.layer_norm"),
-    "native-blas": ("packed_gemm", "conv2d.winograd"),
+    "native-blas": ("packed_gemm",),
     "native": (),
 }
 
