@@ -16,8 +16,12 @@ Gradients: an implementation declares ``grad``:
   ``mx.vmap`` / ``mx.compile``'s trace) to the reference, so the transformation sees plain MLX
   ops and differentiates them as MLX does. A VJP of its own is registered by giving ``grad="own"``
   and making the implementation differentiable (e.g. an ``mx.custom_function`` with a ``vjp``).
-- ``"mlx"``: it is built from MLX ops itself (the compiled polynomial paths); MLX differentiates
-  it as it is.
+- ``"mlx"``: it is built from MLX ops (or ops that dispatch themselves); MLX differentiates it as
+  it is.
+- ``"none"``: no VJP, and not routed: the CUDA kernels (``mx.fast.cuda_kernel``), which must keep
+  running under ``mx.compile`` (the CLIs compile on GPUs), where their inputs are tracers too.
+  Under ``mx.grad`` MLX then reports the missing VJP; until one is registered, train with
+  ``ops.disabled("cuda")``.
 
 Why routing rather than wrapping every kernel in ``mx.custom_function``: inference (the common
 case) pays nothing for it, the reference is the one definition of the math the gradient is
@@ -34,7 +38,7 @@ from typing import Any, Callable, Iterator
 import mlx.core as mx
 
 MLX_VERSION = "0.32.4"  # the MLX whose limitations the registered implementations work around
-GRADS = ("reference", "mlx", "own")
+GRADS = ("reference", "mlx", "own", "none")
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ class Impl:
         applies: takes the op's arguments; cheap checks (device, dtype, shapes).
         works_around: the MLX limitation this exists for (what to re-check before removing it).
         mlx: the MLX version that limitation was measured in.
-        grad: ``"reference"``, ``"mlx"`` or ``"own"`` (module docstring).
+        grad: ``"reference"``, ``"mlx"``, ``"own"`` or ``"none"`` (module docstring).
         available: whether it can run in this process at all (kernels built, CPU features).
     """
 

@@ -1,5 +1,8 @@
 """CUDA implementations of candle_nn's ops (kernels.py): importing this registers them.
 
+They declare ``grad="none"``: they keep running under ``mx.compile`` and have no VJP yet (see
+ops/registry.py).
+
 ``CANDLE_NN_CUDA_KERNELS=0`` (or ``candle_nn.ops.disable("cuda")``) turns them off; a comma list
 (``dfl,max_pool``) keeps only those.
 """
@@ -25,7 +28,7 @@ def _depthwise_applies(x, weight, bias=None, stride=(1, 1), padding=(0, 0), dila
 
 
 @register("depthwise_conv2d", "depthwise", "cuda", applies=_depthwise_applies,
-          available=kernels._cuda_backend,
+          available=kernels._cuda_backend, grad="none",
           works_around=_LIMITS["depthwise"])
 def depthwise_conv2d(x, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
                      activation=None, residual=None, residual_after_activation=False):
@@ -34,7 +37,7 @@ def depthwise_conv2d(x, weight, bias=None, stride=(1, 1), padding=(0, 0), dilati
 
 
 @register("dfl_decode", "dfl", "cuda", applies=lambda x, weight: kernels.on_cuda("dfl", x.dtype),
-          available=kernels._cuda_backend,
+          available=kernels._cuda_backend, grad="none",
           works_around=_LIMITS["dfl"])
 def dfl_decode(x, weight):
     return kernels.dfl_decode(x, weight.reshape(x.shape[-1]))
@@ -42,7 +45,7 @@ def dfl_decode(x, weight):
 
 @register("max_pool2d", "max_pool", "cuda",
           applies=lambda x, kernel, stride, padding: kernels.on_cuda("max_pool", x.dtype),
-          available=kernels._cuda_backend, works_around=_LIMITS["max_pool"])
+          available=kernels._cuda_backend, grad="none", works_around=_LIMITS["max_pool"])
 def max_pool2d(x, kernel, stride, padding):
     return kernels.max_pool2d(x, kernel, stride, padding)
 
