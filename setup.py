@@ -5,6 +5,10 @@ Everything else about the package is in pyproject.toml. The extension is optiona
 be built (no C++ compiler or CMake), ``pip install`` still succeeds, the reason is written next
 to where the module would be (``_cpu_kernels.build-error.txt``) and candle_nn uses its pure-MLX
 paths; ``python -m candle_nn`` says which.
+
+The same step makes the renamed copy of the optimized BLAS that candle_nn binds to MLX
+(``python -m candle_nn.make_blas_copy``, into ``candle_nn/_blas/``), so that importing candle_nn
+writes nothing; where it cannot (no OpenBLAS, no patchelf), the install still succeeds.
 """
 
 from __future__ import annotations
@@ -20,6 +24,19 @@ from setuptools import setup
 EXT_NAME = "candle_nn._cpu_kernels"
 SOURCES = Path(__file__).resolve().parent / "candle_nn" / "csrc"
 ERROR_FILE = "_cpu_kernels.build-error.txt"
+BLAS_DIR = "_blas"  # candle_nn/blas_copy.py's copy_dir()
+
+
+def _make_blas_copy(out_dir: Path) -> None:
+    """The renamed BLAS copy into ``out_dir / BLAS_DIR`` (see candle_nn/blas_copy.py); a failure
+    is a warning (candle_nn then makes it at its first import, or says how)."""
+    env = {**os.environ, "CANDLE_NN_BLAS": "off"}  # the build's own import binds nothing
+    command = [sys.executable, "-m", "candle_nn.make_blas_copy", str(out_dir / BLAS_DIR)]
+    done = subprocess.run(command, cwd=Path(__file__).resolve().parent, env=env,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"WARNING: the BLAS copy was not made: {done.stderr.strip()[-500:]}",
+              file=sys.stderr)
 
 
 def _cmdclass() -> dict:
@@ -45,17 +62,25 @@ def _cmdclass() -> dict:
                 print(f"WARNING: {reason}; candle_nn will use its pure-MLX CPU paths",
                       file=sys.stderr)
                 error_file.write_text(reason + "\n", encoding="utf-8")
+            _make_blas_copy(out_dir)
 
         def copy_extensions_to_source(self) -> None:
-            # editable installs: the module (or the error note) goes next to candle_nn's sources
+            # editable installs: the module (or the error note) and the BLAS copy go next to
+            # candle_nn's sources, from where build_extension wrote them (the build folder)
+            build_py = self.get_finalized_command("build_py")
+            package_dir = Path(build_py.get_package_dir("candle_nn")).resolve()
             for ext in self.extensions:
-                built = Path(self.get_ext_fullpath(ext.name))
-                build_py = self.get_finalized_command("build_py")
-                package_dir = Path(build_py.get_package_dir("candle_nn"))
-                for name in (built.name, ERROR_FILE):
+                module = Path(self.get_ext_fullpath(ext.name)).name
+                built_dir = (Path(self.build_lib) / "candle_nn").resolve()
+                if built_dir == package_dir:
+                    continue
+                for name in (module, ERROR_FILE):
                     (package_dir / name).unlink(missing_ok=True)
-                    if (built.parent / name).exists():
-                        shutil.copy2(built.parent / name, package_dir / name)
+                    if (built_dir / name).exists():
+                        shutil.copy2(built_dir / name, package_dir / name)
+                if (built_dir / BLAS_DIR).is_dir():
+                    shutil.copytree(built_dir / BLAS_DIR, package_dir / BLAS_DIR,
+                                    dirs_exist_ok=True)
 
     return {"build_ext": OptionalCMakeBuild}
 

@@ -35,7 +35,7 @@ IMAGE = ("images", "bike.jpg")  # its (H, W) is the model's input_hw
 
 def image(model: BenchModel, seed: int = 0) -> np.ndarray:
     """The benchmark image, ``(H, W, 3)`` uint8 RGB."""
-    from benchmarks.bench import fixtures
+    from benchmarks.ours import fixtures
 
     path = fixtures().joinpath(*IMAGE)
     from PIL import Image, ImageOps
@@ -59,7 +59,7 @@ def _settings(opts: Options) -> dict:
 def _weights(model: BenchModel, cache_dir: str) -> tuple[str, str] | None:
     """The weights file ours loaded: the fixture's, else the seeded one ours wrote to the cache
     (the PyTorch worker must not import candle_nn to make it)."""
-    from benchmarks.bench import fixtures
+    from benchmarks.ours import fixtures
 
     fixture = fixtures() / model.fixture / "weights.safetensors"
     if fixture.is_file():
@@ -87,7 +87,7 @@ def _run(impl: str, model: BenchModel, device: str, generate: Callable[[np.ndarr
 
 def run_ours(model: BenchModel, device: str, dtype: str, opts: Options, cache_dir: str) -> dict:
     """Our generator on ``device`` (float32)."""
-    from benchmarks.bench import OURS, load_ours, prepare_ours
+    from benchmarks.ours import OURS, load_ours, prepare_ours
 
     reason = prepare_ours(device, opts)
     if reason:
@@ -163,7 +163,7 @@ def profile(model: BenchModel, device: str, opts: Options, cache_dir: str) -> st
     "other" is the rest (thresholding and host copies of the masks, records)."""
     import mlx.core as mx
 
-    from benchmarks.bench import load_ours
+    from benchmarks.ours import load_ours
     from candle_nn_models.segment_anything import SamAutomaticMaskGenerator
     from candle_nn_models.segment_anything import automatic_mask_generator as amg_module
 

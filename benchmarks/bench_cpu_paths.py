@@ -3,13 +3,13 @@
 Each model is loaded once and its batch-1 forward timed round-robin under three settings, so a
 busy shared machine slows them alike and the ratios stay meaningful:
 
-- ``plain``: every fast path off (``CANDLE_NN_CPU_FAST=0``: MLX's own ops),
+- ``plain``: every CPU implementation off (``candle_nn.ops.disable("cpu")``: MLX's own ops),
 - ``mlx-fast``: the pure-MLX fast paths (polynomial SiLU/GELU, depthwise), the compiled kernels
   off (what a source checkout without ``pip install`` runs),
 - ``native-no-conv``: the compiled element-wise kernels (epilogues, GELU, softmax) on, convs
-  on MLX's path (the compiled conv's sgemm unset),
+  other than Winograd's on MLX's path (``packed_gemm`` and ``im2col`` off),
 - ``native-im2col``: every compiled kernel, but 3x3 stride-1 convs by im2col instead of
-  Winograd (cpu_winograd.py off),
+  Winograd (``winograd`` off),
 - ``native-no-dw-attn-ln``: every compiled kernel except the depthwise conv, the two attention
   kernels and LayerNorm (depthwise convs on the pure-MLX path, attention as transposes + matmuls
   + the softmax kernel, ``mx.fast.layer_norm``),
@@ -32,28 +32,27 @@ import time
 
 import candle_nn as cn  # before mlx: picks the CPU BLAS
 import mlx.core as mx
-from candle_nn import cpu_fast, cpu_native, cpu_winograd
+from candle_nn.backends.cpu import kernels as cpu_kernels
 
-from benchmarks.bench import load_ours, ours_inputs
+from benchmarks.ours import load_ours, ours_inputs
 from benchmarks.bench_models import MODELS
 
 SETTINGS = ("plain", "mlx-fast", "native-no-conv", "native-im2col", "native-no-dw-attn-ln",
             "native-blas", "native")
-# the cpu_fast entry points that native-no-dw-attn-ln turns off (each returns None: not applied)
-_DW_ATTN = ("depthwise_conv2d_fused", "attention_packed", "attention_heads", "layer_norm")
-_ORIGINAL = {name: getattr(cpu_fast, name) for name in _DW_ATTN}
-
-
-def _apply(setting: str, kernels: object) -> None:
-    cpu_fast.set_enabled(setting != "plain")
-    cpu_native._module = kernels if setting.startswith("native") else None
-    kernels.set_sgemm(cpu_native._sgemm_address() if setting.startswith("native") and
-                      setting != "native-no-conv" else 0)
-    cpu_winograd.set_enabled(setting != "native-im2col")
-    for name in _DW_ATTN:
-        setattr(cpu_fast, name, (lambda *a, **k: None) if setting == "native-no-dw-attn-ln"
-                else _ORIGINAL[name])
-    cpu_fast.set_packed_gemm(setting not in ("native-blas", "native-no-conv"))
+# what each setting switches off, by the op registry's names (candle_nn.ops.disable)
+_PURE_MLX = ("silu_poly", "gelu_poly", "depthwise_shifted")
+_NATIVE = tuple(sorted({r["name"] for r in cn.ops.status() if r["backend"] == "cpu"}
+                       - set(_PURE_MLX)))
+_OFF: dict[str, tuple[str, ...]] = {
+    "plain": ("cpu",),
+    "mlx-fast": _NATIVE,
+    "native-no-conv": ("packed_gemm", "im2col"),  # Winograd (its own GEMM) stays
+    "native-im2col": ("winograd",),
+    "native-no-dw-attn-ln": ("depthwise_conv2d.depthwise", "attention_packed", "attention_heads",
+                             "layer_norm.layer_norm"),
+    "native-blas": ("packed_gemm",),
+    "native": (),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,38 +65,34 @@ def main(argv: list[str] | None = None) -> int:
                    help="the settings to time (default: all)")
     p.add_argument("--batch", type=int, default=1, help="batch size")
     args = p.parse_args(argv)
-    kernels = cpu_native.module()
-    if kernels is None:
-        print(f"the compiled kernels are not loaded: {cpu_native.status().detail}")
+    if not cpu_kernels.loaded():
+        print(f"the compiled kernels are not loaded: {cpu_kernels.status().detail}")
         return 1
     if args.threads:
         cn.blas.set_num_threads(args.threads)
     print(cn.info())
     cache_dir = tempfile.mkdtemp(prefix="candle_nn-bench-")
-    try:
-        for name in args.models:
-            model = MODELS[name]
-            forward, _, _ = load_ours(model, "cpu", "float32", cache_dir)
-            inputs = ours_inputs(model, args.batch, "float32")
-            settings = [s for s in SETTINGS if s in args.settings]
-            times: dict[str, list[float]] = {s: [] for s in settings}
-            for setting in settings:  # warm-up: compiles, first-touch allocations
-                _apply(setting, kernels)
+    for name in args.models:
+        model = MODELS[name]
+        forward, _, _ = load_ours(model, "cpu", "float32", cache_dir)
+        inputs = ours_inputs(model, args.batch, "float32")
+        settings = [s for s in SETTINGS if s in args.settings]
+        times: dict[str, list[float]] = {s: [] for s in settings}
+        for setting in settings:  # warm-up: compiles, first-touch allocations
+            with cn.ops.disabled(*_OFF[setting]):
                 mx.eval(forward(*inputs))
-            for _ in range(args.repeat):
-                for setting in settings:
-                    _apply(setting, kernels)
+        for _ in range(args.repeat):
+            for setting in settings:
+                with cn.ops.disabled(*_OFF[setting]):
                     start = time.perf_counter()
                     mx.eval(forward(*inputs))
                     times[setting].append((time.perf_counter() - start) * 1e3)
-            ms = {s: statistics.median(t) for s, t in times.items()}
-            ratios = [f"native / {s} {ms['native'] / ms[s]:.2f}" for s in settings
-                      if s != "native" and "native" in ms]
-            print(f"{name} (batch {args.batch}): "
-                  + ", ".join(f"{s} {ms[s]:.1f} ms" for s in settings)
-                  + ("; " + ", ".join(ratios) if ratios else ""), flush=True)
-    finally:
-        _apply("native", kernels)
+        ms = {s: statistics.median(t) for s, t in times.items()}
+        ratios = [f"native / {s} {ms['native'] / ms[s]:.2f}" for s in settings
+                  if s != "native" and "native" in ms]
+        print(f"{name} (batch {args.batch}): "
+              + ", ".join(f"{s} {ms[s]:.1f} ms" for s in settings)
+              + ("; " + ", ".join(ratios) if ratios else ""), flush=True)
     return 0
 
 

@@ -8,7 +8,6 @@ ends with a synchronisation (``mx.eval``, ``torch.cuda.synchronize``, ONNX Runti
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -32,6 +31,7 @@ class Options:
     channels_last: bool = True  # PyTorch on GPUs
     seed: int = 0
     amg_points: int = 32  # mobilesam-amg: grid points per side (MobileSAM's default)
+    trace: bool = False  # also record the GPU kernel/idle trace (bench_gpu_trace.py)
 
     @classmethod
     def quick(cls, **kw: Any) -> "Options":
@@ -66,9 +66,9 @@ def time_calls(single: Callable[[], Any], batched: Callable[[], Any], batch: int
     batch_times = _timed(batched, opts)
     batch_s = statistics.median(batch_times)
     trace = {}
-    # GPU kernel/idle split (benchmarks/bench_gpu_trace.py)
-    if os.environ.get("CANDLE_NN_BENCH_TRACE"):
-        from benchmarks.bench_gpu_trace import profile_calls
+    # GPU kernel/idle split (benchmarks/gpu_trace.py)
+    if opts.trace:
+        from benchmarks.gpu_trace import profile_calls
 
         trace = {"trace": profile_calls(single, batched, enqueue=enqueue)}
     return {

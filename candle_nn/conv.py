@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from . import cpu_fast, cuda_kernels
-from .activation import bias_act
+from . import ops
 from .batch_norm import BatchNorm2d
 from .checkpoint import check_conv_layout
 from .device import Device
@@ -140,43 +139,15 @@ class Conv2d(_Conv):
         """``activation(conv(x) + bias + residual)``; ``residual_after_activation``:
         ``activation(conv(x) + bias) + residual``. ``activation`` is a name in
         ``candle_nn.ACTIVATIONS`` or ``None``, ``residual`` has the output's shape. On the CPU in
-        float32 the epilogue is one fused multithreaded pass (``candle_nn.activation.bias_act``)."""
+        float32 the epilogue is one fused multithreaded pass (``candle_nn.ops.conv2d``)."""
         c = self.config
-        out, kh, kw, cin = self.weight.shape
-        bias = self.get("bias")
-        if c.groups == 1 and _pair(c.dilation) == (1, 1) and x.ndim == 4:
-            fused = cpu_fast.conv2d(x, self.weight, bias, _pair(c.stride), _pair(c.padding),
-                                    activation, residual, residual_after_activation)
-            if fused is not None:
-                return fused
-            if activation is not None:  # one the fused epilogue lacks (sigmoid, tanh GELU)
-                y = cpu_fast.conv2d(x, self.weight, bias, _pair(c.stride), _pair(c.padding), None)
-                if y is not None:
-                    return bias_act(y, None, activation, residual,
-                                    residual_after_activation=residual_after_activation)
-        if cin == 1 and c.groups == out == x.shape[-1] and x.ndim == 4:
-            fused = cpu_fast.depthwise_conv2d_fused(
-                x, self.weight, bias, _pair(c.stride), _pair(c.padding), _pair(c.dilation),
-                activation, residual, residual_after_activation)
-            if fused is not None:
-                return fused
-        if (kh, kw) == (1, 1) and c.groups == 1 and _pair(c.stride) == (1, 1) \
-                and _pair(c.padding) == (0, 0):
-            # A pointwise conv is a matmul; MLX's CPU conv runs it 1.5-3.5x slower (same result).
-            y = x @ self.weight.reshape(out, cin).T
-        elif cin == 1 and c.groups == out == x.shape[-1] and _pair(c.dilation) == (1, 1) \
-                and cuda_kernels.on_cuda("depthwise", x.dtype):
-            y = cuda_kernels.depthwise_conv2d(x, self.weight, bias, _pair(c.stride),
-                                              _pair(c.padding))
-            bias = None  # added by the kernel
-        elif cin == 1 and c.groups == out == x.shape[-1] and _pair(c.dilation) == (1, 1) \
-                and cpu_fast.applies():
-            y = cpu_fast.depthwise_conv2d(kh, kw, _pair(c.stride), _pair(c.padding))(x, self.weight)
-        else:
-            y = mx.conv2d(x, self.weight, stride=_pair(c.stride), padding=_pair(c.padding),
-                          dilation=_pair(c.dilation), groups=c.groups)
-        return bias_act(y, bias, activation, residual,
+        args = (x, self.weight, self.get("bias"), _pair(c.stride), _pair(c.padding),
+                _pair(c.dilation))
+        epilogue = dict(activation=activation, residual=residual,
                         residual_after_activation=residual_after_activation)
+        if ops.is_depthwise(x, self.weight, c.groups):
+            return ops.depthwise_conv2d(*args, **epilogue)
+        return ops.conv2d(*args, c.groups, **epilogue)
 
     def absorb_bn(self, bn: BatchNorm2d) -> "Conv2d":
         """A new Conv2d equal to ``bn(self(x))`` (inference), with the BN folded in (candle's
@@ -266,7 +237,7 @@ class ConvTranspose2d(_Conv):
         else:
             y = _transposed_conv_as_conv(x, self.weight, stride, dilation)
         y = _crop_transposed(y, _pair(c.padding), _pair(c.output_padding))
-        return bias_act(y, self.get("bias"), activation)
+        return ops.bias_act(y, self.get("bias"), activation)
 
 
 # MLX's own conv_transpose2d is not used: MLX 0.32's CUDA backend computes strided cases with

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 
+from . import config
+
 ENV_VAR = "CANDLE_NN_CUDA_LAUNCH"
 DEFAULTS: dict[str, str] = {"MLX_USE_CUDA_GRAPHS": "0"}
 
@@ -24,7 +26,7 @@ DEFAULTS: dict[str, str] = {"MLX_USE_CUDA_GRAPHS": "0"}
 def configure_from_env() -> None:
     """Apply :data:`DEFAULTS` unless ``CANDLE_NN_CUDA_LAUNCH=mlx``. Called by
     ``import candle_nn``."""
-    wanted = os.environ.get(ENV_VAR, "candle").strip().lower()
+    wanted = config.get(ENV_VAR).lower()
     if wanted not in ("candle", "mlx"):
         raise ValueError(f"{ENV_VAR}={wanted!r}: expected 'candle' or 'mlx'")
     if wanted == "candle":

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from . import cpu_fast
+from . import ops
 from .device import Device
 from .init import ONES, ZEROS
 from .module import Module
@@ -57,10 +57,7 @@ class LayerNorm(Module):
     def forward(self, x: mx.array) -> mx.array:
         w = self.get("weight")
         if self.config.remove_mean:
-            fused = cpu_fast.layer_norm(x, w, self.get("bias"), self.config.eps)
-            if fused is not None:
-                return fused
-            return mx.fast.layer_norm(x, w, self.get("bias"), self.config.eps)
+            return ops.layer_norm(x, w, self.get("bias"), self.config.eps)
         return mx.fast.rms_norm(x, w, self.config.eps)
 
 

@@ -6,8 +6,7 @@ import math
 
 import mlx.core as mx
 
-from . import cpu_fast
-from .activation import bias_act
+from . import ops
 from .device import Device
 from .init import DEFAULT_KAIMING_NORMAL, Init
 from .module import Module
@@ -62,16 +61,4 @@ class Linear(Module):
         """``activation(x @ W.T + b) [+ residual]`` (``activation``: a name in
         ``candle_nn.ACTIVATIONS`` or ``None``; ``residual``: the output's shape, added last); on
         the CPU in float32 bias, activation and residual are fused into the product's pass."""
-        bias = self.get("bias")
-        few_rows = cpu_fast.linear_rows(x, self.weight, bias)
-        if few_rows is not None:
-            return bias_act(few_rows, None, activation, residual, residual_after_activation=True)
-        fused = cpu_fast.linear(x, self.weight, bias, activation, residual)
-        if fused is not None:
-            return fused
-        if bias is not None and cpu_fast.native_applies(x.dtype):
-            return bias_act(x @ self.weight.T, bias, activation, residual,
-                            residual_after_activation=True)
-        y = mx.addmm(self.bias, x, self.weight.T) if "bias" in self else x @ self.weight.T
-        return bias_act(y, None, activation, residual, residual_after_activation=True)
-
+        return ops.linear(x, self.weight, self.get("bias"), activation, residual)

@@ -1,27 +1,20 @@
 """Max and average pooling on NHWC tensors (stateless; they run on their caller's stream).
 
-The work is MLX's own ``mlx.nn.MaxPool2d`` / ``AvgPool2d``, except max pooling on a CUDA GPU, which
-takes candle_nn's kernel (``cuda_kernels.max_pool2d``, see that module for why). What this module
-adds: candle-style functions and :class:`~candle_nn.module.Module` layers bound to a device.
+The work is MLX's own ``mlx.nn.MaxPool2d`` / ``AvgPool2d`` (max pooling is the op
+``candle_nn.ops.max_pool2d``, with a CUDA kernel registered). What this module adds: candle-style
+functions and :class:`~candle_nn.module.Module` layers bound to a device.
 """
 
 from __future__ import annotations
 
-import functools
-
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import cuda_kernels
+from . import ops
 from .device import Device
 from .module import Module
+from .ops.pooling import mlx_pool as _mlx_pool
 from .pairs import pair
-
-@functools.lru_cache(maxsize=64)
-def _mlx_pool(cls: type, kernel: tuple[int, int], stride: tuple[int, int],
-              padding: tuple[int, int]) -> nn.Module:
-    """MLX's pooling layer for these arguments; it holds no state, so one serves every call."""
-    return cls(kernel, stride, padding)
 
 
 def _args(kernel_size, stride, padding) -> tuple[tuple[int, int], ...]:
@@ -35,10 +28,7 @@ def max_pool2d(x: mx.array, kernel_size: int | tuple[int, int],
     """Max pooling (padding counts as -inf, as PyTorch). ``(N, H, W, C)`` → ``(N, H', W', C)``
     with ``H' = (H + 2 * pad_h - k_h) // stride_h + 1`` (likewise ``W'``); ``stride`` defaults to
     ``kernel_size``."""
-    kernel, stride, padding = _args(kernel_size, stride, padding)
-    if cuda_kernels.on_cuda("max_pool", x.dtype):
-        return cuda_kernels.max_pool2d(x, kernel, stride, padding)
-    return _mlx_pool(nn.MaxPool2d, kernel, stride, padding)(x)
+    return ops.max_pool2d(x, *_args(kernel_size, stride, padding))
 
 
 def avg_pool2d(x: mx.array, kernel_size: int | tuple[int, int],

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from typing import Literal
 
+from . import config
+
 Precision = Literal["exact", "tf32"]
 ENV_VAR = "CANDLE_NN_PRECISION"
 MLX_ENV_VAR = "MLX_ENABLE_TF32"
@@ -24,7 +26,7 @@ MLX_ENV_VAR = "MLX_ENABLE_TF32"
 
 def configure_from_env() -> None:
     """Apply the policy to the environment. Called by ``import candle_nn`` before MLX loads."""
-    wanted = os.environ.get(ENV_VAR, "exact").strip().lower()
+    wanted = config.get(ENV_VAR).lower()
     if wanted not in ("exact", "tf32"):
         raise ValueError(f"{ENV_VAR}={wanted!r}: expected 'exact' or 'tf32'")
     os.environ.setdefault(MLX_ENV_VAR, "1" if wanted == "tf32" else "0")

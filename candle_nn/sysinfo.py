@@ -24,10 +24,14 @@ class Info(dict):
             f"CPU BLAS: {blas['name']} [{blas['state']}{threads}] - {blas['detail']}",
             f"CPU kernels (C++): {'loaded' if native['loaded'] else 'not loaded'}"
             f"{threads_native} - {native['detail']}; fast paths "
-            f"{'on' if self['cpu_fast'] else 'off (CANDLE_NN_CPU_FAST=0)'}; conv/Linear GEMM: "
-            f"{self['cpu_gemm']}",
+            f"{'on' if self['cpu_fast'] else 'off'}; conv/Linear GEMM: {self['cpu_gemm']}",
             f"float32 precision on GPU: {self['float32_precision']}",
+            "op implementations (op: name [backend], - off, ? cannot run here):",
         ]
+        for row in self["ops"]:
+            mark = "" if row["enabled"] and row["available"] else (
+                " -" if not row["enabled"] else " ?")
+            lines.append(f"  {row['op']}: {row['name']} [{row['backend']}]{mark}")
         return "\n".join(lines)
 
 
@@ -37,19 +41,23 @@ def info() -> Info:
     Keys: ``candle_nn``, ``mlx`` (versions), ``python``, ``platform``, ``devices`` (e.g.
     ``["cpu", "gpu:0"]``), ``default_device``, ``blas`` (``name``, ``path``, ``state``,
     ``detail``, ``threads``: see :class:`candle_nn.blas.BlasStatus`), ``cpu_native`` (the
-    compiled CPU kernels: ``loaded``, ``detail`` (why not), ``threads``; see cpu_native.py),
-    ``cpu_fast`` (whether the CPU fast paths are switched on), ``cpu_gemm`` (what the CPU convs
-    and Linear layers multiply with: ``"packed avx512"``/``"packed avx2"`` (cpu_fast's packed
-    GEMM) or ``"blas"``), ``float32_precision``
-    (``"exact"`` or ``"tf32"``).
+    compiled CPU kernels: ``loaded``, ``detail`` (why not), ``threads``; see
+    backends/cpu/kernels.py), ``cpu_fast`` (whether the CPU implementations are switched on),
+    ``cpu_gemm`` (what the CPU convs and Linear layers multiply with: ``"packed avx512"``/
+    ``"packed avx2"`` (the packed GEMM) or ``"blas"``), ``float32_precision`` (``"exact"`` or
+    ``"tf32"``), ``ops`` (every registered implementation: ``candle_nn.ops.status()``).
     """
     import mlx.core as mx
 
-    from . import __version__, cpu_fast, cpu_native
+    from . import ops
+    from .backends.cpu import kernels
     from .blas import status
     from .device import Device
     from .precision import float32_precision
+    from .version import __version__
 
+    rows = ops.status()
+    gemm = next(r for r in rows if r["op"] == "conv2d" and r["name"] == "packed_gemm")
     return Info(
         candle_nn=__version__,
         mlx=mx.__version__,
@@ -58,9 +66,10 @@ def info() -> Info:
         devices=[str(d) for d in Device.available()],
         default_device=str(Device.default()),
         blas=status().as_dict(),
-        cpu_native=cpu_native.status().as_dict(),
-        cpu_fast=cpu_fast.enabled(),
-        cpu_gemm=(f"packed {cpu_native.module().packed_gemm_isa()}"
-                  if cpu_fast.packed_gemm_applies() else "blas"),
+        cpu_native=kernels.status().as_dict(),
+        cpu_fast=ops.is_enabled("cpu"),
+        cpu_gemm=(f"packed {kernels.module().packed_gemm_isa()}"
+                  if gemm["enabled"] and gemm["available"] else "blas"),
         float32_precision=float32_precision(),
+        ops=rows,
     )

@@ -22,6 +22,7 @@ import mlx.core as mx
 from .checkpoint import write_safetensors
 from .errors import ShapeMismatchError, WeightsFileError
 from .init import Init, variable_key
+from .safetensors_io import open_safetensors, read_tensor
 
 
 class VarMap:
@@ -83,7 +84,6 @@ class VarMap:
 
     def load(self, path: str | os.PathLike) -> None:
         """Replace/add variables with the tensors of a safetensors file (shapes must agree)."""
-        from .var_builder import open_safetensors, read_tensor
 
         path = os.fspath(path)
         handle = open_safetensors(path)

@@ -65,12 +65,7 @@ class Dfl(cn.Module):
 
     def forward(self, x: mx.array) -> mx.array:
         n, a, _ = x.shape
-        if cn.cuda_kernels.on_cuda("dfl", x.dtype):  # softmax and projection fused (one pass)
-            return cn.cuda_kernels.dfl_decode(x.reshape(n, a, 4, self.bins),
-                                              self.conv.weight.reshape(self.bins))
-        # (N, A, 4, bins) is an NHWC "image" of A×4 pixels: the 1×1 conv contracts the bins.
-        probs = cn.softmax(x.reshape(n, a, 4, self.bins), axis=-1)
-        return self.conv(probs).reshape(n, a, 4)
+        return cn.ops.dfl_decode(x.reshape(n, a, 4, self.bins), self.conv.weight)
 
 
 class DetectionHead(cn.Module):

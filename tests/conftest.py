@@ -18,7 +18,7 @@ import candle_nn as cn
 from candle_nn import device as cn_device
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = Path(os.environ.get("CANDLE_NN_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+FIXTURES = cn.config.fixtures_dir(ROOT.parent / "shared" / "fixtures")
 
 
 def fixture_dir(name: str) -> Path:
@@ -47,7 +47,7 @@ def rel_err(candidate, reference) -> float:
     return float(np.abs(candidate - reference).max() / np.abs(reference).max())
 
 
-PARITY_REPORT = os.environ.get("CANDLE_NN_PARITY_REPORT")
+PARITY_REPORT = cn.config.get("CANDLE_NN_PARITY_REPORT") or None
 
 
 def assert_matches(meta: dict, key: str, candidate, reference) -> float:
@@ -125,3 +125,14 @@ def one_error_line(capsys, *fragments: str, quiet_stdout: bool = False) -> str:
     captured = capsys.readouterr()
     assert not (quiet_stdout and captured.out), captured.out
     return error_line(captured.err, *fragments)
+
+
+@pytest.fixture(params=["fast", "reference"])
+def op_paths(request):
+    """Run a test twice: with every registered op implementation on, and with every one off (the
+    ops' plain-MLX references), switched through the registry (``cn.ops.disabled``)."""
+    if request.param == "reference":
+        with cn.ops.disabled("cpu", "cuda"):
+            yield request.param
+    else:
+        yield request.param

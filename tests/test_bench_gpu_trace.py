@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.bench_gpu_trace import analyse
+from benchmarks.gpu_trace import analyse
 
 
 def test_busy_time_is_the_union_of_gpu_intervals_per_forward(tmp_path):
@@ -31,7 +31,7 @@ def test_busy_time_is_the_union_of_gpu_intervals_per_forward(tmp_path):
 def test_host_time_stops_the_clock_before_waiting_for_the_gpu():
     import time
 
-    from benchmarks.bench_gpu_trace import host_ms
+    from benchmarks.gpu_trace import host_ms
 
     waited = []
 
@@ -69,8 +69,8 @@ def test_report_turns_a_traced_bench_run_into_profile_rows_and_a_table():
     assert "| 25% |" in table[3]  # idle = 1 - 3.0 / 4.0
 
 
-def test_torch_peer_traces_host_time_when_asked(monkeypatch):
-    """CANDLE_NN_BENCH_TRACE=1: the row carries the trace, with the host time, at both batches
+def test_torch_peer_traces_host_time_when_asked():
+    """--trace: the row carries the trace, with the host time, at both batches
     (a tiny PyTorch model on the CPU: the code path the GPU run takes, without a GPU)."""
     import torch
 
@@ -78,10 +78,9 @@ def test_torch_peer_traces_host_time_when_asked(monkeypatch):
     from benchmarks.bench_models import BenchModel
     from benchmarks.bench_timing import Options
 
-    monkeypatch.setenv("CANDLE_NN_BENCH_TRACE", "1")
     tiny = BenchModel("tiny", (8, 8), 2, None, lambda vb: None,
                       lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()))
-    row = bench_peers.run_torch(tiny, "cpu", "float32", Options.quick())
+    row = bench_peers.run_torch(tiny, "cpu", "float32", Options.quick(trace=True))
     assert row["status"] == "ok", row
     for key in ("bs1", "batch"):
         assert row["trace"][key]["host_ms"] > 0 and "busy_ms" in row["trace"][key], row["trace"]

@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import candle_nn as cn
-from candle_nn import var_builder
+from candle_nn import safetensors_io, var_builder
 from conftest import rel_err
 
 
@@ -400,12 +400,12 @@ def test_bfloat16_file_header_is_parsed_once(tmp_path):
     tensors = {f"blocks.{i}.weight": mx.random.normal((3, 2), key=mx.random.key(i)).astype(
         mx.bfloat16) for i in range(50)}
     mx.save_safetensors(str(path), tensors)
-    var_builder._header.cache_clear()
+    safetensors_io._header.cache_clear()
     vb = cn.VarBuilder.from_safetensors(path, dtype="bf16", device="cpu")
     for name, value in tensors.items():
         got = vb.get((3, 2), name)
         assert got.dtype == mx.bfloat16 and mx.array_equal(got, value).item(), name
-    assert var_builder._header.cache_info().misses == 1
+    assert safetensors_io._header.cache_info().misses == 1
     # a rewritten file is parsed again, not served from the stale cache
     tensors = {"blocks.0.weight": mx.ones((3, 2), mx.bfloat16), "x": mx.zeros((4,), mx.bfloat16)}
     mx.save_safetensors(str(path), tensors)

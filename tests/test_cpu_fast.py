@@ -1,4 +1,5 @@
-"""candle_nn.cpu_fast: every CPU fast path equals the plain MLX op it replaces (stated tolerance),
+"""The pure-MLX CPU implementations (backends/cpu/): each equals the plain MLX op it replaces
+(stated tolerance),
 one switch turns them all off, and they are never taken off the CPU."""
 
 from __future__ import annotations
@@ -14,24 +15,25 @@ import pytest
 from conftest import ROOT
 
 import candle_nn as cn
-from candle_nn import cpu_fast
+from candle_nn.backends.cpu.depthwise import shifted
+from candle_nn.backends.cpu.kernels import float32_cpu
+from candle_nn.backends.cpu.silu_poly import silu_f32
 
 
 @pytest.fixture
 def fast_off():
-    """Run a block with the fast paths off, restoring the switch afterwards."""
-    before = cpu_fast.enabled()
-    cpu_fast.set_enabled(False)
-    yield
-    cpu_fast.set_enabled(before)
+    """Run a block with the CPU implementations off (the registry's switch)."""
+    with cn.ops.disabled("cpu"):
+        yield
 
 
 def test_the_environment_switch_turns_every_path_off() -> None:
     # The CPU is made the default device in the child: on a GPU machine it would not be.
-    code = ("import candle_nn.cpu_fast as f, mlx.core as mx; mx.set_default_device(mx.cpu); "
-            "print(f.enabled(), f.applies(), f.applies(mx.float32))")
+    code = ("import candle_nn as cn; "
+            "print(*(r['enabled'] for r in cn.ops.status() if r['backend'] == 'cpu'))")
     env = {k: v for k, v in os.environ.items() if k != "CANDLE_NN_CPU_FAST"}
-    for value, expected in (("0", "False False False"), ("1", "True True True")):
+    rows = sum(r["backend"] == "cpu" for r in cn.ops.status())
+    for value, expected in (("0", "False " * rows), ("1", "True " * rows)):
         done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                               text=True, timeout=120, env={**env, "CANDLE_NN_CPU_FAST": value})
         assert done.returncode == 0, done.stderr
@@ -41,14 +43,13 @@ def test_the_environment_switch_turns_every_path_off() -> None:
 def test_paths_apply_only_to_float32_on_the_cpu(device) -> None:
     with mx.stream(device.stream):
         on_cpu = device.kind == "cpu"
-        assert cpu_fast.applies() is on_cpu
-        assert cpu_fast.applies(mx.float32) is on_cpu
-        assert cpu_fast.applies(mx.float16) is False
+        assert float32_cpu(mx.float32) is on_cpu
+        assert float32_cpu(mx.float16) is False
 
 
 def test_switch_off_gives_the_plain_ops(fast_off) -> None:
     with mx.stream(mx.cpu):
-        assert not cpu_fast.applies()
+        assert not cn.ops.is_enabled("cpu")
         x = mx.array(np.linspace(-20, 20, 1001, dtype=np.float32))
         assert mx.array_equal(cn.silu(x), x * mx.sigmoid(x)).item()
         plain_gelu = x * (1.0 + mx.erf(x / math.sqrt(2.0))) * 0.5  # the same switch for GELU
@@ -60,7 +61,7 @@ def test_silu_matches_the_plain_op() -> None:
     test_core_ops' sweep)."""
     with mx.stream(mx.cpu):
         x = mx.array(np.random.default_rng(0).normal(0, 6, (3, 17, 19, 8)).astype(np.float32))
-        fast, plain = np.array(cpu_fast.silu_f32(x)), np.array(x * mx.sigmoid(x))
+        fast, plain = np.array(silu_f32(x)), np.array(x * mx.sigmoid(x))
     assert np.allclose(fast, plain, rtol=1e-6, atol=1e-7)
 
 
@@ -76,20 +77,20 @@ def test_depthwise_matches_mlx_grouped_conv(kernel, stride, padding, hw) -> None
     x = mx.array(rng.standard_normal((2, *hw, c), dtype=np.float32))
     w = mx.array(rng.standard_normal((c, *kernel, 1), dtype=np.float32))
     with mx.stream(mx.cpu):
-        fast = np.array(cpu_fast.depthwise_conv2d(*kernel, stride, padding)(x, w))
+        fast = np.array(shifted(*kernel, stride, padding)(x, w))
         plain = np.array(mx.conv2d(x, w, stride=stride, padding=padding, groups=c))
     assert fast.shape == plain.shape
     assert np.abs(fast - plain).max() <= 1e-5 * np.abs(plain).max()
 
 
-def test_conv2d_takes_the_depthwise_path_only_when_on(fast_off) -> None:
+def test_conv2d_takes_the_depthwise_path_only_when_on() -> None:
     """The module gives the same values with the switch off (plain MLX grouped conv)."""
     rng = np.random.default_rng(1)
     vb = cn.VarBuilder.from_tensors({"weight": rng.standard_normal((8, 1, 3, 3), dtype=np.float32)},
                                     device=cn.Device.cpu())
     conv = cn.Conv2d.load(vb, 8, 8, 3, cn.Conv2dConfig(padding=1, groups=8), bias=False)
     x = mx.array(rng.standard_normal((1, 7, 7, 8), dtype=np.float32))
-    plain = np.array(conv(x))
-    cpu_fast.set_enabled(True)
+    with cn.ops.disabled("cpu"):
+        plain = np.array(conv(x))
     fast = np.array(conv(x))
     assert np.abs(fast - plain).max() <= 1e-5 * np.abs(plain).max()

@@ -1,4 +1,4 @@
-"""The CPU fast exact-erf GELU (candle_nn/cpu_fast_gelu.py) against float64 ``erf``/GELU (PyTorch)
+"""The CPU fast exact-erf GELU (backends/cpu/gelu_poly.py) against float64 ``erf``/GELU (PyTorch)
 and the plain MLX op; and the switch that turns it off."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import candle_nn as cn
-from candle_nn import cpu_fast, cpu_fast_gelu
+from candle_nn.backends.cpu import gelu_poly as cpu_fast_gelu
 
 ERF_RTOL = 1e-6  # the accuracy kept from exact erf (a rational approximation failed this)
 
@@ -56,14 +56,13 @@ def test_gelu_matches_float64_gelu():
         (err.max(), x[err.argmax()])
 
 
-def test_gelu_uses_fast_path_only_for_float32_on_cpu(monkeypatch):
-    calls = []
-    monkeypatch.setattr(cpu_fast, "gelu", lambda x: calls.append(x.dtype) or x)
+def test_gelu_uses_fast_path_only_for_float32_on_cpu():
+    impls = [i for i in cn.ops.implementations() if i.op == "gelu"]
+    assert {i.name for i in impls} == {"gelu", "gelu_poly"}
     x = mx.array(np.linspace(-3, 3, 11, dtype=np.float32))
     with mx.stream(mx.cpu):
-        cn.gelu(x)
-        cn.gelu(x.astype(mx.float16))
-    assert calls == [mx.float32]
+        assert all(i.applies(x) for i in impls)
+        assert not any(i.applies(x.astype(mx.float16)) for i in impls)
 
 
 @pytest.mark.parametrize("shape", [(7,), (2, 33, 17, 64), (3, 1, 5)])
@@ -71,10 +70,7 @@ def test_gelu_switch_and_plain_op_agree(shape):
     x = mx.array(np.random.default_rng(0).standard_normal(shape, dtype=np.float32) * 3)
     with mx.stream(mx.cpu):
         fast = np.array(cn.gelu(x))
-        cpu_fast_gelu.set_enabled(False)
-        try:
+        with cn.ops.disabled("gelu"):
             plain = np.array(cn.gelu(x))
-        finally:
-            cpu_fast_gelu.set_enabled(True)
     assert fast.shape == plain.shape == shape
     np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-6)

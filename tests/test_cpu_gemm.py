@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import candle_nn as cn
-from candle_nn import cpu_fast, cpu_native
+from candle_nn.backends.cpu import kernels as cpu_native, packed_gemm, weight_cache
 
 KERNELS = cpu_native.module()
 PACKED = KERNELS is not None and KERNELS.packed_gemm_available()
@@ -163,14 +163,11 @@ def test_linear_against_float64(isa, packed: bool, activation: str | None) -> No
                                                       device=cn.Device.cpu()), 333, 70)
     ref = _act64(x.astype(np.float64) @ w.T.astype(np.float64) + b,
                  {None: 0, "silu": 2, "gelu": 3}[activation])
-    cpu_fast.set_packed_gemm(packed)
-    try:
-        with mx.stream(mx.cpu):
-            assert (cpu_fast.linear(mx.array(x), layer.weight, layer.bias, activation)
-                    is not None) is (packed and PACKED)
-            ours = np.array(layer(mx.array(x), activation=activation))
-    finally:
-        cpu_fast.set_packed_gemm(True)
+    with cn.ops.disabled(*(() if packed else ("packed_gemm",))), mx.stream(mx.cpu):
+        row = next(r for r in cn.ops.status() if r["op"] == "linear"
+                   and r["name"] == "packed_gemm")
+        assert (row["enabled"] and row["available"]) is (packed and PACKED)
+        ours = np.array(layer(mx.array(x), activation=activation))
     assert ours.shape == ref.shape
     assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max()
 
@@ -180,13 +177,14 @@ def test_packing_is_cached_per_weight_array() -> None:
     """The same array object is packed once; a new array (a new weight) is packed again."""
     w = mx.array(np.ones((20, 9), np.float32))
     with mx.stream(mx.cpu):
-        first = cpu_fast.packed_weight(w)
-        assert cpu_fast.packed_weight(w) is first
+        first = packed_gemm.packed_weight(w)
+        assert packed_gemm.packed_weight(w) is first
+        cached = weight_cache.size("packed_gemm")
         w2 = w * 2.0
-        assert float(cpu_fast.packed_weight(w2)[0]) == 2.0
-    key = id(w2)
+        assert float(packed_gemm.packed_weight(w2)[0]) == 2.0
+        assert weight_cache.size("packed_gemm") == cached + 1
     del w2
-    assert key not in cpu_fast._packed
+    assert weight_cache.size("packed_gemm") == cached
 
 
 def test_linear_gradients_match_the_plain_ops() -> None:
@@ -204,11 +202,8 @@ def test_linear_gradients_match_the_plain_ops() -> None:
 
     with mx.stream(mx.cpu):
         ours = mx.grad(loss, argnums=(0, 1))(w, x)
-        cpu_fast.set_enabled(False)
-        try:
+        with cn.ops.disabled("cpu"):
             plain = mx.grad(loss, argnums=(0, 1))(w, x)
-        finally:
-            cpu_fast.set_enabled(True)
     for a, p in zip(ours, plain):
         a, p = np.array(a), np.array(p)
         assert np.abs(a - p).max() <= 1e-4 * np.abs(p).max()
@@ -218,7 +213,7 @@ def test_the_best_micro_kernel_is_the_default() -> None:
     """AVX-512F where the CPU has it, else AVX2 + FMA, else none (and the layers use BLAS)."""
     if not PACKED:
         assert KERNELS is None or KERNELS.packed_gemm_isa() == "none"
-        assert not cpu_fast.packed_gemm_applies()
+        assert not packed_gemm.available()
         return
     assert KERNELS.packed_gemm_isa() == ISAS[0]
     assert not KERNELS.set_packed_gemm_isa("sse2")
@@ -229,11 +224,8 @@ def test_info_names_the_conv_gemm() -> None:
     switch."""
     expect = f"packed {KERNELS.packed_gemm_isa()}" if PACKED else "blas"
     assert cn.info()["cpu_gemm"] == expect
-    cpu_fast.set_packed_gemm(False)
-    try:
+    with cn.ops.disabled("packed_gemm"):
         assert cn.info()["cpu_gemm"] == "blas"
-    finally:
-        cpu_fast.set_packed_gemm(True)
 
 
 @pytest.mark.parametrize("shape", [(0, 6), (6,), (2, 0, 6)])

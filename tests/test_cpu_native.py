@@ -1,4 +1,4 @@
-"""The compiled CPU kernels (candle_nn._cpu_kernels, cpu_native.py) AND the pure-MLX paths that
+"""The compiled CPU kernels (candle_nn._cpu_kernels, backends/cpu/) AND the pure-MLX paths that
 stand in for them, each against float64 references; the layers' fused epilogue against the plain
 ops on every device; and whether the kernels are loaded where they must be.
 
@@ -28,7 +28,7 @@ from conftest import ROOT
 from scipy.special import erf as erf64
 
 import candle_nn as cn
-from candle_nn import cpu_fast, cpu_native
+from candle_nn.backends.cpu import kernels as cpu_native
 
 NATIVE = cpu_native.module() is not None
 ACTS = ["identity", "relu", "silu", "gelu"]
@@ -49,7 +49,7 @@ def _installed_from_this_checkout() -> bool:
 
 
 def test_kernels_are_loaded_when_installed() -> None:
-    required = os.environ.get("CANDLE_NN_REQUIRE_NATIVE")
+    required = cn.config.get("CANDLE_NN_REQUIRE_NATIVE") or None
     status = cpu_native.status()
     # Installed, the build ran, so the kernels must load - unless MLX was swapped for another
     # build after it (the README's CUDA set-up): then they are refused, and status says so.
@@ -69,12 +69,15 @@ def test_kernels_are_loaded_when_installed() -> None:
 
 
 @pytest.fixture(params=["native", "fallback"] if NATIVE else ["fallback"])
-def path(request, monkeypatch):
-    """Run a test through the compiled kernels (where built) and through the pure-MLX fallback."""
+def path(request):
+    """Run a test through the compiled kernels (where built) and through the pure-MLX fallback
+    (every CPU implementation but the pure-MLX ones switched off)."""
+    assert cn.ops.is_enabled("cpu")
     if request.param == "fallback":
-        monkeypatch.setattr(cpu_native, "_module", None)
-    assert cpu_fast.enabled()
-    return request.param
+        with cn.ops.only("silu_poly", "gelu_poly", "depthwise_shifted", backend="cpu"):
+            yield request.param
+    else:
+        yield request.param
 
 
 def _reference(v: np.ndarray, act: str) -> np.ndarray:
@@ -255,11 +258,8 @@ def test_multi_head_attention_gradients_match_the_plain_ops(path) -> None:
 
     with mx.stream(mx.cpu):
         ours = np.array(mx.grad(loss)(q))
-        cpu_fast.set_enabled(False)
-        try:
+        with cn.ops.disabled("cpu"):
             plain = np.array(mx.grad(loss)(q))
-        finally:
-            cpu_fast.set_enabled(True)
     assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
 
 
@@ -274,18 +274,15 @@ def test_packed_qkv_attention_gradients_match_the_plain_ops(path) -> None:
 
     with mx.stream(mx.cpu):
         ours = np.array(mx.grad(loss)(qkv))
-        cpu_fast.set_enabled(False)
-        try:
+        with cn.ops.disabled("cpu"):
             plain = np.array(mx.grad(loss)(qkv))
-        finally:
-            cpu_fast.set_enabled(True)
     assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
 
 
 def test_kernels_give_the_same_bits_on_one_and_two_threads() -> None:
     """Each element is computed alone, so the thread split cannot change a result."""
     if not NATIVE:
-        assert cpu_fast.softmax_last(mx.zeros((2, 3))) is None  # the fallback is taken
+        assert not any(r["available"] for r in cn.ops.status() if r["name"] == "softmax")
         return
     kernels = cpu_native.module()
     rng = np.random.default_rng(5)
@@ -296,13 +293,13 @@ def test_kernels_give_the_same_bits_on_one_and_two_threads() -> None:
         for threads in (1, 2, 3):
             kernels.set_num_threads(threads)
             with mx.stream(mx.cpu):
-                results.append([np.array(kernels.bias_act(x, b, x, 2, 1)),
+                results.append([np.array(kernels.bias_act(x, b, x, kernels.Act.silu,
+                                                                 kernels.Residual.before_act)),
                                 np.array(kernels.softmax_last(x)),
                                 np.array(kernels.attention_packed(x[:, :49, 0, :36], None, 2,
                                                                   0.3))])
     finally:
-        cpu_native._threads = None
-        cpu_native.sync_threads()
+        cpu_native.sync_threads(force=True)
     for other in results[1:]:
         for a, b_ in zip(results[0], other):
             np.testing.assert_array_equal(a, b_)
@@ -419,120 +416,28 @@ def test_linear_residual_equals_the_plain_ops(device, act) -> None:
         np.testing.assert_array_equal(fused, plain)
 
 
-def test_switch_off_takes_no_kernel(monkeypatch) -> None:
-    """``CANDLE_NN_CPU_FAST=0`` (set_enabled(False)) turns the compiled kernels off too."""
-    calls = []
-    if NATIVE:
-        real = cpu_native.module()
-
-        class Spy:
-            def __getattr__(self, name):
-                if name != "set_num_threads":
-                    calls.append(name)
-                return getattr(real, name)
-
-        monkeypatch.setattr(cpu_native, "_module", Spy())
+def test_switch_off_takes_no_kernel() -> None:
+    """``CANDLE_NN_CPU_FAST=0`` (``cn.ops.disable("cpu")``) turns the compiled kernels off too:
+    every CPU implementation reports off, and the results are the references' bits."""
     x = mx.array(np.linspace(-4, 4, 64, dtype=np.float32).reshape(8, 8))
-    cpu_fast.set_enabled(False)
-    try:
-        with mx.stream(mx.cpu):
-            plain = [cn.gelu(x), cn.silu(x), cn.softmax(x), cn.activation.bias_act(x, x[0], "relu")]
-            mx.eval(plain)
-    finally:
-        cpu_fast.set_enabled(True)
-    assert calls == []
+    ops = cn.ops.ops()
+    with cn.ops.disabled("cpu"), mx.stream(mx.cpu):
+        assert not any(r["enabled"] for r in cn.ops.status() if r["backend"] == "cpu")
+        for ours, ref in ((cn.gelu(x), ops["gelu"].reference(x)),
+                          (cn.silu(x), ops["silu"].reference(x)),
+                          (cn.softmax(x), ops["softmax"].reference(x)),
+                          (cn.ops.bias_act(x, x[0], "relu"),
+                           ops["bias_act"].reference(x, x[0], "relu"))):
+            assert mx.array_equal(ours, ref).item()
     with mx.stream(mx.cpu):
         mx.eval(cn.gelu(x), cn.softmax(x))
-    assert calls == (["bias_act", "softmax_last"] if NATIVE else [])
-
-
-def _conv64(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
-    """float64 NHWC conv (groups 1) by explicit patches: the reference for both paths."""
-    x = np.pad(x.astype(np.float64), [(0, 0), (pad, pad), (pad, pad), (0, 0)])
-    o, kh, kw, _ = w.shape
-    oh, ow = (x.shape[1] - kh) // stride + 1, (x.shape[2] - kw) // stride + 1
-    out = np.zeros((x.shape[0], oh, ow, o))
-    for i in range(kh):
-        for j in range(kw):
-            patch = x[:, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
-            out += patch @ w[:, i, j, :].astype(np.float64).T
-    return out
-
-
-@pytest.mark.parametrize("kernel,stride,pad,c,o,hw", [
-    (3, 1, 1, 16, 24, (13, 11)), (3, 2, 1, 3, 16, (17, 15)), (1, 1, 0, 32, 8, (7, 9)),
-    (7, 2, 3, 3, 8, (20, 20)), (1, 2, 0, 8, 8, (9, 9)), (3, 1, 0, 5, 4, (6, 6)),
-])
-@pytest.mark.parametrize("act", ["silu", "relu"])
-def test_conv2d_against_float64(path, kernel, stride, pad, c, o, hw, act) -> None:
-    """``Conv2d(x, activation=, residual=)`` (the compiled im2col + sgemm + epilogue, or MLX's
-    conv and the fallback epilogue) vs a float64 conv: within 1e-5 of the output's max."""
-    rng = np.random.default_rng(kernel * 100 + c)
-    w = rng.standard_normal((o, c, kernel, kernel), dtype=np.float32) * 0.5
-    bias = rng.standard_normal(o, dtype=np.float32)
-    vb = cn.VarBuilder.from_tensors({"weight": w, "bias": bias}, device=cn.Device.cpu())
-    conv = cn.Conv2d.load(vb, c, o, kernel, cn.Conv2dConfig(padding=pad, stride=stride))
-    x = rng.standard_normal((2, *hw, c), dtype=np.float32)
-    v = _conv64(x, w.transpose(0, 2, 3, 1), stride, pad) + bias
-    residual = rng.standard_normal(v.shape, dtype=np.float32)
-    ours = np.array(conv(mx.array(x), activation=act, residual=mx.array(residual)))
-    ref = _reference(v + residual, act)
-    assert ours.shape == ref.shape
-    assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
-
-
-def _depthwise64(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], pad: tuple[int, int],
-                 dilation: tuple[int, int]) -> np.ndarray:
-    """float64 NHWC depthwise conv, ``w`` ``(C, kH, kW)``, by shifted multiply-adds."""
-    (sh, sw), (ph, pw), (dh, dw) = stride, pad, dilation
-    x = np.pad(x.astype(np.float64), [(0, 0), (ph, ph), (pw, pw), (0, 0)])
-    _, kh, kw = w.shape
-    oh, ow = (x.shape[1] - dh * (kh - 1) - 1) // sh + 1, (x.shape[2] - dw * (kw - 1) - 1) // sw + 1
-    out = np.zeros((x.shape[0], oh, ow, x.shape[3]))
-    for i in range(kh):
-        for j in range(kw):
-            out += x[:, i * dh:i * dh + sh * (oh - 1) + 1:sh,
-                     j * dw:j * dw + sw * (ow - 1) + 1:sw] * w[:, i, j].astype(np.float64)
-    return out
-
-
-@pytest.mark.parametrize("kernel,stride,pad,dilation,c,hw", [
-    ((3, 3), (1, 1), (1, 1), (1, 1), 256, (9, 8)),  # TinyViT's MBConv / local conv
-    ((3, 3), (2, 2), (1, 1), (1, 1), 160, (11, 10)),  # TinyViT's patch merging
-    ((3, 3), (1, 1), (1, 1), (1, 1), 37, (5, 7)),  # channels past the last multiple of 8
-    ((5, 3), (2, 1), (2, 0), (1, 2), 20, (9, 11)),
-    ((3, 3), (1, 1), (2, 2), (2, 2), 8, (6, 6)),
-])
-@pytest.mark.parametrize("act,mode", [(None, "none"), ("gelu", "none"), ("relu", "before"),
-                                      ("silu", "after")])
-def test_depthwise_conv2d_against_float64(path, kernel, stride, pad, dilation, c, hw, act,
-                                          mode) -> None:
-    """A depthwise ``Conv2d`` (groups = channels) with ``activation=``/``residual=`` (the compiled
-    kernel, or the pure-MLX path and MLX's grouped conv) vs float64: within 1e-5 of the max."""
-    rng = np.random.default_rng(c + sum(kernel) + len(mode))
-    w = rng.standard_normal((c, 1, *kernel), dtype=np.float32) * 0.5
-    bias = rng.standard_normal(c, dtype=np.float32)
-    vb = cn.VarBuilder.from_tensors({"weight": w, "bias": bias}, device=cn.Device.cpu())
-    conv = cn.Conv2d.load(vb, c, c, kernel, cn.Conv2dConfig(padding=pad, stride=stride,
-                                                           dilation=dilation, groups=c))
-    x = rng.standard_normal((2, *hw, c), dtype=np.float32)
-    v = _depthwise64(x, w[:, 0], stride, pad, dilation) + bias
-    residual = rng.standard_normal(v.shape, dtype=np.float32)
-    ours = np.array(conv(mx.array(x), activation=act,
-                         residual=None if mode == "none" else mx.array(residual),
-                         residual_after_activation=mode == "after"))
-    ref = _reference(v + residual if mode == "before" else v, act or "identity")
-    ref = ref + residual if mode == "after" else ref
-    assert ours.shape == ref.shape
-    assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
 
 
 def test_depthwise_kernel_gives_the_same_bits_on_one_and_two_threads() -> None:
     """Each output pixel is computed by one thread in a fixed order: no split changes a bit."""
     if not NATIVE:
-        x = mx.zeros((1, 4, 4, 8))
-        assert cpu_fast.depthwise_conv2d_fused(x, mx.zeros((8, 3, 3, 1)), None, (1, 1), (1, 1),
-                                               (1, 1), None) is None
+        assert not any(r["available"] for r in cn.ops.status()
+                       if r["name"] == "depthwise" and r["backend"] == "cpu")
         return
     kernels = cpu_native.module()
     rng = np.random.default_rng(6)
@@ -545,10 +450,10 @@ def test_depthwise_kernel_gives_the_same_bits_on_one_and_two_threads() -> None:
             kernels.set_num_threads(threads)
             with mx.stream(mx.cpu):
                 results.append(np.array(kernels.depthwise_conv2d(x, w, b, None, (1, 1), (1, 1),
-                                                                  (1, 1), 3, 0)))
+                                                                  (1, 1), kernels.Act.gelu,
+                                                                  kernels.Residual.none)))
     finally:
-        cpu_native._threads = None
-        cpu_native.sync_threads()
+        cpu_native.sync_threads(force=True)
     for other in results[1:]:
         np.testing.assert_array_equal(results[0], other)
 
@@ -569,11 +474,8 @@ def test_depthwise_gradients_match_the_plain_ops(path) -> None:
     with mx.stream(mx.cpu):
         weight = conv.weight
         ours = np.array(mx.grad(loss)(weight))
-        cpu_fast.set_enabled(False)
-        try:
+        with cn.ops.disabled("cpu"):
             plain = np.array(mx.grad(loss)(weight))
-        finally:
-            cpu_fast.set_enabled(True)
     assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
 
 
@@ -588,27 +490,27 @@ def test_convs_stay_on_mlx_without_an_optimized_sgemm() -> None:
     assert cpu_native.has_sgemm() is cn.blas.status().optimized
     x = mx.zeros((1, 5, 5, 3))
     w = mx.ones((4, 3, 3, 3))
+
+    def available() -> dict[str, bool]:
+        return {r["name"]: r["available"] for r in cn.ops.status() if r["op"] == "conv2d"}
+
     try:
         kernels.set_sgemm(0)
-        cpu_fast.set_packed_gemm(False)
-        with mx.stream(mx.cpu):
-            assert cpu_fast.conv2d(x, w, None, (2, 2), (1, 1), None) is None
-            assert cpu_fast.conv2d(x, w, None, (1, 1), (1, 1), None) is not None  # Winograd
-            with pytest.raises(RuntimeError, match="no sgemm"):
-                kernels.conv2d_fused(x, w, None, None, (1, 1), (1, 1))
+        cn.ops.refresh()
+        assert available()["im2col"] is False
+        assert available()["winograd"] is True  # Winograd has its own GEMM
+        with mx.stream(mx.cpu), pytest.raises(RuntimeError, match="no sgemm"):
+            kernels.conv2d_fused(x, w, None, None, (1, 1), (1, 1))
     finally:
-        kernels.set_sgemm(cpu_native._sgemm_address())
-        cpu_fast.set_packed_gemm(True)
-    with mx.stream(mx.cpu):
-        taken = cpu_fast.conv2d(x, w, None, (1, 1), (1, 1), None) is not None
-    assert taken is ((cn.blas.status().optimized and sys.platform == "linux")
-                     or kernels.packed_gemm_available())
+        kernels.set_sgemm(cpu_native.sgemm_address())
+        cn.ops.refresh()
+    assert available()["im2col"] is (cn.blas.status().optimized and sys.platform == "linux")
 
 
 def test_the_conv_sgemm_is_the_optimized_blas() -> None:
     """The address handed to the kernels lies in the optimized library blas.py bound to MLX (for
     OpenBLAS: a library with ``openblas_get_config``), not in MLX's bundled reference BLAS."""
-    address = cpu_native._sgemm_address()
+    address = cpu_native.sgemm_address()
     status = cn.blas.status()
     if not status.optimized or sys.platform != "linux":
         assert address == 0
@@ -646,9 +548,6 @@ def test_gradients_flow_through_the_fused_layers(path) -> None:
     with mx.stream(mx.cpu):
         weight = conv.weight
         ours = np.array(mx.grad(loss)(weight))
-        cpu_fast.set_enabled(False)
-        try:
+        with cn.ops.disabled("cpu"):
             plain = np.array(mx.grad(loss)(weight))
-        finally:
-            cpu_fast.set_enabled(True)
     assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path

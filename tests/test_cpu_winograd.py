@@ -1,4 +1,4 @@
-"""Winograd F(4x4, 3x3) for 3x3 stride-1 convs (cpu_winograd.py, csrc/winograd.cpp) against a
+"""Winograd F(4x4, 3x3) for 3x3 stride-1 convs (backends/cpu/winograd.py, csrc/winograd.cpp) against
 float64 NumPy convolution; which convs take it; the weight cache; and MLX transforms.
 
 Bound: F(4x4, 3x3) in float32 is measured at 1e-6 to 1e-5 of the output's max |value| (im2col
@@ -17,7 +17,8 @@ import pytest
 from scipy.special import erf as erf64
 
 import candle_nn as cn
-from candle_nn import cpu_fast, cpu_native, cpu_winograd
+from candle_nn.backends.cpu import kernels as cpu_native, weight_cache
+from candle_nn.backends.cpu import winograd as cpu_winograd
 
 NATIVE = cpu_native.module() is not None and cpu_native.has_sgemm()
 REL_BOUND = 2e-5
@@ -60,10 +61,10 @@ def _data(n: int, h: int, w: int, c: int, o: int, seed: int):
     (1, 30, 9, 20, 13, (2, 1)),     # padding 2, channel tails on both sides
     (3, 10, 10, 64, 56, (0, 0)),    # no padding; 32 + 16 + 8 output channels
 ])
-def test_winograd_conv_against_float64(monkeypatch, avx512, act, mode, n, h, w, c, o,
-                                       padding) -> None:
-    """``avx512="0"``: the AVX2 GEMM also where the CPU has AVX-512 (read at every call)."""
-    monkeypatch.setenv("CANDLE_NN_WINOGRAD_AVX512", avx512)
+def test_winograd_conv_against_float64(avx512, act, mode, n, h, w, c, o, padding) -> None:
+    """``avx512="0"``: the AVX2 GEMM also where the CPU has AVX-512 (``CANDLE_NN_WINOGRAD_AVX512``
+    sets the same switch at import)."""
+    cpu_native.module().set_winograd_avx512(avx512 != "0")
     x, wt, b = _data(n, h, w, c, o, seed=h * w + c)
     ref = _conv64(x, wt, padding) + b
     r = np.random.default_rng(1).standard_normal(ref.shape).astype(np.float32)
@@ -75,6 +76,7 @@ def test_winograd_conv_against_float64(monkeypatch, avx512, act, mode, n, h, w, 
             mx.array(x), mx.array(wt), u, mx.array(b), residual, padding,
             {"identity": 0, "relu": 1, "silu": 2, "gelu": 3}[act],
             {"none": 0, "before": 1, "after": 2}[mode]))
+    cpu_native.module().set_winograd_avx512(True)
     if mode == "before":
         ref = ref + r
     ref = _act64(ref, act) + (r if mode == "after" else 0)
@@ -84,12 +86,10 @@ def test_winograd_conv_against_float64(monkeypatch, avx512, act, mode, n, h, w, 
 
 
 @needs_native
-def test_conv2d_layer_takes_winograd_and_matches_mlx(monkeypatch) -> None:
-    """A 3x3 stride-1 ``Conv2d`` on the CPU goes through Winograd, equal (to the bound) to MLX's
-    own conv with every fast path off; stride 2 and 1x1 convs do not."""
-    calls = []
-    original = cpu_winograd.conv3x3
-    monkeypatch.setattr(cpu_winograd, "conv3x3", lambda *a: calls.append(a) or original(*a))
+def test_conv2d_layer_takes_winograd_and_matches_mlx() -> None:
+    """A 3x3 stride-1 ``Conv2d`` on the CPU goes through Winograd (its weights get transformed),
+    equal (to the bound) to MLX's own conv with every fast path off; stride 2 convs do not."""
+    before = weight_cache.size("winograd")
     x, wt, b = _data(2, 24, 20, 16, 32, seed=4)
     device = cn.Device.cpu()
     layer = cn.Conv2d(mx.array(wt), mx.array(b), cn.Conv2dConfig(padding=1), device=device)
@@ -97,14 +97,13 @@ def test_conv2d_layer_takes_winograd_and_matches_mlx(monkeypatch) -> None:
                         device=device)
     with layer.on_device():
         ours = np.array(layer(mx.array(x), activation="silu"))
-        assert len(calls) == 1
-        strided(mx.array(x))
-        assert len(calls) == 1
-        cpu_fast.set_enabled(False)
-        try:
+        assert weight_cache.size("winograd") == before + 1
+        strided2 = cn.Conv2d(mx.array(wt) * 2, mx.array(b), cn.Conv2dConfig(padding=1, stride=2),
+                             device=device)
+        strided(mx.array(x)), strided2(mx.array(x))
+        assert weight_cache.size("winograd") == before + 1
+        with cn.ops.disabled("cpu"):
             plain = np.array(layer(mx.array(x), activation="silu"))
-        finally:
-            cpu_fast.set_enabled(True)
     assert np.abs(ours - plain).max() <= REL_BOUND * np.abs(plain).max()
 
 
@@ -119,12 +118,11 @@ def test_conv2d_layer_takes_winograd_and_matches_mlx(monkeypatch) -> None:
     ((1, 64, 64, 8), (8, 1, 1, 8), (1, 1), (0, 0), False),    # 1x1
 ])
 def test_which_convs_take_winograd(x_shape, w_shape, stride, padding, expected) -> None:
-    assert cpu_winograd.applies(x_shape, w_shape, stride, padding) is expected
-    cpu_winograd.set_enabled(False)
-    try:
-        assert cpu_winograd.applies(x_shape, w_shape, stride, padding) is False
-    finally:
-        cpu_winograd.set_enabled(True)
+    with mx.stream(mx.cpu):
+        assert cpu_winograd.applies(mx.zeros(x_shape), mx.zeros(w_shape), None, stride,
+                                    padding) is expected
+    with cn.ops.disabled("winograd"):
+        assert not next(r for r in cn.ops.status() if r["name"] == "winograd")["enabled"]
 
 
 @needs_native
@@ -141,10 +139,10 @@ def test_weights_are_transformed_once_and_dropped_with_the_weight() -> None:
                   [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])
     u64 = np.einsum("ai,oijc,bj->abco", g, wt.astype(np.float64), g).reshape(36, 12, 10)
     np.testing.assert_allclose(u_np[:, :12, :10], u64, rtol=1e-6, atol=1e-7)
-    key = id(weight)
+    cached = weight_cache.size("winograd")
     del weight
     gc.collect()
-    assert key not in cpu_winograd._transformed
+    assert weight_cache.size("winograd") == cached - 1
 
 
 @needs_native
@@ -155,7 +153,8 @@ def test_gradients_through_a_winograd_conv_match_mlx(argnums) -> None:
     x, wt, b = _data(1, 18, 18, 8, 8, seed=9)
     with mx.stream(mx.cpu):
         def loss(xx, ww):
-            return cpu_fast.conv2d(xx, ww, mx.array(b), (1, 1), (1, 1), "silu").sum()
+            return cn.ops.conv2d(xx, ww, mx.array(b), (1, 1), (1, 1),
+                                 activation="silu").sum()
 
         def plain(xx, ww):
             y = mx.conv2d(xx, ww, padding=1) + mx.array(b)

@@ -1,4 +1,4 @@
-"""The CUDA fast paths (candle_nn/cuda_kernels.py) against float64 NumPy references, on every
+"""The CUDA fast paths (backends/cuda/kernels.py) against float64 NumPy references, on every
 device: on a CUDA GPU the layers run the hand-written kernels, elsewhere MLX's own ops, and both
 must meet the same reference. ``CANDLE_NN_CUDA_KERNELS`` switches the kernels off (or keeps
 some)."""
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import candle_nn as cn
-from candle_nn import cuda_kernels
+from candle_nn import config
+from candle_nn.backends.cuda import kernels as cuda_kernels
 from candle_nn_models.yolo_v8_head import Dfl
 
 DTYPES = [(mx.float32, 1e-5), (mx.float16, 5e-3)]
@@ -88,12 +89,16 @@ def test_kernels_follow_the_switch_and_the_device(monkeypatch):
         with mx.stream(device.stream):
             assert not cuda_kernels.on_cuda("depthwise", mx.float16)
             assert cuda_kernels.on_cuda("max_pool", mx.float16) == cuda_kernels._cuda_backend()
-    monkeypatch.setenv("CANDLE_NN_CUDA_KERNELS", "0")
-    for device in cn.Device.available():
-        with mx.stream(device.stream):
-            assert not cuda_kernels.on_cuda("dfl")
+    with cn.ops.disabled("cuda"):
+        assert not any(r["enabled"] for r in cn.ops.status() if r["backend"] == "cuda")
+    assert all(r["enabled"] for r in cn.ops.status() if r["backend"] == "cuda")
     monkeypatch.setenv("CANDLE_NN_CUDA_KERNELS", "dfl,max_pool")
-    for device in gpu:
-        with mx.stream(device.stream):
-            assert cuda_kernels.on_cuda("dfl", mx.float16) == cuda_kernels._cuda_backend()
-            assert not cuda_kernels.on_cuda("depthwise", mx.float32)
+    config.reload()
+    try:
+        assert config.cuda_kernels() == ("named", frozenset({"dfl", "max_pool"}))
+        for device in gpu:
+            with mx.stream(device.stream):
+                assert cuda_kernels.on_cuda("dfl", mx.float16) == cuda_kernels._cuda_backend()
+    finally:
+        monkeypatch.delenv("CANDLE_NN_CUDA_KERNELS")
+        config.reload()

@@ -80,3 +80,31 @@ def test_no_unresolved_merge_conflict_markers_in_tracked_text() -> None:
         text = path.read_text(errors="replace")
         found += [f"{name}: {m.group(0)!r}" for m in marker.finditer(text)]
     assert not found, "unresolved merge conflict markers: " + "; ".join(found)
+
+
+def test_the_results_tables_are_generated_from_the_results_files() -> None:
+    """Each results table in the README is ``bench_report.markdown`` of a JSON run in
+    benchmarks/results/ (regenerate: ``python -m benchmarks --report FILE --markdown OUT``), and
+    each file names its machine and command."""
+    from benchmarks import bench_report
+
+    for name in ("cpu.json", "h100.json"):
+        path = ROOT / "benchmarks" / "results" / name
+        report = bench_report.read_saved_run(str(path))
+        assert report["meta"]["command"].startswith("python -m benchmarks ")
+        assert report["meta"]["machine"]
+        assert bench_report.markdown(report) in README, name
+
+
+def test_no_history_in_the_readme_and_docs() -> None:
+    """History lives in commits: no commit hashes, dates, times, load averages or "tried and
+    reverted" notes in the README or docs/."""
+    texts = {"README.md": README}
+    texts.update({str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "docs").glob("*.md")})
+    patterns = [r"(?<![-\w./])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![-\w])",
+                r"\b20\d\d-\d\d-\d\d\b", r"\bUTC\b", r"load average", r"\bZen \d", r"reverted",
+                r"\bcommit [0-9a-f]{7}"]
+    found = [f"{name}: {m.group(0)!r}" for name, text in texts.items() for pattern in patterns
+             for m in re.finditer(pattern, text)]
+    assert found == [], found
+    assert len(README.splitlines()) <= 310

@@ -14,7 +14,6 @@ one line per comparison.
 
 from __future__ import annotations
 
-import os
 
 import mlx.core as mx
 import numpy as np
@@ -97,7 +96,7 @@ def compare_records(ours: list[dict], ref: list[dict], label: str) -> dict:
         assert ma.shape == mb.shape and ma.sum() == a["area"], where
         union = (ma | mb).sum()
         worst["mask_iou"] = min(worst["mask_iou"], (ma & mb).sum() / union if union else 1.0)
-    report = os.environ.get("CANDLE_NN_PARITY_REPORT")
+    report = cn.config.get("CANDLE_NN_PARITY_REPORT")
     if report:
         with open(report, "a") as fh:
             fh.write(f"{label}\t" + "\t".join(f"{k}={v:.3g}" for k, v in worst.items()) + "\n")

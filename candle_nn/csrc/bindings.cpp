@@ -10,37 +10,45 @@
 namespace nb = nanobind;
 namespace mx = mlx::core;
 using namespace nb::literals;
+using candle_nn::Act;
+using candle_nn::Residual;
 
 NB_MODULE(_cpu_kernels, m) {
   m.doc() = "candle_nn's fused, multithreaded float32 CPU kernels (MLX primitives).";
+  nb::enum_<Act>(m, "Act", "The activation of a fused epilogue.")
+      .value("identity", Act::Identity)
+      .value("relu", Act::Relu)
+      .value("silu", Act::Silu)
+      .value("gelu", Act::Gelu, "exact (erf) GELU");
+  nb::enum_<Residual>(m, "Residual", "Where a fused epilogue adds the residual.")
+      .value("none", Residual::None)
+      .value("before_act", Residual::BeforeAct, "act(y + bias + residual)")
+      .value("after_act", Residual::AfterAct, "act(y + bias) + residual");
+  m.def(
+      "is_tracer", [](const mx::array& a) { return a.is_tracer(); }, "a"_a,
+      "Whether a is a tracer (an input of mx.grad / mx.vmap / mx.compile's trace).");
+  m.def("set_winograd_avx512", [](bool on) { candle_nn::set_winograd_avx512(on); }, "on"_a,
+        "Allow (default) or forbid winograd_conv3x3's AVX-512 GEMM where the CPU has it.");
   m.def(
       "bias_act",
       [](const mx::array& x, std::optional<mx::array> bias, std::optional<mx::array> residual,
-         int act, int residual_mode) {
-        if (act < 0 || act > 3) throw std::invalid_argument("act must be 0..3");
-        if (residual_mode < 0 || residual_mode > 2)
-          throw std::invalid_argument("residual_mode must be 0..2");
-        return candle_nn::bias_act(x, bias, residual, static_cast<candle_nn::Act>(act),
-                                   static_cast<candle_nn::Residual>(residual_mode));
+         Act act, Residual residual_mode) {
+        return candle_nn::bias_act(x, bias, residual, act, residual_mode);
       },
-      "x"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "act"_a = 0,
-      "residual_mode"_a = 0,
-      "act(x + bias [+ residual]) (residual_mode 1) or act(x + bias) + residual (2); act: "
-      "0 identity, 1 ReLU, 2 SiLU, 3 exact GELU. float32, on the current CPU stream.");
+      "x"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "act"_a = Act::Identity,
+      "residual_mode"_a = Residual::None,
+      "act(x + bias [+ residual]) (Residual.before_act) or act(x + bias) + residual (after_act). "
+      "float32, on the current CPU stream.");
   m.def(
       "conv2d_fused",
       [](const mx::array& x, const mx::array& w, std::optional<mx::array> bias,
          std::optional<mx::array> residual, std::pair<int, int> stride,
-         std::pair<int, int> padding, int act, int residual_mode) {
-        if (act < 0 || act > 3) throw std::invalid_argument("act must be 0..3");
-        if (residual_mode < 0 || residual_mode > 2)
-          throw std::invalid_argument("residual_mode must be 0..2");
+         std::pair<int, int> padding, Act act, Residual residual_mode) {
         return candle_nn::conv2d_fused(x, w, bias, residual, stride, padding,
-                                       static_cast<candle_nn::Act>(act),
-                                       static_cast<candle_nn::Residual>(residual_mode));
+                                       act, residual_mode);
       },
       "x"_a, "w"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "stride"_a, "padding"_a,
-      "act"_a = 0, "residual_mode"_a = 0,
+      "act"_a = Act::Identity, "residual_mode"_a = Residual::None,
       "act(conv2d(x, w) + bias [+ residual]) for groups 1, dilation 1: x (N, H, W, C), "
       "w (O, kH, kW, C), float32; im2col + the sgemm set by set_sgemm + one epilogue pass.");
   m.def("set_sgemm", [](uintptr_t address) { candle_nn::set_sgemm(address); }, "address"_a,
@@ -55,16 +63,13 @@ NB_MODULE(_cpu_kernels, m) {
       "depthwise_conv2d",
       [](const mx::array& x, const mx::array& w, std::optional<mx::array> bias,
          std::optional<mx::array> residual, std::pair<int, int> stride,
-         std::pair<int, int> padding, std::pair<int, int> dilation, int act, int residual_mode) {
-        if (act < 0 || act > 3) throw std::invalid_argument("act must be 0..3");
-        if (residual_mode < 0 || residual_mode > 2)
-          throw std::invalid_argument("residual_mode must be 0..2");
+         std::pair<int, int> padding, std::pair<int, int> dilation, Act act,
+         Residual residual_mode) {
         return candle_nn::depthwise_conv2d(x, w, bias, residual, stride, padding, dilation,
-                                           static_cast<candle_nn::Act>(act),
-                                           static_cast<candle_nn::Residual>(residual_mode));
+                                           act, residual_mode);
       },
       "x"_a, "w"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "stride"_a, "padding"_a,
-      "dilation"_a, "act"_a = 0, "residual_mode"_a = 0,
+      "dilation"_a, "act"_a = Act::Identity, "residual_mode"_a = Residual::None,
       "act(depthwise conv2d(x, w) + bias [+ residual]): x (N, H, W, C), w (C, kH, kW, 1), "
       "float32; multithreaded direct kernel with the epilogue fused.");
   m.def(
@@ -111,16 +116,14 @@ NB_MODULE(_cpu_kernels, m) {
       "conv2d_packed",
       [](const mx::array& x, const mx::array& w_packed, std::optional<mx::array> bias,
          std::optional<mx::array> residual, std::pair<int, int> kernel, int out_channels,
-         std::pair<int, int> stride, std::pair<int, int> padding, int act, int residual_mode) {
-        if (act < 0 || act > 3) throw std::invalid_argument("act must be 0..3");
-        if (residual_mode < 0 || residual_mode > 2)
-          throw std::invalid_argument("residual_mode must be 0..2");
+         std::pair<int, int> stride, std::pair<int, int> padding, Act act,
+         Residual residual_mode) {
         return candle_nn::conv2d_packed(x, w_packed, bias, residual, kernel, out_channels, stride,
-                                        padding, static_cast<candle_nn::Act>(act),
-                                        static_cast<candle_nn::Residual>(residual_mode));
+                                        padding, act, residual_mode);
       },
       "x"_a, "w_packed"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "kernel"_a,
-      "out_channels"_a, "stride"_a, "padding"_a, "act"_a = 0, "residual_mode"_a = 0,
+      "out_channels"_a, "stride"_a, "padding"_a, "act"_a = Act::Identity,
+      "residual_mode"_a = Residual::None,
       "conv2d_fused with the weight packed by pack_gemm_weight(w.reshape(O, -1)): x (N, H, W, C) "
       "float32, kernel (kH, kW); the AVX-512/AVX2 packed GEMM with im2col blocks and the epilogue "
       "fused.");
@@ -134,16 +137,12 @@ NB_MODULE(_cpu_kernels, m) {
       "winograd_conv3x3",
       [](const mx::array& x, const mx::array& w, const mx::array& u,
          std::optional<mx::array> bias, std::optional<mx::array> residual,
-         std::pair<int, int> padding, int act, int residual_mode) {
-        if (act < 0 || act > 3) throw std::invalid_argument("act must be 0..3");
-        if (residual_mode < 0 || residual_mode > 2)
-          throw std::invalid_argument("residual_mode must be 0..2");
+         std::pair<int, int> padding, Act act, Residual residual_mode) {
         return candle_nn::winograd_conv3x3(x, w, u, bias, residual, padding,
-                                           static_cast<candle_nn::Act>(act),
-                                           static_cast<candle_nn::Residual>(residual_mode));
+                                           act, residual_mode);
       },
       "x"_a, "w"_a, "u"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "padding"_a,
-      "act"_a = 0, "residual_mode"_a = 0,
+      "act"_a = Act::Identity, "residual_mode"_a = Residual::None,
       "act(conv2d(x, w, stride 1) + bias [+ residual]) by Winograd F(4x4, 3x3): x (N, H, W, C), "
       "w (O, 3, 3, C), u = winograd_weights(w), float32; same epilogue as conv2d_fused.");
 }

@@ -8,8 +8,8 @@
 
 // x86-64: each hot loop is compiled twice (AVX2+FMA and the baseline), the loader picks the one
 // the CPU runs (GCC/Clang function multiversioning), so one build works on every x86-64 CPU. No
-// AVX-512 clone: on this Zen 5 it sped a stand-alone GELU pass up ~10 % but made the depthwise
-// kernel's per-chunk in-place GELU epilogue ~4.5x slower (256x256x256: 28 -> 123 ms, 2 threads).
+// AVX-512 clone: on an AVX-512 AMD CPU it sped a stand-alone GELU pass up ~10 % but made the
+// depthwise kernel's per-chunk in-place GELU epilogue ~4.5x slower (256x256x256, 2 threads).
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
 #define CANDLE_NN_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else

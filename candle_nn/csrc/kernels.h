@@ -212,6 +212,9 @@ namespace candle_nn {
 // mx.grad / vmap / compile as an input: it has no values yet).
 std::optional<mx::array> winograd_weights(const mx::array& w);
 
+// Allow (default) or forbid the AVX-512 GEMM of winograd_conv3x3 where the CPU has it.
+void set_winograd_avx512(bool on);
+
 // act(conv2d(x, w, stride 1, padding) + bias [+ residual]) by Winograd F(4x4, 3x3), u =
 // winograd_weights(w) (w itself is used only under MLX transforms, through conv2d_fused).
 // x (N, H, W, C) float32; output (N, H + 2 ph - 2, W + 2 pw - 2, O).

@@ -12,7 +12,8 @@ ThreadPool* g_pool = nullptr;
 std::once_flag g_once;
 
 int default_threads() {
-  for (const char* var : {"CANDLE_NN_CPU_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"}) {
+  // candle_nn's own setting arrives through set_threads (Python reads its config).
+  for (const char* var : {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"}) {
     if (const char* v = std::getenv(var)) {
       int n = std::atoi(v);
       if (n > 0) return n;

@@ -12,6 +12,7 @@
 // U[36][Cp][Op] = G g G^T is computed once per weight (winograd_weights, in float64).
 // Cp, Op: channels rounded up to 8 (zero rows/columns in U), so every transform is whole vectors.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -185,6 +186,9 @@ void batched_gemm(const float* v, const float* u, float* m, int64_t nt, const Ge
   }
 }
 
+// Whether the AVX-512 GEMM may run (set_winograd_avx512; Python sets it from its config).
+std::atomic<bool> g_winograd_avx512{true};
+
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
 // The same with AVX-512 (16-lane vectors, a 6 x 32 register tile): twice the multiply-adds per
 // instruction where the CPU has it (Zen 4/5, Xeons). CANDLE_NN_WINOGRAD_AVX512=0 turns it off.
@@ -209,8 +213,7 @@ __attribute__((target("arch=x86-64-v4"))) void batched_gemm_avx512(const float* 
 
 bool use_avx512() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
-  const char* env = std::getenv("CANDLE_NN_WINOGRAD_AVX512");
-  return has && !(env && env[0] == '0');
+  return has && g_winograd_avx512.load(std::memory_order_relaxed);
 }
 #endif
 
@@ -540,5 +543,7 @@ bool WinogradConv3x3::is_equivalent(const mx::Primitive& other) const {
   return p && p->padding_ == padding_ && p->act_ == act_ && p->mode_ == mode_ &&
          p->has_bias_ == has_bias_;
 }
+
+void set_winograd_avx512(bool on) { g_winograd_avx512.store(on, std::memory_order_relaxed); }
 
 }  // namespace candle_nn

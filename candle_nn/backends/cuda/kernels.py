@@ -1,10 +1,11 @@
-"""Hand-written CUDA kernels for the hot non-convolution parts, through ``mx.fast.cuda_kernel``.
+"""Hand-written CUDA kernels for the hot non-convolution parts, through ``mx.fast.cuda_kernel``;
+registered as the ``cuda`` implementations of their ops (``__init__.py``).
 
-This is candle_nn's one place for NVIDIA-specific fast paths. Each kernel is used only when the
-op runs on a CUDA GPU (:func:`on_cuda`); the CPU and Metal keep MLX's own ops, unchanged. Every
-kernel accumulates in float32 whatever the storage dtype, and is checked against the generic
-path in tests/test_cuda_kernels.py (on a CUDA machine; elsewhere those tests check that the
-generic path is taken).
+Each kernel is used only when the op runs on a CUDA GPU (:func:`on_cuda`); the CPU and Metal keep
+MLX's own ops, unchanged. Every kernel accumulates in float32 whatever the storage dtype, and is
+checked against the op's reference in tests/test_cuda_kernels.py (on a CUDA machine; elsewhere
+those tests check that the reference is taken). They have no VJP yet (``grad="none"`` in the
+registry: they run under ``mx.compile``; train with ``candle_nn.ops.disabled("cuda")``).
 
 Kernels:
 
@@ -17,21 +18,22 @@ Kernels:
   (MLX's strided-window reduction materialises ``kH * kW`` copies of the input first).
 
 Custom kernels have no VJP in MLX: each kernel's gradient is that of the same math in MLX ops
-(custom_vjp.py), so models using them train.
+(``candle_nn/custom_vjp.py``), so models using them train, compiled or not.
 
-``CANDLE_NN_CUDA_KERNELS=0`` switches them all off (MLX's own ops everywhere);
-``CANDLE_NN_CUDA_KERNELS=dfl,max_pool`` keeps only those named.
+``CANDLE_NN_CUDA_KERNELS=0`` (or ``candle_nn.ops.disable("cuda")``) switches them all off (MLX's
+own ops everywhere); ``CANDLE_NN_CUDA_KERNELS=dfl,max_pool`` keeps only those named, for every
+dtype.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import mlx.core as mx
 import mlx.nn as mlx_nn
 
-from .custom_vjp import with_reference_vjp
+from ... import config
+from ...custom_vjp import with_reference_vjp
 
 _THREADS = 256
 
@@ -52,16 +54,16 @@ DEFAULT_DTYPES: dict[str, tuple[mx.Dtype, ...]] = {
 
 
 def on_cuda(kernel: str, dtype: mx.Dtype | None = None) -> bool:
-    """Whether ``kernel`` (``depthwise``, ``dfl``, ``max_pool``) should run for ``dtype``: the
-    current default device is a CUDA GPU and ``CANDLE_NN_CUDA_KERNELS`` allows it (``all``, the
-    default: for :data:`DEFAULT_DTYPES`; ``0``/``off``: never; a comma list of kernel names:
-    those, for every dtype)."""
+    """Whether ``kernel`` (``depthwise``, ``dfl``, ``max_pool``) suits ``dtype`` here: the current
+    default device is a CUDA GPU and ``dtype`` is one of :data:`DEFAULT_DTYPES`, or
+    ``CANDLE_NN_CUDA_KERNELS`` names the kernel (then for every dtype). The on/off switches are
+    the registry's."""
     if mx.default_device().type != mx.DeviceType.gpu or not _cuda_backend():
         return False
-    wanted = os.environ.get("CANDLE_NN_CUDA_KERNELS", "all").strip().lower()
-    if wanted in ("1", "all", "on", "true"):
-        return dtype is None or dtype in DEFAULT_DTYPES.get(kernel, ())
-    return kernel in {k.strip() for k in wanted.split(",")}
+    mode, names = config.cuda_kernels()
+    if mode == "named" and kernel in names:
+        return True
+    return dtype is None or dtype in DEFAULT_DTYPES.get(kernel, ())
 
 
 def _window_loop(body: str) -> str:

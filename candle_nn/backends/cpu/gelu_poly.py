@@ -15,8 +15,9 @@ In float32 ``erf`` stays within 1e-6 relative of float64's exact ``erf`` everywh
 tests/test_cpu_fast_gelu.py; measured 1.8e-7), and
 GELU's result is within ``0.5e-6 |x|`` of the exact one.
 
-Taken only for float32 on the CPU device (GPU results never change), and switched off with
-the other CPU fast paths (``CANDLE_NN_CPU_FAST=0`` or ``cpu_fast.set_enabled``: one switch).
+Registered as the ``gelu_poly`` implementation of ``gelu``: float32 on the CPU device where the
+compiled kernels are not loaded or switched off (GPU results never change). Under ``mx.grad``
+the reference runs.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ import math
 
 import mlx.core as mx
 
-# One switch for every CPU fast path (cpu_fast.py): enabled / set_enabled / applies.
-from .cpu_fast import applies, enabled, set_enabled  # noqa: F401
+from ...ops.registry import register
+from . import kernels
 
 # erf(z) / z as a polynomial in z² on [0, 1].
 _SMALL = (1.1283791666e+00, -3.7612629878e-01, 1.1283625725e-01, -2.6855399452e-02,
@@ -96,3 +97,9 @@ def erf_f32(z: mx.array) -> mx.array:
 def gelu_f32(x: mx.array) -> mx.array:
     """Exact GELU ``x * Phi(x)`` for float32 ``x``, any shape (the erf above, in GELU's form)."""
     return _gelu_compiled(x, _gelu_large_compiled(x))
+
+
+@register("gelu", "gelu_poly", "cpu", applies=lambda x: kernels.float32_cpu(x.dtype),
+          works_around="erf is a scalar call on one thread")
+def gelu(x):
+    return gelu_f32(x)

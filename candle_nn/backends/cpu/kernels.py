@@ -9,7 +9,7 @@ custom MLX primitives whose ``eval_cpu`` runs fused, multithreaded float32 loops
 - ``conv2d_fused(x, w, bias, residual, stride, padding, act, residual_mode)``: a groups-1 conv
   as a multithreaded im2col (none for 1x1 stride 1) + one ``cblas_sgemm`` + the same epilogue.
   The sgemm is the one MLX's own ``cblas_sgemm`` calls resolve to (the optimized BLAS blas.py
-  binds to MLX; its address is handed over at load, :func:`_sgemm_address`; nothing is linked);
+  binds to MLX; its address is handed over at load, :func:`sgemm_address`; nothing is linked);
   without an optimized BLAS there is none and convs stay on MLX's path;
 - ``conv2d_packed(x, w_packed, bias, residual, kernel, out_channels, stride, padding, act,
   residual_mode)`` with ``pack_gemm_weight(w (N, K))``: the same conv (and Linear, as a 1x1 conv)
@@ -35,7 +35,8 @@ from types import ModuleType
 
 import mlx.core as mx
 
-from . import blas
+from ... import blas, config
+from ...ops import registry
 
 MODULE = "candle_nn._cpu_kernels"
 BUILD_ERROR_FILE = "_cpu_kernels.build-error.txt"  # written by setup.py when the build failed
@@ -61,7 +62,7 @@ def _load() -> tuple[ModuleType | None, str]:
     try:
         module = importlib.import_module(MODULE)
     except ImportError as exc:
-        here = os.path.dirname(os.path.abspath(__file__))
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         error_file = os.path.join(here, BUILD_ERROR_FILE)
         if os.path.exists(error_file):
             with open(error_file, encoding="utf-8") as f:
@@ -89,7 +90,7 @@ def _libmlx() -> str | None:
     return None
 
 
-def _sgemm_address() -> int:
+def sgemm_address() -> int:
     """The ``cblas_sgemm`` MLX's own calls resolve to: the process's global scope first, then
     ``libmlx``'s dependencies (where blas.py binds the optimized library, as MLX's bundled
     ``libblas``'s soname). 0 when blas.py found no optimized BLAS (MLX's reference one: convs
@@ -109,7 +110,9 @@ def _sgemm_address() -> int:
 _module, _detail = _load()
 _threads: int | None = None
 if _module is not None:
-    _module.set_sgemm(_sgemm_address())
+    _module.set_sgemm(sgemm_address())
+    _module.set_winograd_avx512(config.flag("CANDLE_NN_WINOGRAD_AVX512"))
+    registry.set_tracer_check(_module.is_tracer)
 
 
 def module() -> ModuleType | None:
@@ -122,21 +125,36 @@ def threads() -> int:
     n = blas.num_threads()
     if n:
         return n
-    for var in ("CANDLE_NN_CPU_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+    if config.cpu_threads():
+        return config.cpu_threads()
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(var, "")
         if value.isdigit() and int(value) > 0:
             return int(value)
     return os.cpu_count() or 1
 
 
-def sync_threads() -> None:
-    """Follow the BLAS thread count (``blas.set_num_threads``) before a kernel is queued."""
+def sync_threads(force: bool = False) -> None:
+    """Follow the BLAS thread count (``blas.set_num_threads``) before a kernel is queued;
+    ``force``: set it even if it looks unchanged (after ``set_num_threads`` was called directly)."""
     global _threads
+    if force:
+        _threads = None
     if _module is not None:
         n = threads()
         if n != _threads:
             _module.set_num_threads(n)
             _threads = n
+
+
+def loaded() -> bool:
+    """Whether the compiled kernels are loaded."""
+    return _module is not None
+
+
+def float32_cpu(dtype: mx.Dtype) -> bool:
+    """The common condition of every CPU implementation: float32 on the CPU device."""
+    return dtype == mx.float32 and mx.default_device() == mx.cpu
 
 
 def has_sgemm() -> bool:

@@ -1,0 +1,37 @@
+"""candle_nn's ops: each a function whose body is the plain-MLX reference, with the faster
+backend implementations registered against it (``candle_nn/backends/cpu/``,
+``candle_nn/backends/cuda/``, which ``import candle_nn`` loads; the registry and its rules:
+registry.py).
+
+Switching implementations (by implementation, backend or op name; :func:`status` lists them)::
+
+    import candle_nn as cn
+    with cn.ops.disabled("winograd"):      # 3x3 convs by the packed GEMM / im2col instead
+        y = model(x)
+    cn.ops.disable("cpu")                 # every CPU fast path off: plain MLX ops
+"""
+
+from __future__ import annotations
+
+from .activation import (
+    ACTIVATIONS, bias_act, check_activation, gelu, gelu_tanh, relu, sigmoid, silu, softmax,
+)
+from .attention import multi_head_attention, packed_qkv_attention, scaled_dot_product_attention
+from .conv import conv2d, depthwise_conv2d, is_depthwise
+from .dfl import dfl_decode
+from .linear import linear
+from .norm import layer_norm
+from .pooling import max_pool2d
+from .registry import (
+    Impl, Op, disable, disabled, enable, implementations, is_enabled, only, ops, refresh,
+    status,
+)
+
+__all__ = [
+    "ACTIVATIONS", "Impl", "Op", "bias_act", "check_activation", "conv2d", "depthwise_conv2d",
+    "dfl_decode", "disable", "disabled", "enable", "gelu", "gelu_tanh", "implementations",
+    "is_depthwise", "is_enabled", "layer_norm", "linear", "max_pool2d", "multi_head_attention",
+    "only", "ops", "packed_qkv_attention", "refresh", "relu", "scaled_dot_product_attention",
+    "sigmoid",
+    "silu", "softmax", "status",
+]

@@ -1,0 +1,80 @@
+"""Attention ops: scaled dot-product attention and two multi-head layouts."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+from .registry import op
+
+
+@op("scaled_dot_product_attention")
+def _sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float,
+          mask: mx.array | None) -> mx.array:
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+
+def scaled_dot_product_attention(q: mx.array, k: mx.array, v: mx.array, *,
+                                 scale: float | None = None,
+                                 mask: mx.array | None = None) -> mx.array:
+    """``softmax(q @ k.T * scale + mask) @ v``.
+
+    Shapes: ``q`` ``(B, heads, Lq, D)``, ``k`` ``(B, heads, Lk, D)``, ``v`` ``(B, heads, Lk, Dv)``;
+    ``mask`` broadcastable to ``(B, heads, Lq, Lk)`` (an additive float bias or a boolean
+    keep-mask).
+    ``scale`` defaults to ``1 / sqrt(D)``. Returns ``(B, heads, Lq, Dv)``.
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    if mask is not None and mask.dtype != mx.bool_:
+        mask = mask.astype(q.dtype)
+    return _sdpa(q, k, v, scale, mask)
+
+
+@op("packed_qkv_attention")
+def _packed_qkv_attention(qkv: mx.array, heads: int, scale: float,
+                          bias: mx.array | None) -> mx.array:
+    b, n, width = qkv.shape
+    d = width // (3 * heads)
+    q, k, v = mx.split(qkv.reshape(b, n, heads, 3 * d).transpose(0, 2, 1, 3), 3, axis=-1)
+    out = scaled_dot_product_attention(q, k, v, scale=scale,
+                                       mask=None if bias is None else bias[None])
+    return out.transpose(0, 2, 1, 3).reshape(b, n, heads * d)
+
+
+def packed_qkv_attention(qkv: mx.array, heads: int, *, scale: float | None = None,
+                         bias: mx.array | None = None) -> mx.array:
+    """Multi-head attention straight from a packed projection: per token and head, ``q``, ``k``
+    and ``v`` of ``D`` features each (TinyViT's ``qkv`` layout, ``heads * 3 * D`` in all).
+
+    Shapes: ``qkv`` ``(B, N, heads * 3 * D)``, ``bias`` ``(heads, N, N)`` (added to the scores)
+    or ``None``; returns ``(B, N, heads * D)`` (heads concatenated, ready for the output
+    projection). ``scale`` defaults to ``1 / sqrt(D)``.
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(qkv.shape[-1] // (3 * heads))
+    return _packed_qkv_attention(qkv, heads, scale, bias)
+
+
+@op("multi_head_attention")
+def _multi_head_attention(q: mx.array, k: mx.array, v: mx.array, heads: int,
+                          scale: float) -> mx.array:
+    def split(x: mx.array) -> mx.array:
+        return x.reshape(x.shape[0], x.shape[1], heads, -1).transpose(0, 2, 1, 3)
+
+    out = scaled_dot_product_attention(split(q), split(k), split(v), scale=scale)
+    return out.transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[1], -1)
+
+
+def multi_head_attention(q: mx.array, k: mx.array, v: mx.array, heads: int, *,
+                         scale: float | None = None) -> mx.array:
+    """``softmax(q k^T * scale) v`` per head, with the heads side by side in the last axis (the
+    layout the q/k/v projections give and the output projection takes).
+
+    Shapes: ``q`` ``(B, Lq, heads * D)``, ``k`` ``(B, Lk, heads * D)``, ``v`` ``(B, Lk, heads *
+    Dv)``; returns ``(B, Lq, heads * Dv)``. ``scale`` defaults to ``1 / sqrt(D)``.
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1] // heads)
+    return _multi_head_attention(q, k, v, heads, scale)

@@ -1,0 +1,223 @@
+"""The op registry (candle_nn/ops/registry.py): what every implementation declares, the switches
+(by implementation, backend, op), dispatch under ``mx.grad``, and every op with its
+implementations on and off against a float64 reference (the ``op_paths`` fixture)."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import candle_nn as cn
+from candle_nn.backends.cpu import kernels
+
+RNG = np.random.default_rng(2026)
+
+
+def test_every_implementation_declares_what_it_works_around() -> None:
+    rows = cn.ops.status()
+    assert {r["op"] for r in rows} <= set(cn.ops.ops())
+    for row in rows:
+        assert row["backend"] in ("cpu", "cuda"), row
+        assert row["grad"] in ("reference", "mlx", "own", "none"), row
+        assert (row["grad"] == "own") is (row["backend"] == "cuda"), row
+        assert row["works_around"] and row["mlx"] == mx.__version__, row
+    names = {(r["op"], r["name"], r["backend"]) for r in rows}
+    assert len(names) == len(rows)
+    assert {"winograd", "packed_gemm", "im2col", "depthwise", "linear_rows", "layer_norm",
+            "attention_packed", "attention_heads", "softmax", "bias_act", "dfl",
+            "max_pool"} <= {r["name"] for r in rows}
+    assert str(cn.info()).count("[cpu]") == sum(r["backend"] == "cpu" for r in rows)
+
+
+def test_disabled_switches_and_restores() -> None:
+    def on(name: str) -> dict[str, bool]:
+        return {f"{r['op']}.{r['name']}": r["enabled"] for r in cn.ops.status()
+                if name in (r["name"], r["backend"], r["op"])}
+
+    assert all(on("cpu").values())
+    with cn.ops.disabled("winograd"):
+        assert on("winograd") == {"conv2d.winograd": False}
+        assert cn.ops.is_enabled("packed_gemm") and not cn.ops.is_enabled("winograd")
+        with cn.ops.disabled("cpu"):
+            assert not any(on("cpu").values())
+        assert sum(not v for v in on("cpu").values()) == 1
+    with cn.ops.disabled("conv2d"):
+        assert not any(on("conv2d").values()) and all(on("linear").values())
+    with cn.ops.disabled("linear.packed_gemm"):
+        assert on("packed_gemm") == {"conv2d.packed_gemm": True, "linear.packed_gemm": False}
+    with cn.ops.disabled("cuda:depthwise"):
+        rows = {(r["backend"], r["name"]): r["enabled"] for r in cn.ops.status()
+                if r["name"] == "depthwise"}
+        assert rows == {("cpu", "depthwise"): True, ("cuda", "depthwise"): False}
+    with cn.ops.only("softmax", backend="cpu"):
+        enabled = {k for k, v in on("cpu").items() if v}
+        assert enabled == {"softmax.softmax"}
+    assert all(on("cpu").values()) and all(on("cuda").values())
+    with pytest.raises(KeyError, match="no op, implementation or backend named"):
+        cn.ops.disable("winogard")
+    with pytest.raises(KeyError):
+        with cn.ops.disabled("nothing-like-this"):
+            pass
+
+
+def _spy_op(grad: str) -> tuple[cn.ops.Op, list]:
+    calls: list = []
+    op = cn.ops.Op(lambda x: x * x, f"square_{grad}")
+    op.add(cn.ops.Impl(op.name, "spy", "cpu", lambda x: calls.append(x.shape) or x * x,
+                       lambda x: True, "a test", grad=grad))
+    return op, calls
+
+
+@pytest.mark.parametrize("grad", ["reference", "mlx"])
+def test_grad_reference_routes_tracers_to_the_reference(grad: str) -> None:
+    op, calls = _spy_op(grad)
+    x = mx.array([1.0, 2.0, 3.0])
+    assert op(x).tolist() == [1.0, 4.0, 9.0] and len(calls) == 1
+    g = mx.grad(lambda v: op(v).sum())(x)
+    assert g.tolist() == [2.0, 4.0, 6.0]
+    # grad="reference": the implementation never sees a tracer (needs the kernels' is_tracer)
+    expected = 1 if grad == "reference" and kernels.loaded() else 2
+    assert len(calls) == expected
+
+
+def test_the_benchmark_settings_name_registered_implementations() -> None:
+    from benchmarks import bench_cpu_paths
+
+    for setting, names in bench_cpu_paths._OFF.items():
+        with cn.ops.disabled(*names):
+            assert setting == "native" or not all(r["enabled"] for r in cn.ops.status())
+
+
+# -- every op, implementations on and off, against float64 ------------------------------------
+def _rel(ours: mx.array, ref: np.ndarray) -> float:
+    ours = np.array(ours.astype(mx.float32), dtype=np.float64)
+    assert ours.shape == ref.shape
+    return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def _act64(v: np.ndarray, name: str | None) -> np.ndarray:
+    erf = np.vectorize(math.erf)
+    return {None: v, "relu": np.maximum(v, 0), "silu": v / (1 + np.exp(-v)),
+            "gelu": 0.5 * v * (1 + erf(v / math.sqrt(2))), "sigmoid": 1 / (1 + np.exp(-v))}[name]
+
+
+def _conv64(x, w, stride, padding, groups=1):
+    n, h, wd, c = x.shape
+    o, kh, kw, cg = w.shape
+    (sh, sw), (ph, pw) = stride, padding
+    xp = np.pad(x, ((0, 0), (ph, ph), (pw, pw), (0, 0)))
+    oh, ow = (h + 2 * ph - kh) // sh + 1, (wd + 2 * pw - kw) // sw + 1
+    out = np.zeros((n, oh, ow, o))
+    per = o // groups
+    for g in range(groups):
+        for i in range(kh):
+            for j in range(kw):
+                patch = xp[:, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw,
+                           g * cg:(g + 1) * cg]
+                out[..., g * per:(g + 1) * per] += patch @ w[g * per:(g + 1) * per, i, j, :].T
+    return out
+
+
+def _f32(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("kernel,stride,padding,act", [
+    (3, 1, 1, "silu"), (3, 2, 1, "relu"), (1, 1, 0, "gelu"), (5, 1, 2, "sigmoid"), (3, 1, 0, None),
+])
+def test_conv2d(op_paths, kernel, stride, padding, act) -> None:
+    x, w, b, r = _f32(2, 11, 9, 16), _f32(24, kernel, kernel, 16), _f32(24), None
+    ref = _conv64(x.astype(np.float64), w.astype(np.float64), (stride, stride),
+                  (padding, padding)) + b
+    r = _f32(*ref.shape)
+    with mx.stream(mx.cpu):
+        ours = cn.ops.conv2d(mx.array(x), mx.array(w), mx.array(b), (stride, stride),
+                             (padding, padding), activation=act, residual=mx.array(r))
+    assert _rel(ours, _act64(ref + r, act)) <= 2e-5, op_paths
+
+
+@pytest.mark.parametrize("stride,act", [(1, "gelu"), (2, None)])
+def test_depthwise_conv2d(op_paths, stride, act) -> None:
+    x, w, b = _f32(2, 10, 12, 16), _f32(16, 3, 3, 1), _f32(16)
+    ref = _conv64(x.astype(np.float64), w.astype(np.float64), (stride, stride), (1, 1),
+                  groups=16) + b
+    with mx.stream(mx.cpu):
+        ours = cn.ops.depthwise_conv2d(mx.array(x), mx.array(w), mx.array(b), (stride, stride),
+                                       (1, 1), activation=act)
+    assert _rel(ours, _act64(ref, act)) <= 1e-5, op_paths
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_linear(op_paths, rows) -> None:
+    x, w, b = _f32(rows, 33), _f32(20, 33), _f32(20)
+    res = _f32(rows, 20)
+    ref = _act64(x.astype(np.float64) @ w.T.astype(np.float64) + b, "silu") + res
+    with mx.stream(mx.cpu):
+        ours = cn.ops.linear(mx.array(x), mx.array(w), mx.array(b), "silu", mx.array(res))
+    assert _rel(ours, ref) <= 1e-5, op_paths
+
+
+@pytest.mark.parametrize("name", ["silu", "gelu", "relu"])
+def test_activations_and_bias_act(op_paths, name) -> None:
+    y, b = _f32(7, 13) * 4, _f32(13)
+    with mx.stream(mx.cpu):
+        assert _rel(cn.ACTIVATIONS[name](mx.array(y)), _act64(y.astype(np.float64), name)) <= 1e-6
+        ours = cn.ops.bias_act(mx.array(y), mx.array(b), name, mx.array(y), True)
+    assert _rel(ours, _act64(y.astype(np.float64) + b, name) + y) <= 1e-6, op_paths
+
+
+def test_softmax_and_layer_norm(op_paths) -> None:
+    x, g, b = _f32(3, 5, 64) * 3, _f32(64), _f32(64)
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    mean, var = x64.mean(-1, keepdims=True), x64.var(-1, keepdims=True)
+    with mx.stream(mx.cpu):
+        assert _rel(cn.softmax(mx.array(x)), e / e.sum(-1, keepdims=True)) <= 1e-6
+        ours = cn.ops.layer_norm(mx.array(x), mx.array(g), mx.array(b), 1e-5)
+    assert _rel(ours, (x64 - mean) / np.sqrt(var + 1e-5) * g + b) <= 1e-5, op_paths
+
+
+def _attention64(q, k, v, scale, bias=None):
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) * scale + (0 if bias is None else bias)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bhqk,bhkd->bhqd", e / e.sum(-1, keepdims=True), v)
+
+
+def test_attention_forms(op_paths) -> None:
+    b, n, heads, d = 2, 9, 3, 8
+    qkv, bias = _f32(b, n, heads * 3 * d), _f32(heads, n, n)
+    q, k, v = np.split(qkv.astype(np.float64).reshape(b, n, heads, 3 * d).transpose(0, 2, 1, 3),
+                       3, axis=-1)
+    ref = _attention64(q, k, v, d ** -0.5, bias).transpose(0, 2, 1, 3).reshape(b, n, heads * d)
+    qh, kh, vh = _f32(b, 4, heads * d), _f32(b, 30, heads * d), _f32(b, 30, heads * d)
+
+    def split(t):
+        return t.astype(np.float64).reshape(b, t.shape[1], heads, d).transpose(0, 2, 1, 3)
+
+    ref_heads = _attention64(split(qh), split(kh), split(vh), d ** -0.5)
+    with mx.stream(mx.cpu):
+        packed = cn.packed_qkv_attention(mx.array(qkv), heads, bias=mx.array(bias))
+        multi = cn.multi_head_attention(mx.array(qh), mx.array(kh), mx.array(vh), heads)
+        sdpa = cn.scaled_dot_product_attention(mx.array(split(qh).astype(np.float32)),
+                                               mx.array(split(kh).astype(np.float32)),
+                                               mx.array(split(vh).astype(np.float32)))
+    assert _rel(packed, ref) <= 1e-5, op_paths
+    assert _rel(multi, ref_heads.transpose(0, 2, 1, 3).reshape(b, 4, heads * d)) <= 1e-5
+    assert _rel(sdpa, ref_heads) <= 1e-5
+
+
+def test_max_pool_and_dfl(op_paths) -> None:
+    x = _f32(2, 7, 8, 5)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-np.inf)
+    ref = np.stack([np.stack([xp[:, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max((1, 2))
+                              for j in range(4)], 1) for i in range(4)], 1)
+    logits, w = _f32(2, 6, 4, 16), np.arange(16, dtype=np.float32)
+    e = np.exp(logits.astype(np.float64) - logits.max(-1, keepdims=True))
+    with mx.stream(mx.cpu):
+        pooled = cn.max_pool2d(mx.array(x), 3, 2, 1)
+        dfl = cn.ops.dfl_decode(mx.array(logits), mx.array(w.reshape(1, 1, 1, 16)))
+    assert _rel(pooled, ref) == 0.0, op_paths
+    assert _rel(dfl, (e / e.sum(-1, keepdims=True)) @ w) <= 1e-6
