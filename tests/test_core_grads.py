@@ -21,7 +21,6 @@ import torch.nn.functional as F
 
 import candle_nn as cn
 import mlx.core as mx
-from candle_nn import cpu_fast, cpu_native
 from candle_nn.checkpoint import state_dict
 
 TOL_OUT = 1e-5  # max|err| / max|ref|, float32 against float64
@@ -29,15 +28,17 @@ TOL_GRAD = 5e-5
 
 
 @pytest.fixture(params=["on", "mlx_paths", "off"], ids=["fast_on", "fast_mlx_paths", "fast_off"])
-def fast(request, monkeypatch):
+def fast(request):
     """The CPU fast paths: on (the compiled kernels first), on without the compiled kernels (the
     pure-MLX paths: polynomial SiLU/GELU, the compiled depthwise conv), off."""
-    was = cpu_fast.enabled()
-    cpu_fast.set_enabled(request.param != "off")
-    if request.param == "mlx_paths":
-        monkeypatch.setattr(cpu_native, "module", lambda: None)
-    yield request.param
-    cpu_fast.set_enabled(was)
+    if request.param == "off":
+        with cn.ops.disabled("cpu"):
+            yield request.param
+    elif request.param == "mlx_paths":
+        with cn.ops.only("silu_poly", "gelu_poly", "depthwise_shifted", backend="cpu"):
+            yield request.param
+    else:
+        yield request.param
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """NaN and +-Inf through every fast path: the op's output must be NaN / +-Inf exactly where the
-plain-MLX reference (``cpu_fast.set_enabled(False)``, what ``CANDLE_NN_CPU_FAST=0`` runs) gives
+plain-MLX reference (``cn.ops.disabled("cpu")``, what ``CANDLE_NN_CPU_FAST=0`` runs) gives
 NaN / +-Inf, and close to it elsewhere.
 
 Each case runs through the compiled kernels (where built) and the pure-MLX fallbacks
@@ -16,18 +16,21 @@ import numpy as np
 import pytest
 
 import candle_nn as cn
-from candle_nn import cpu_fast, cpu_native
+from candle_nn.backends.cpu import kernels
 
-NATIVE = cpu_native.module() is not None
+NATIVE = kernels.module() is not None
 ACTS = [None, "relu", "silu", "gelu"]
 
 
 @pytest.fixture(params=["native", "fallback"] if NATIVE else ["fallback"])
-def path(request, monkeypatch):
+def path(request):
+    """The compiled kernels (where built), or only the pure-MLX CPU implementations."""
+    assert cn.ops.is_enabled("cpu")
     if request.param == "fallback":
-        monkeypatch.setattr(cpu_native, "_module", None)
-    assert cpu_fast.enabled()
-    return request.param
+        with cn.ops.only("silu_poly", "gelu_poly", "depthwise_shifted", backend="cpu"):
+            yield request.param
+    else:
+        yield request.param
 
 
 def poisoned(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
@@ -45,11 +48,8 @@ def same_nonfinite(fast_fn, *args) -> None:
     """``fast_fn(*args)`` with the fast paths on vs off: NaN/+-Inf at the same places, finite
     values within float32 rounding."""
     fast = np.array(fast_fn(*args))
-    cpu_fast.set_enabled(False)
-    try:
+    with cn.ops.disabled("cpu"):
         ref = np.array(fast_fn(*args))
-    finally:
-        cpu_fast.set_enabled(True)
     assert fast.shape == ref.shape
     assert np.isnan(ref).any() or np.isinf(ref).any(), "the case must produce non-finite values"
     np.testing.assert_array_equal(np.isnan(fast), np.isnan(ref), err_msg="NaN positions differ")
