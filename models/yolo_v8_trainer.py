@@ -51,7 +51,7 @@ from .yolo_v8_dataset import BatchLoader, DetectionDataset
 from .yolo_v8_head import STRIDES
 from .yolo_v8_loss import DetectionLoss
 from .yolo_v8_metrics import DetectionMetrics, DetectionResults
-from .yolo_v8_post import non_max_suppression, xywh_to_xyxy
+from .yolo_v8_post import validation_detections, xywh_to_xyxy
 
 __all__ = ["TrainConfig", "DetectionTrainer", "fitness", "new_class_head", "resolve_optimizer",
            "RESULTS_COLUMNS"]
@@ -311,7 +311,7 @@ class DetectionTrainer:
             seen += 1
             pred = np.asarray(pred)
             for j, p in enumerate(pred):
-                boxes, scores, classes = _detections(p, self.nc)
+                boxes, scores, classes = validation_detections(p, self.nc)
                 mine = targets[targets[:, 0] == j]
                 gt = xywh_to_xyxy(mine[:, 2:6] * s)
                 metrics.update(boxes, scores, classes, gt, mine[:, 1].astype(np.int64))
@@ -447,19 +447,6 @@ def read_checkpoint(path: "str | os.PathLike") -> tuple[dict[str, mx.array], dic
     if not isinstance(meta, dict) or meta.get("format") != 1:
         raise cn.WeightsFileError(f"{path} is not a YOLOv8 training checkpoint of this version")
     return tensors, meta
-
-
-def _detections(pred: np.ndarray, nc: int, conf: float = 0.001, iou: float = 0.7,
-                max_det: int = 300) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """ultralytics' validation NMS of one ``(4 + nc, A)`` prediction (several classes a box)."""
-    scores = pred[4:4 + nc].T
-    anchor, cls = np.nonzero(scores > conf)
-    score = scores[anchor, cls]
-    order = np.argsort(-score, kind="stable")[:30000]
-    anchor, cls, score = anchor[order], cls[order], score[order]
-    boxes = xywh_to_xyxy(pred[:4, anchor].T)
-    keep = non_max_suppression(boxes, score, iou, class_ids=cls, max_det=max_det)
-    return boxes[keep], score[keep], cls[keep]
 
 
 def _results_csv(history: list[dict[str, float]]) -> str:
