@@ -103,6 +103,9 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--nbs", type=_positive(int), metavar="N", **d(64),
                         help="nominal batch: gradients of round(N / --batch) batches are summed "
                              "into one step, weight decay scaled to it (default 64)")
+    parser.add_argument("--freeze-bn", action="store_true", **d(False),
+                        help="BatchNorm keeps the pretrained running statistics (its scale and "
+                             "shift still learn): better for short fine-tuning on small sets")
     parser.add_argument("--seed", type=_non_negative, metavar="N", **d(0),
                         help="seed of the new head, data order and augmentation (default 0)")
     parser.add_argument("--project", metavar="DIR", **d("runs/detect"),
@@ -173,7 +176,7 @@ def _main(argv: Sequence[str] | None) -> int:
         config = TrainConfig(epochs=args.epochs, batch=args.batch, imgsz=args.imgsz,
                              optimizer=args.optimizer, lr0=args.lr0,
                              close_mosaic=args.close_mosaic, warmup_epochs=args.warmup_epochs,
-                             nbs=args.nbs, seed=args.seed)
+                             nbs=args.nbs, freeze_bn=args.freeze_bn, seed=args.seed)
         data_path, variant = str(Path(args.data).resolve()), None
     device = parse_device(args.device, args.verbose)
 
