@@ -24,7 +24,8 @@ from PIL import Image, ImageOps
 
 from candle_nn import CandleNNError
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
+                    ".gif")
 
 
 class DatasetError(CandleNNError):
@@ -46,6 +47,8 @@ def decode_rgb(path: "str | os.PathLike", draft: int | None = None) -> np.ndarra
 
 def _problem(path: Path) -> str | None:
     """Why ``path`` cannot be used (``None`` when it decodes)."""
+    if not path.is_file():  # a FIFO would block the reader: never opened
+        return "not a regular file"
     try:
         decode_rgb(path, draft=32)
     except Exception as exc:  # Pillow raises many types on corrupt data
@@ -137,7 +140,7 @@ def _image_files(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.rglob("*")
-                  if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+                  if p.suffix.lower() in IMAGE_EXTENSIONS and not p.is_dir())
 
 
 def _split(items: list[tuple[Path, int]]) -> Split:
