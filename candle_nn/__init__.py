@@ -17,15 +17,19 @@ from .activation import (
     ACTIVATIONS, Activation, gelu, gelu_tanh, relu, sigmoid, silu, softmax,
 )
 from .attention import multi_head_attention, packed_qkv_attention, scaled_dot_product_attention
-from .batch_norm import BatchNorm2d
+from .batch_norm import BatchNorm2d, freeze_bn_stats
 from .checkpoint import save_safetensors, state_dict
 from .conv import Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig
+from .conv1d import Conv1d, Conv1dConfig, ConvTranspose1d, ConvTranspose1dConfig
+from .conv_bn import ConvBn, conv_bn
 from .device import Device
+from .dropout import Dropout
 from .embedding import Embedding
 from .errors import (
     CandleNNError, DeviceMismatchError, DeviceUnavailableError, DTypeError, ImageError,
     MissingTensorError, ShapeMismatchError, WeightsFileError,
 )
+from .group_norm import GroupNorm
 from .init import Init
 from .inputs import check_image_batch, model_dtype
 from .layer_norm import LayerNorm, LayerNorm2d, LayerNormConfig
@@ -42,13 +46,15 @@ from .var_map import VarMap
 __version__ = "0.1.0"
 
 __all__ = [
-    "ACTIVATIONS", "Activation", "AvgPool2d", "BatchNorm2d", "CandleNNError", "Conv2d",
-    "Conv2dConfig", "ConvTranspose2d", "ConvTranspose2dConfig", "DTypeError", "Device",
-    "DeviceMismatchError", "DeviceUnavailableError", "Embedding", "ImageError", "Init",
+    "ACTIVATIONS", "Activation", "AvgPool2d", "BatchNorm2d", "CandleNNError", "Conv1d",
+    "Conv1dConfig", "Conv2d", "Conv2dConfig", "ConvBn", "ConvTranspose1d", "ConvTranspose1dConfig",
+    "ConvTranspose2d", "ConvTranspose2dConfig", "DTypeError", "Device", "DeviceMismatchError",
+    "DeviceUnavailableError", "Dropout", "Embedding", "GroupNorm", "ImageError", "Init",
     "LayerNorm", "LayerNorm2d", "LayerNormConfig", "Linear", "MaxPool2d", "MissingTensorError",
     "Module", "Sequential", "ShapeMismatchError", "TensorSource", "VarBuilder", "VarMap",
     "WeightsFileError",
-    "avg_pool2d", "check_image_batch", "check_same_device", "check_weights_path",
+    "avg_pool2d", "check_image_batch", "check_same_device", "check_weights_path", "conv_bn",
+    "freeze_bn_stats",
     "float32_precision", "gelu", "gelu_tanh", "info", "max_pool2d", "model_dtype",
     "multi_head_attention",
     "open_safetensors", "packed_qkv_attention", "read_tensor", "relu", "save_safetensors",

@@ -118,6 +118,20 @@ class Module(nn.Module, metaclass=_EvaluatedWhenBuilt):
                                               f"child '{other}'", f"child '{key}'")
         super().__setattr__(key, value)
 
+    #: parameters that are state, never learned (BatchNorm's running statistics): frozen at
+    #: construction and kept frozen by :meth:`unfreeze` on this module or any ancestor
+    _always_frozen: tuple[str, ...] = ()
+
+    def unfreeze(self, *args: Any, **kwargs: Any) -> "Module":
+        """MLX's ``unfreeze``, except that state such as BatchNorm's running statistics stays
+        frozen (out of ``trainable_parameters()``, so no optimizer ever touches it)."""
+        super().unfreeze(*args, **kwargs)
+        for _, module in self.named_modules():
+            keys = [k for k in getattr(module, "_always_frozen", ()) if k in module]
+            if keys:
+                nn.Module.freeze(module, keys=keys, recurse=False)
+        return self
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")
 

@@ -8,7 +8,8 @@ Tensor names, as candle-transformers' ``resnet.rs`` and torchvision write them::
     layer{2..4}.0.downsample.0|1                   1x1 projection conv + BatchNorm
     fc                                             classifier (absent when headless)
 
-Every BatchNorm (eps 1e-5) is folded into its convolution at load. Inputs are NHWC float batches
+Every BatchNorm (eps 1e-5, momentum 0.1) is folded into its convolution at load, unless the model
+is built for training (``fold_bn=False``: see docs/training.md). Inputs are NHWC float batches
 ``(N, H, W, 3)`` normalised with ImageNet's mean/std (see :mod:`candle_nn_models.imagenet`); outputs
 are logits ``(N, num_classes)``, or pooled features ``(N, 512 | 2048)`` for a headless model.
 """
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from candle_nn import (Conv2d, Conv2dConfig, Linear, Module, ShapeMismatchError, VarBuilder,
-                       WeightsFileError, check_image_batch, max_pool2d)
+from candle_nn import (Conv2d, Conv2dConfig, ConvBn, Linear, Module, ShapeMismatchError,
+                       VarBuilder, WeightsFileError, check_image_batch, max_pool2d)
+from candle_nn.conv_bn import conv_bn as _conv_bn
 import mlx.core as mx
 
 
@@ -49,11 +51,11 @@ STAGE_WIDTHS = (64, 128, 256, 512)
 
 
 def conv_bn(vb: VarBuilder, conv: str, bn: str, in_channels: int, out_channels: int,
-            kernel_size: int, stride: int = 1) -> Conv2d:
-    """``vb.conv`` (no bias, "same" padding) with ``vb.bn`` absorbed."""
+            kernel_size: int, stride: int = 1, fold_bn: bool = True) -> "Conv2d | ConvBn":
+    """``vb.conv`` (no bias, "same" padding) with ``vb.bn`` absorbed (``fold_bn=False``: kept)."""
     config = Conv2dConfig(padding=kernel_size // 2, stride=stride)
-    return Conv2d.load_with_bn(vb, in_channels, out_channels, kernel_size, config,
-                               conv=conv, bn=bn)
+    return _conv_bn(vb, in_channels, out_channels, kernel_size, config, conv=conv, bn=bn,
+                    eps=1e-5, momentum=0.1, fold_bn=fold_bn)
 
 
 class ResidualBlock(Module):
@@ -63,7 +65,8 @@ class ResidualBlock(Module):
     The shortcut is the identity or the ``downsample`` projection.
     """
 
-    def __init__(self, convs: list[Conv2d], downsample: Conv2d | None) -> None:
+    def __init__(self, convs: "list[Conv2d | ConvBn]",
+                 downsample: "Conv2d | ConvBn | None") -> None:
         super().__init__(convs[0].device)
         self.convs = convs
         if downsample is not None:
@@ -71,19 +74,20 @@ class ResidualBlock(Module):
 
     @classmethod
     def load(cls, vb: VarBuilder, config: ResNetConfig, in_channels: int, width: int,
-             stride: int) -> "ResidualBlock":
+             stride: int, fold_bn: bool = True) -> "ResidualBlock":
         out_channels = width * config.expansion
+        f = fold_bn
         if config.bottleneck:
-            convs = [conv_bn(vb, "conv1", "bn1", in_channels, width, 1),
-                     conv_bn(vb, "conv2", "bn2", width, width, 3, stride),
-                     conv_bn(vb, "conv3", "bn3", width, out_channels, 1)]
+            convs = [conv_bn(vb, "conv1", "bn1", in_channels, width, 1, fold_bn=f),
+                     conv_bn(vb, "conv2", "bn2", width, width, 3, stride, fold_bn=f),
+                     conv_bn(vb, "conv3", "bn3", width, out_channels, 1, fold_bn=f)]
         else:
-            convs = [conv_bn(vb, "conv1", "bn1", in_channels, width, 3, stride),
-                     conv_bn(vb, "conv2", "bn2", width, width, 3)]
+            convs = [conv_bn(vb, "conv1", "bn1", in_channels, width, 3, stride, fold_bn=f),
+                     conv_bn(vb, "conv2", "bn2", width, width, 3, fold_bn=f)]
         downsample = None
         if stride != 1 or in_channels != out_channels:
             downsample = conv_bn(vb.pp("downsample"), "0", "1", in_channels, out_channels, 1,
-                                 stride)
+                                 stride, fold_bn=f)
         return cls(convs, downsample)
 
     def forward(self, x: mx.array) -> mx.array:
@@ -101,7 +105,7 @@ class ResNet(Module):
     features ``(N, feature_dim)``). :meth:`forward_features` also returns the intermediate maps.
     """
 
-    def __init__(self, variant: str, stem: Conv2d, stages: list[list[ResidualBlock]],
+    def __init__(self, variant: str, stem: "Conv2d | ConvBn", stages: list[list[ResidualBlock]],
                  fc: Linear | None) -> None:
         super().__init__(stem.device)
         self.variant = variant
@@ -110,11 +114,16 @@ class ResNet(Module):
         self.stages = stages
         if fc is not None:
             self.fc = fc
+        self.eval()  # a model predicts as loaded; model.train() to train
 
     @classmethod
     def load(cls, vb: VarBuilder, variant: str = "resnet18",
-             num_classes: int | None = 1000) -> "ResNet":
-        """Build ``variant`` from ``vb``; ``num_classes=None`` builds it headless (no ``fc``)."""
+             num_classes: int | None = 1000, *, fold_bn: bool = True) -> "ResNet":
+        """Build ``variant`` from ``vb``; ``num_classes=None`` builds it headless (no ``fc``).
+
+        ``fold_bn=False`` keeps every BatchNorm as a layer (:class:`candle_nn.ConvBn`), to train:
+        ``model.train()`` then uses batch statistics and updates the running ones. The model is
+        returned in eval mode either way."""
         if variant not in VARIANTS:
             raise ValueError(f"unknown ResNet variant {variant!r}; choose one of {list(VARIANTS)}")
         if num_classes is not None and num_classes < 1:
@@ -122,14 +131,15 @@ class ResNet(Module):
                 f"a ResNet head needs at least 1 class, not {num_classes}: pass num_classes=None "
                 "for a headless backbone")
         config = VARIANTS[variant]
-        stem = conv_bn(vb, "conv1", "bn1", 3, 64, 7, stride=2)
+        stem = conv_bn(vb, "conv1", "bn1", 3, 64, 7, stride=2, fold_bn=fold_bn)
         stages, channels = [], 64
         for index, (width, count) in enumerate(zip(STAGE_WIDTHS, config.blocks)):
             layer = vb.pp(f"layer{index + 1}")
             blocks = []
             for i in range(count):
                 stride = 2 if i == 0 and index > 0 else 1
-                blocks.append(ResidualBlock.load(layer.pp(i), config, channels, width, stride))
+                blocks.append(ResidualBlock.load(layer.pp(i), config, channels, width, stride,
+                                                 fold_bn))
                 channels = width * config.expansion
             stages.append(blocks)
         fc = None if num_classes is None else Linear.load(vb.pp("fc"), channels, num_classes)

@@ -23,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import candle_nn as cn
 import mlx.core as mx
@@ -84,20 +85,20 @@ class DarkNet(cn.Module):
         self.b1, self.b2, self.b3, self.b4, self.b5 = b1, b2, b3, b4, b5
 
     @classmethod
-    def load(cls, vb: cn.VarBuilder, m: Multiples) -> "DarkNet":
-        c = m.channels
+    def load(cls, vb: cn.VarBuilder, m: Multiples, fold_bn: bool = True) -> "DarkNet":
+        c, f = m.channels, fold_bn
         c64, c128, c256, c512, c_top = c(64), c(128), c(256), c(512), c(512 * m.ratio)
         return cls(
-            b1=[ConvBlock.load(vb.pp("b1.0"), 3, c64, 3, 2),
-                ConvBlock.load(vb.pp("b1.1"), c64, c128, 3, 2)],
-            b2=[C2f.load(vb.pp("b2.0"), c128, c128, m.repeats(3), True),
-                ConvBlock.load(vb.pp("b2.1"), c128, c256, 3, 2),
-                C2f.load(vb.pp("b2.2"), c256, c256, m.repeats(6), True)],
-            b3=[ConvBlock.load(vb.pp("b3.0"), c256, c512, 3, 2),
-                C2f.load(vb.pp("b3.1"), c512, c512, m.repeats(6), True)],
-            b4=[ConvBlock.load(vb.pp("b4.0"), c512, c_top, 3, 2),
-                C2f.load(vb.pp("b4.1"), c_top, c_top, m.repeats(3), True)],
-            b5=Sppf.load(vb.pp("b5.0"), c_top, c_top, 5),
+            b1=[ConvBlock.load(vb.pp("b1.0"), 3, c64, 3, 2, f),
+                ConvBlock.load(vb.pp("b1.1"), c64, c128, 3, 2, f)],
+            b2=[C2f.load(vb.pp("b2.0"), c128, c128, m.repeats(3), True, f),
+                ConvBlock.load(vb.pp("b2.1"), c128, c256, 3, 2, f),
+                C2f.load(vb.pp("b2.2"), c256, c256, m.repeats(6), True, f)],
+            b3=[ConvBlock.load(vb.pp("b3.0"), c256, c512, 3, 2, f),
+                C2f.load(vb.pp("b3.1"), c512, c512, m.repeats(6), True, f)],
+            b4=[ConvBlock.load(vb.pp("b4.0"), c512, c_top, 3, 2, f),
+                C2f.load(vb.pp("b4.1"), c_top, c_top, m.repeats(3), True, f)],
+            b5=Sppf.load(vb.pp("b5.0"), c_top, c_top, 5, f),
         )
 
     def forward(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
@@ -124,17 +125,17 @@ class YoloV8Neck(cn.Module):
         self.n1, self.n2, self.n3, self.n4, self.n5, self.n6 = n1, n2, n3, n4, n5, n6
 
     @classmethod
-    def load(cls, vb: cn.VarBuilder, m: Multiples) -> "YoloV8Neck":
-        c = m.channels
+    def load(cls, vb: cn.VarBuilder, m: Multiples, fold_bn: bool = True) -> "YoloV8Neck":
+        c, f = m.channels, fold_bn
         n = m.repeats(3)
         c256, c512, c_top = c(256), c(512), c(512 * m.ratio)
         return cls(
-            n1=C2f.load(vb.pp("n1"), c_top + c512, c512, n, False),
-            n2=C2f.load(vb.pp("n2"), c512 + c256, c256, n, False),
-            n3=ConvBlock.load(vb.pp("n3"), c256, c256, 3, 2),
-            n4=C2f.load(vb.pp("n4"), c256 + c512, c512, n, False),
-            n5=ConvBlock.load(vb.pp("n5"), c512, c512, 3, 2),
-            n6=C2f.load(vb.pp("n6"), c512 + c_top, c_top, n, False),
+            n1=C2f.load(vb.pp("n1"), c_top + c512, c512, n, False, f),
+            n2=C2f.load(vb.pp("n2"), c512 + c256, c256, n, False, f),
+            n3=ConvBlock.load(vb.pp("n3"), c256, c256, 3, 2, f),
+            n4=C2f.load(vb.pp("n4"), c256 + c512, c512, n, False, f),
+            n5=ConvBlock.load(vb.pp("n5"), c512, c512, 3, 2, f),
+            n6=C2f.load(vb.pp("n6"), c512 + c_top, c_top, n, False, f),
         )
 
     def forward(self, p3: mx.array, p4: mx.array,
@@ -161,6 +162,7 @@ class _YoloV8Base(cn.Module):
         super().__init__(net.device)
         self.net, self.fpn, self.head = net, fpn, head
         self.spec = spec
+        self.eval()  # a model predicts as loaded; model.train() to train
 
     def _check_input(self, x: mx.array) -> None:
         cn.check_image_batch(x, model=type(self).__name__, dtype=cn.model_dtype(self.net),
@@ -182,10 +184,15 @@ class _YoloV8Base(cn.Module):
         return {**{f"backbone_{k}": v for k, v in zip(names, backbone)},
                 **{f"neck_{k}": v for k, v in zip(names, neck)}, "pred": pred}
 
-    def forward(self, x: mx.array) -> mx.array:
+    def forward(self, x: mx.array) -> Any:
+        """``eval()``: the decoded prediction (see the subclass). ``train()``: the head's raw
+        outputs for a loss (``head.raw``: per level ``(N, H, W, 64 + num_classes)``, NHWC)."""
         self._check_input(x)
+        feats = list(self.fpn(*self.net(x)))
+        if self.training:
+            return self.head.raw(feats)
         # The heads work anchor-major; the public layout is ultralytics'/candle's (N, C, A).
-        return self.head(list(self.fpn(*self.net(x)))).transpose(0, 2, 1)
+        return self.head(feats).transpose(0, 2, 1)
 
 
 class YoloV8(_YoloV8Base):
@@ -193,35 +200,45 @@ class YoloV8(_YoloV8Base):
 
     Call on ``(N, H, W, 3)`` floats in [0, 1] (H, W multiples of 32); returns the raw prediction
     ``(N, 4 + num_classes, A)`` with ``A = num_anchors(H, W)``: box centre x, y, width, height in
-    input pixels, then per-class sigmoid scores (ultralytics' eval-mode ``Detect`` output).
+    input pixels, then per-class sigmoid scores (ultralytics' eval-mode ``Detect`` output). In
+    ``train()`` mode it returns ultralytics' train-mode ``Detect`` output instead, channels-last:
+    three arrays ``(N, H/s, W/s, 64 + num_classes)`` for s = 8, 16, 32 (DFL logits, class logits).
     """
 
     @classmethod
-    def load(cls, vb: cn.VarBuilder, variant: str = "n", num_classes: int = 80) -> "YoloV8":
+    def load(cls, vb: cn.VarBuilder, variant: str = "n", num_classes: int = 80, *,
+             fold_bn: bool = True) -> "YoloV8":
         """Build from ``vb`` (candle names at its root). Raises ShapeMismatchError, naming the
-        checkpoint's own variant and class count, when the weights are of another model."""
+        checkpoint's own variant and class count, when the weights are of another model.
+        ``fold_bn=False`` keeps the BatchNorms (eps 1e-3, momentum 0.03) for training; the model
+        is returned in eval mode either way."""
         spec = YoloV8Spec(variant, "detect", num_classes)
         _check_weights(vb, spec)
         m = multiples(variant)
-        return cls(DarkNet.load(vb.pp("net"), m), YoloV8Neck.load(vb.pp("fpn"), m),
-                   DetectionHead.load(vb.pp("head"), num_classes, m.filters()), spec)
+        return cls(DarkNet.load(vb.pp("net"), m, fold_bn),
+                   YoloV8Neck.load(vb.pp("fpn"), m, fold_bn),
+                   DetectionHead.load(vb.pp("head"), num_classes, m.filters(), fold_bn), spec)
 
 
 class YoloV8Pose(_YoloV8Base):
     """YOLOv8 pose estimator: the detector's output plus ``num_keypoints`` keypoints per anchor.
 
     Returns ``(N, 4 + num_classes + 3 * num_keypoints, A)``: the detector's channels, then per
-    keypoint x, y in input pixels and a visibility score.
+    keypoint x, y in input pixels and a visibility score. In ``train()`` mode: ``(per-level raw
+    maps as YoloV8's, raw keypoints (N, A, 3 * num_keypoints))`` (ultralytics' train-mode ``Pose``).
     """
 
     @classmethod
     def load(cls, vb: cn.VarBuilder, variant: str = "n", num_keypoints: int = 17,
-             num_classes: int = 1) -> "YoloV8Pose":
+             num_classes: int = 1, *, fold_bn: bool = True) -> "YoloV8Pose":
+        """As :meth:`YoloV8.load` (``fold_bn`` too)."""
         spec = YoloV8Spec(variant, "pose", num_classes, num_keypoints)
         _check_weights(vb, spec)
         m = multiples(variant)
-        return cls(DarkNet.load(vb.pp("net"), m), YoloV8Neck.load(vb.pp("fpn"), m),
-                   PoseHead.load(vb.pp("head"), num_classes, num_keypoints, m.filters()), spec)
+        return cls(DarkNet.load(vb.pp("net"), m, fold_bn),
+                   YoloV8Neck.load(vb.pp("fpn"), m, fold_bn),
+                   PoseHead.load(vb.pp("head"), num_classes, num_keypoints, m.filters(), fold_bn),
+                   spec)
 
 
 @dataclass(frozen=True)
@@ -306,9 +323,12 @@ def _check_weights(vb: cn.VarBuilder, wanted: YoloV8Spec) -> None:
             "(load_model(vb) infers it) or use the weights of the model you want")
 
 
-def load_model(vb: cn.VarBuilder, spec: YoloV8Spec | None = None) -> YoloV8 | YoloV8Pose:
-    """The model ``spec`` describes (default: :func:`infer_spec` of ``vb``), loaded from ``vb``."""
+def load_model(vb: cn.VarBuilder, spec: YoloV8Spec | None = None, *,
+               fold_bn: bool = True) -> YoloV8 | YoloV8Pose:
+    """The model ``spec`` describes (default: :func:`infer_spec` of ``vb``), loaded from ``vb``
+    (``fold_bn``: as :meth:`YoloV8.load`)."""
     spec = infer_spec(vb) if spec is None else spec
     if spec.task == "pose":
-        return YoloV8Pose.load(vb, spec.variant, spec.num_keypoints, spec.num_classes)
-    return YoloV8.load(vb, spec.variant, spec.num_classes)
+        return YoloV8Pose.load(vb, spec.variant, spec.num_keypoints, spec.num_classes,
+                               fold_bn=fold_bn)
+    return YoloV8.load(vb, spec.variant, spec.num_classes, fold_bn=fold_bn)

@@ -11,22 +11,26 @@ import candle_nn as cn
 import mlx.core as mx
 
 BN_EPS = 1e-3
+BN_MOMENTUM = 0.03  # ultralytics' BatchNorm momentum (PyTorch's convention)
 
 
 class ConvBlock(cn.Module):
-    """Conv (no bias) → BatchNorm (eps 1e-3, folded at load) → SiLU.
+    """Conv (no bias) → BatchNorm (eps 1e-3, momentum 0.03; folded at load unless
+    ``fold_bn=False``) → SiLU.
 
     Input ``(N, H, W, c1)`` → ``(N, H / stride, W / stride, c2)`` (padding ``k // 2``).
     """
 
-    def __init__(self, conv: cn.Conv2d) -> None:
+    def __init__(self, conv: "cn.Conv2d | cn.ConvBn") -> None:
         super().__init__(conv.device)
         self.conv = conv
 
     @classmethod
-    def load(cls, vb: cn.VarBuilder, c1: int, c2: int, k: int, stride: int = 1) -> "ConvBlock":
+    def load(cls, vb: cn.VarBuilder, c1: int, c2: int, k: int, stride: int = 1,
+             fold_bn: bool = True) -> "ConvBlock":
         config = cn.Conv2dConfig(padding=k // 2, stride=stride)
-        return cls(cn.Conv2d.load_with_bn(vb, c1, c2, k, config, eps=BN_EPS))
+        return cls(cn.conv_bn(vb, c1, c2, k, config, eps=BN_EPS, momentum=BN_MOMENTUM,
+                              fold_bn=fold_bn))
 
     def forward(self, x: mx.array, residual: mx.array | None = None) -> mx.array:
         """``silu(conv(x))``, plus ``residual`` when given (one fused pass on the CPU)."""
@@ -42,9 +46,10 @@ class Bottleneck(cn.Module):
         self.residual = residual
 
     @classmethod
-    def load(cls, vb: cn.VarBuilder, c1: int, c2: int, shortcut: bool) -> "Bottleneck":
-        return cls(ConvBlock.load(vb.pp("cv1"), c1, c2, 3), ConvBlock.load(vb.pp("cv2"), c2, c2, 3),
-                   shortcut and c1 == c2)
+    def load(cls, vb: cn.VarBuilder, c1: int, c2: int, shortcut: bool,
+             fold_bn: bool = True) -> "Bottleneck":
+        return cls(ConvBlock.load(vb.pp("cv1"), c1, c2, 3, fold_bn=fold_bn),
+                   ConvBlock.load(vb.pp("cv2"), c2, c2, 3, fold_bn=fold_bn), shortcut and c1 == c2)
 
     def forward(self, x: mx.array) -> mx.array:
         return self.cv2(self.cv1(x), residual=x if self.residual else None)
@@ -63,11 +68,13 @@ class C2f(cn.Module):
         self.bottleneck = bottleneck
 
     @classmethod
-    def load(cls, vb: cn.VarBuilder, c1: int, c2: int, n: int, shortcut: bool) -> "C2f":
-        c = c2 // 2
-        return cls(ConvBlock.load(vb.pp("cv1"), c1, 2 * c, 1),
-                   ConvBlock.load(vb.pp("cv2"), (2 + n) * c, c2, 1),
-                   [Bottleneck.load(vb.pp(f"bottleneck.{i}"), c, c, shortcut) for i in range(n)])
+    def load(cls, vb: cn.VarBuilder, c1: int, c2: int, n: int, shortcut: bool,
+             fold_bn: bool = True) -> "C2f":
+        c, f = c2 // 2, fold_bn
+        return cls(ConvBlock.load(vb.pp("cv1"), c1, 2 * c, 1, fold_bn=f),
+                   ConvBlock.load(vb.pp("cv2"), (2 + n) * c, c2, 1, fold_bn=f),
+                   [Bottleneck.load(vb.pp(f"bottleneck.{i}"), c, c, shortcut, f)
+                    for i in range(n)])
 
     def forward(self, x: mx.array) -> mx.array:
         ys = mx.split(self.cv1(x), 2, axis=-1)
@@ -90,10 +97,11 @@ class Sppf(cn.Module):
         self.k = k
 
     @classmethod
-    def load(cls, vb: cn.VarBuilder, c1: int, c2: int, k: int = 5) -> "Sppf":
+    def load(cls, vb: cn.VarBuilder, c1: int, c2: int, k: int = 5,
+             fold_bn: bool = True) -> "Sppf":
         c = c1 // 2
-        return cls(ConvBlock.load(vb.pp("cv1"), c1, c, 1),
-                   ConvBlock.load(vb.pp("cv2"), 4 * c, c2, 1), k)
+        return cls(ConvBlock.load(vb.pp("cv1"), c1, c, 1, fold_bn=fold_bn),
+                   ConvBlock.load(vb.pp("cv2"), 4 * c, c2, 1, fold_bn=fold_bn), k)
 
     def forward(self, x: mx.array) -> mx.array:
         ys = [self.cv1(x)]

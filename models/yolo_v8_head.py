@@ -6,7 +6,9 @@ Tensor names (candle's ``yolo-v8/model.rs``): ``cv2.{level}.{0,1,2}`` box branch
 1×1 convolution with bias.
 
 Both heads return the decoded prediction anchor-major, ``(N, anchors, channels)``, with the anchors
-of the stride-8, 16 and 32 maps in that order, each map row-major (ultralytics' order).
+of the stride-8, 16 and 32 maps in that order, each map row-major (ultralytics' order);
+:meth:`DetectionHead.raw` / :meth:`PoseHead.raw` the undecoded per-level maps a loss reads
+(ultralytics' train-mode ``Detect`` / ``Pose`` outputs).
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ REG_MAX = 16  # DFL bins per box side
 STRIDES = (8, 16, 32)  # of the three feature maps the heads read (p3, p4, p5)
 
 
-def _branch(vb: cn.VarBuilder, c_in: int, c_mid: int, c_out: int) -> cn.Sequential:
+def _branch(vb: cn.VarBuilder, c_in: int, c_mid: int, c_out: int,
+            fold_bn: bool = True) -> cn.Sequential:
     """``0``: 3×3 ConvBlock, ``1``: 3×3 ConvBlock, ``2``: 1×1 conv with bias."""
-    return cn.seq([ConvBlock.load(vb.pp(0), c_in, c_mid, 3),
-                   ConvBlock.load(vb.pp(1), c_mid, c_mid, 3),
+    return cn.seq([ConvBlock.load(vb.pp(0), c_in, c_mid, 3, fold_bn=fold_bn),
+                   ConvBlock.load(vb.pp(1), c_mid, c_mid, 3, fold_bn=fold_bn),
                    cn.Conv2d.load(vb.pp(2), c_mid, c_out, 1, cn.Conv2dConfig())])
 
 
@@ -83,16 +86,25 @@ class DetectionHead(cn.Module):
         self.num_classes = num_classes
 
     @classmethod
-    def load(cls, vb: cn.VarBuilder, num_classes: int,
-             filters: tuple[int, int, int]) -> "DetectionHead":
+    def load(cls, vb: cn.VarBuilder, num_classes: int, filters: tuple[int, int, int],
+             fold_bn: bool = True) -> "DetectionHead":
         """``filters``: channels of the neck's p3, p4, p5 outputs."""
         c2 = max(16, filters[0] // 4, 4 * REG_MAX)
         # ultralytics caps the class branch width at 100 (candle's max(filters[0], nc) agrees
         # for every class count up to 100, which covers its published checkpoints).
         c3 = max(filters[0], min(num_classes, 100))
-        cv2 = [_branch(vb.pp(f"cv2.{i}"), f, c2, 4 * REG_MAX) for i, f in enumerate(filters)]
-        cv3 = [_branch(vb.pp(f"cv3.{i}"), f, c3, num_classes) for i, f in enumerate(filters)]
+        cv2 = [_branch(vb.pp(f"cv2.{i}"), f, c2, 4 * REG_MAX, fold_bn)
+               for i, f in enumerate(filters)]
+        cv3 = [_branch(vb.pp(f"cv3.{i}"), f, c3, num_classes, fold_bn)
+               for i, f in enumerate(filters)]
         return cls(Dfl.load(vb.pp("dfl")), cv2, cv3, num_classes)
+
+    def raw(self, feats: list[mx.array]) -> list[mx.array]:
+        """Per level, the box branch's DFL logits and the class logits side by side:
+        ``(N, H, W, 4 * REG_MAX + num_classes)`` for each NHWC map of ``feats`` (ultralytics'
+        train-mode ``Detect`` output, channels-last)."""
+        return [mx.concatenate([box(f), cls(f)], axis=-1)
+                for f, box, cls in zip(feats, self.cv2, self.cv3)]
 
     def forward_with_anchors(self, feats: list[mx.array]) -> tuple[mx.array, mx.array, mx.array]:
         """``(prediction (N, A, 4 + nc), anchors (A, 2), strides (A, 1))`` for NHWC ``feats``."""
@@ -126,11 +138,20 @@ class PoseHead(cn.Module):
 
     @classmethod
     def load(cls, vb: cn.VarBuilder, num_classes: int, num_keypoints: int,
-             filters: tuple[int, int, int]) -> "PoseHead":
+             filters: tuple[int, int, int], fold_bn: bool = True) -> "PoseHead":
         nk = 3 * num_keypoints
         c4 = max(filters[0] // 4, nk)
-        cv4 = [_branch(vb.pp(f"cv4.{i}"), f, c4, nk) for i, f in enumerate(filters)]
-        return cls(DetectionHead.load(vb, num_classes, filters), cv4, num_keypoints)
+        cv4 = [_branch(vb.pp(f"cv4.{i}"), f, c4, nk, fold_bn) for i, f in enumerate(filters)]
+        return cls(DetectionHead.load(vb, num_classes, filters, fold_bn), cv4, num_keypoints)
+
+    def raw(self, feats: list[mx.array]) -> tuple[list[mx.array], mx.array]:
+        """The detection head's :meth:`DetectionHead.raw` maps and the raw keypoint outputs
+        ``(N, anchors, 3 * num_keypoints)`` (ultralytics' train-mode ``Pose`` output, anchor-major;
+        decoding is ``forward``'s)."""
+        n = feats[0].shape[0]
+        kpt = mx.concatenate([cv(f).reshape(n, -1, 3 * self.num_keypoints)
+                              for f, cv in zip(feats, self.cv4)], axis=1)
+        return self.detect.raw(feats), kpt
 
     def forward(self, feats: list[mx.array]) -> mx.array:
         det, anchors, strides = self.detect.forward_with_anchors(feats)
