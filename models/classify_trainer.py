@@ -13,9 +13,10 @@ Every file is written whole or not at all (a temporary file renamed onto it), ``
 ``checkpoint``: a run stopped at any moment resumes from its last finished epoch, and a resumed
 run ends with the weights an uninterrupted one would have. The checkpoint holds the model's
 parameters and BatchNorm statistics (``model.*``), the optimizer's state (``optimizer.*``: moments,
-step count), MLX's random key (``rng.mlx_key``) and, in its metadata, the configuration, epoch and
-history. The data order and every augmentation are drawn from NumPy generators seeded by
-``(seed, epoch)`` and ``(seed, epoch, image index)``, so they need no saved state.
+step count) and, in its metadata, the configuration, epoch and history. Random state needs no
+saving: the data order and every augmentation are drawn from NumPy generators seeded by
+``(seed, epoch)`` and ``(seed, epoch, image index)``, and MLX's global key (dropout, say) is
+re-seeded from ``(seed, epoch)`` when each epoch starts.
 
 Data parallelism (``mlx.launch``): each step takes ``batch_size`` images of the shuffled order (the
 same on every rank); rank ``r`` of ``W`` decodes and runs its ``batch_size / W`` of them, the
@@ -209,6 +210,7 @@ class ClassifierTrainer:
             return train_transform(rgb, np.random.default_rng([c.seed, epoch, index]), c.imgsz)
 
         loader = BatchLoader(split.paths, split.labels, self.batches(epoch), transform, pool)
+        mx.random.seed(int(np.random.default_rng([c.seed, epoch]).integers(2 ** 63)))
         self.model.train()
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{c.epochs}", unit="batch", leave=True,
                    disable=not (self.progress and self.is_main), dynamic_ncols=True)
@@ -290,7 +292,6 @@ class ClassifierTrainer:
         """The checkpoint's tensors and metadata."""
         tensors = {f"model.{k}": v for k, v in tree_flatten(self.model.parameters())}
         tensors.update({f"optimizer.{k}": v for k, v in tree_flatten(self.optimizer.state)})
-        tensors["rng.mlx_key"] = mx.random.state[0]
         meta = {"config": asdict(self.config), "epoch": self.epoch,
                 "best_accuracy": self.best_accuracy, "classes": self.data.classes,
                 "history": [asdict(r) for r in self.history], "format": 1,
@@ -302,7 +303,7 @@ class ClassifierTrainer:
         write_safetensors(self.out / CHECKPOINT, tensors, meta)
 
     def resume(self, path: "str | os.PathLike | None" = None) -> None:
-        """Restore the model, optimizer, random key, epoch and history from a checkpoint
+        """Restore the model, optimizer, epoch and history from a checkpoint
         (default: the run folder's)."""
         path = Path(path) if path is not None else self.out / CHECKPOINT
         tensors, meta = read_checkpoint(path)
@@ -317,7 +318,6 @@ class ClassifierTrainer:
         opt = [(k[len("optimizer."):], v) for k, v in tensors.items()
                if k.startswith("optimizer.")]
         self.optimizer.state = tree_unflatten(opt)
-        mx.random.state[0] = tensors["rng.mlx_key"]
         mx.eval(self.model.parameters(), self.optimizer.state)
         self.epoch = int(meta["epoch"])
         self.best_accuracy = float(meta["best_accuracy"])

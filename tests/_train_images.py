@@ -28,9 +28,7 @@ def texture(kind: str, rng: np.random.Generator, size: int = 64) -> np.ndarray:
         mask = cy ** 2 + cx ** 2 < (period * rng.uniform(0.2, 0.3)) ** 2
     else:
         raise ValueError(kind)
-    fg, bg = rng.uniform(0, 255, size=3), rng.uniform(0, 255, size=3)
-    while np.abs(fg - bg).sum() < 150:  # keep the pattern visible
-        fg, bg = rng.uniform(0, 255, size=3), rng.uniform(0, 255, size=3)
+    fg, bg = rng.uniform(170, 255, size=3), rng.uniform(0, 85, size=3)
     image = np.where(mask[..., None], fg, bg) + rng.normal(0, 12, size=(size, size, 3))
     return np.clip(image, 0, 255).astype(np.uint8)
 

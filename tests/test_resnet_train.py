@@ -124,9 +124,9 @@ def small_data(tmp_path_factory) -> Path:
     return write_textures(tmp_path_factory.mktemp("small") / "data", per_class=6, seed=1)
 
 
-def small_run(data: Path, out: Path, *extra) -> list:
-    return ["train", "--data", data, "--out", out, "--weights", backbone(), "--imgsz", 32,
-            "--batch-size", 8, "--no-progress", "--workers", 2, *extra]
+def small_run(data: Path, out: Path, *extra, weights: Path | None = None) -> list:
+    return ["train", "--data", data, "--out", out, "--weights", weights or backbone(),
+            "--imgsz", 32, "--batch-size", 8, "--no-progress", "--workers", 2, *extra]
 
 
 @pytest.mark.parametrize("args, fragments", [
@@ -185,28 +185,27 @@ def test_bad_images_are_warned_once_each_and_skipped(tmp_path, small_data):
 # -- learning --------------------------------------------------------------------------------
 
 LEARN_SEED = 0
-LEARN_EPOCHS = 3
+LEARN_EPOCHS = 5
 LEARN_THRESHOLD = 0.95
 
 
-def test_fine_tuning_learns_textures_and_the_cli_classifies_with_the_new_labels(tmp_path):
-    """Seed 0, 4 classes x 60 generated 64x64 images (48 train / 12 val each), a backbone of
-    seeded random weights with BatchNorm statistics calibrated on other generated images, a new
-    head trained alone (--freeze-backbone, AdamW lr 3e-3, batch 32, 3 epochs = 18 steps at
-    --imgsz 64): validation accuracy >= 95 %, then held-out images classified by name."""
+def test_fine_tuning_learns_textures_and_the_cli_classifies_with_the_new_labels(tmp_path,
+                                                                                calibrated):
+    """Seed 0; 4 texture classes x 60 generated 64x64 images (48 train / 12 validation each);
+    the calibrated random backbone, a new head, everything trained (train-mode BatchNorm), SGD
+    lr 0.02, batch 32, --imgsz 32, 5 epochs = 30 steps: validation accuracy >= 95 % (seen: 97.9
+    %), then the CLI names >= 11 of 12 held-out images right with the new labels."""
     data = write_textures(tmp_path / "data", per_class=60, seed=LEARN_SEED)
     out = tmp_path / "run"
-    result = run_cli("resnet", "train", "--data", data, "--out", out,
-                     "--weights", calibrated_backbone(tmp_path), "--freeze-backbone",
-                     "--optimizer", "adamw", "--lr", "3e-3", "--epochs", LEARN_EPOCHS,
-                     "--batch-size", 32, "--imgsz", 64, "--seed", LEARN_SEED, "--no-progress",
-                     timeout=600)
+    result = run_cli("resnet", "train", "--data", data, "--out", out, "--weights", calibrated,
+                     "--lr", "0.02", "--epochs", LEARN_EPOCHS, "--batch-size", 32,
+                     "--imgsz", 32, "--seed", LEARN_SEED, "--no-progress", timeout=900)
     assert result.returncode == 0, result.stderr
     history = (out / "results.csv").read_text().splitlines()
     assert len(history) == 1 + LEARN_EPOCHS
-    best = max(float(line.split(",")[4]) for line in history[1:])
-    print(f"validation accuracy per epoch: {[line.split(',')[4] for line in history[1:]]}")
-    assert best >= LEARN_THRESHOLD, history
+    accuracy = [float(line.split(",")[4]) for line in history[1:]]
+    print(f"validation accuracy per epoch: {accuracy}")
+    assert max(accuracy) >= LEARN_THRESHOLD, history
     assert (out / "labels.txt").read_text().split() == sorted(CLASSES)
 
     held_out = tmp_path / "held_out"
@@ -220,16 +219,22 @@ def test_fine_tuning_learns_textures_and_the_cli_classifies_with_the_new_labels(
     shown = run_cli("resnet", "--image", held_out, "--weights", out / "best.safetensors",
                     "--labels", out / "labels.txt", "--top-k", 1, "--json")
     assert shown.returncode == 0, shown.stderr
-    results = json.loads(shown.stdout)["results"]
+    results = json.loads(shown.stdout)["images"]
     predicted = {Path(r["image"]).name: r["top_k"][0]["label"] for r in results}
     right = sum(predicted[name] == kind for name, kind in truth.items())
-    assert right >= 11, predicted  # 12 held-out images
+    assert right >= 11, predicted
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory) -> Path:
+    return calibrated_backbone(tmp_path_factory.mktemp("backbone"))
 
 
 def calibrated_backbone(tmp_path: Path) -> Path:
     """The fixture's random ResNet-18 with each BatchNorm's running statistics set from
-    train-mode forwards over generated images (momentum 0.1, 10 batches of 32): random
-    convolutions with normalised activations, a stand-in for a pretrained backbone."""
+    train-mode forwards over augmented generated images (momentum 0.1, 10 batches of 32 at
+    32x32): random convolutions with normalised activations, a stand-in for a pretrained
+    backbone (the fixture's own statistics, 0 and 1, leave activations unnormalised)."""
     import candle_nn as cn
     import mlx.core as mx
     from candle_nn_models.classify_transforms import train_transform as augment
@@ -239,7 +244,7 @@ def calibrated_backbone(tmp_path: Path) -> Path:
     model.train()
     rng = np.random.default_rng(99)
     for _ in range(10):
-        batch = np.stack([augment(texture(CLASSES[int(rng.integers(4))], rng), rng, 64)
+        batch = np.stack([augment(texture(CLASSES[int(rng.integers(4))], rng), rng, 32)
                           for _ in range(32)])
         mx.eval(model(mx.array(batch)))
         mx.eval(model.parameters())
@@ -287,16 +292,17 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, small_data):
 # -- data parallel ---------------------------------------------------------------------------
 
 
-def test_two_processes_train_like_one_on_the_whole_batch(tmp_path, small_data):
+def test_two_processes_train_like_one_on_the_whole_batch(tmp_path, small_data, calibrated):
     """``mlx.launch -n 2 --backend ring``: each rank runs 4 of each step's 8 images, gradients
     averaged; with BatchNorm statistics frozen (--freeze-bn) the weights after 2 SGD steps equal
     one process's on the whole batch within float32 rounding (rtol 1e-4, atol 1e-6)."""
     launcher = Path(sys.executable).with_name("mlx.launch")
-    args = ["--epochs", 1, "--freeze-bn", "--lr", "0.05"]
-    one = run_cli("resnet", *small_run(small_data, tmp_path / "one", *args))
+    args = ["--epochs", 1, "--freeze-bn"]
+    one = run_cli("resnet", *small_run(small_data, tmp_path / "one", *args, weights=calibrated))
     assert one.returncode == 0, one.stderr
     two = subprocess.run([str(launcher), "-n", "2", "--backend", "ring", "--",
-                          *cli_command("resnet", *small_run(small_data, tmp_path / "two", *args))],
+                          *cli_command("resnet", *small_run(small_data, tmp_path / "two", *args,
+                                                             weights=calibrated))],
                          capture_output=True, timeout=300, env=cli_env(), cwd=ROOT)
     assert two.returncode == 0, two.stdout + two.stderr
     assert "2 processes" in (two.stdout + two.stderr).decode()
@@ -306,7 +312,7 @@ def test_two_processes_train_like_one_on_the_whole_batch(tmp_path, small_data):
     assert len(keys) == 102 and set(keys) <= set(b)  # 20 convs, 20 BatchNorms x 4, fc x 2
     for key in keys:
         np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6, err_msg=key)
-    start = checkpoint_tensors(backbone())["conv1.weight"].transpose(0, 2, 3, 1)
+    start = checkpoint_tensors(calibrated)["conv1.weight"].transpose(0, 2, 3, 1)
     assert np.abs(a["model.stem.conv.weight"] - start).max() > 1e-4  # the backbone trained
 
 
