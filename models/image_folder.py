@@ -4,6 +4,7 @@
 
     DIR/cat/001.jpg  DIR/dog/002.png ...            one subfolder per class, split by val_fraction
     DIR/train/cat/...  DIR/val/cat/...              or an explicit train/ + val/ split
+    DIR/train/cat/...                               (train/ alone: split by val_fraction)
 
 Class names are the subfolder names, sorted (index order of the classifier). Files with an image
 extension that Pillow cannot decode are reported in :attr:`ImageFolder.skipped` and left out;
@@ -88,6 +89,8 @@ class ImageFolder:
                                "with one subfolder of images per class")
         train_dir, val_dir = root / "train", root / "val"
         explicit = train_dir.is_dir() and val_dir.is_dir()
+        if train_dir.is_dir() and not explicit:
+            root = train_dir
         classes = _class_folders(train_dir if explicit else root)
         if explicit:
             extra = sorted(set(_class_folders(val_dir, required=False)) - set(classes))

@@ -28,16 +28,15 @@ from candle_nn_models.classify_trainer import (BEST, CHECKPOINT, LABELS, OPTIMIZ
 from candle_nn_models.image_folder import ImageFolder
 from candle_nn_models.resnet import VARIANTS, ResNet, infer_variant
 from candle_nn_models.scripts import interrupt
-from candle_nn_models.scripts.common import (add_device_argument, number_arg, parse_device,
-                                             shown)
+from candle_nn_models.scripts.common import number_arg, parse_device, shown
 from candle_nn_models.weights.metadata import WeightsMetadata
 from candle_nn_models.weights.registry import resolve_weights
 
 DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-3}
 IMGSZ_KEY = "candle_nn.imgsz"
+MIN_IMGSZ = 32
 # what a resumed run may change: where it runs, not what it computes
-RESUME_MAY_SET = {"resume", "out", "data", "device", "workers", "verbose", "compile",
-                  "no_progress"}
+RESUME_MAY_SET = {"resume", "out", "data", "device", "workers", "verbose", "no_progress"}
 
 
 def _positive(kind: type):
@@ -75,34 +74,39 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
                         "backbone (default: candle's published ImageNet weights of --variant)")
     parser.add_argument("--no-pretrained", action="store_true", **d(False),
                         help="start from seeded random (Kaiming) weights instead")
-    parser.add_argument("--epochs", type=_positive(int), **d(10), help="default 10")
-    parser.add_argument("--batch-size", type=_positive(int), **d(32),
+    parser.add_argument("--epochs", type=_positive(int), metavar="N", **d(10), help="default 10")
+    parser.add_argument("--batch-size", type=_positive(int), metavar="N", **d(32),
                         help="images per step, over all processes (default 32)")
-    parser.add_argument("--lr", type=_positive(float),
+    parser.add_argument("--lr", type=_positive(float), metavar="LR",
                         help="initial learning rate, cosine-decayed to 0 (default 0.01 for SGD, "
                              "0.001 for AdamW)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, **d("sgd"),
                         help="sgd (momentum 0.9) or adamw (default sgd)")
-    parser.add_argument("--weight-decay", type=lambda t: number_arg(t),
+    parser.add_argument("--weight-decay", type=lambda t: number_arg(t), metavar="WD",
                         help="default 1e-4 for SGD, 0.01 for AdamW")
     parser.add_argument("--freeze-backbone", action="store_true", **d(False),
                         help="train the new head only (backbone weights and BatchNorm frozen)")
     parser.add_argument("--freeze-bn", action="store_true", **d(False),
                         help="keep BatchNorm running statistics fixed (their scale/shift learn)")
-    parser.add_argument("--imgsz", type=_positive(int), **d(224),
+    parser.add_argument("--imgsz", type=_positive(int), metavar="PIXELS", **d(224),
                         help="training crop size; evaluation resizes to imgsz*256/224 and crops "
                              "imgsz (default 224)")
-    parser.add_argument("--val-fraction", type=_fraction, **d(0.2),
+    parser.add_argument("--val-fraction", type=_fraction, metavar="F", **d(0.2),
                         help="share of each class held out for validation when the folder has no "
                              "train/ + val/ split (default 0.2)")
-    parser.add_argument("--seed", type=lambda t: number_arg(t, int), **d(0),
+    parser.add_argument("--seed", type=lambda t: number_arg(t, int), metavar="N", **d(0),
                         help="seeds the head, the split, the order and the augmentation "
                              "(default 0)")
-    parser.add_argument("--workers", type=_positive(int), **d(min(8, os.cpu_count() or 1)),
+    parser.add_argument("--workers", type=_positive(int), metavar="N",
+                        **d(min(8, os.cpu_count() or 1)),
                         help="image decoding threads (default: CPU count, at most 8)")
     parser.add_argument("--no-progress", action="store_true", **d(False),
                         help="no progress bar (the per-epoch lines stay)")
-    add_device_argument(parser)
+    parser.add_argument("--device", help="cpu, gpu or gpu:N (default: the GPU when MLX has one, "
+                                          "else the CPU)")
+    parser.add_argument("--verbose", action="store_true", **d(False),
+                        help="print the MLX version, devices, CPU BLAS and float32 precision "
+                             "in use (to stderr)")
     return parser
 
 
@@ -168,6 +172,15 @@ def main(argv: Sequence[str]) -> int:
                             "pass --data DIR")
     group = mx.distributed.init()
     main_rank = group.rank() == 0
+    if run.imgsz < MIN_IMGSZ:
+        raise CandleNNError(f"--imgsz {run.imgsz} is below {MIN_IMGSZ}: a ResNet downsamples "
+                            f"32x, so smaller images leave no spatial detail; pass --imgsz "
+                            f"{MIN_IMGSZ} or more")
+    trains_bn = not (run.freeze_bn or run.freeze_backbone)
+    if trains_bn and run.batch_size < 2 * group.size():
+        raise CandleNNError(f"--batch-size {run.batch_size} gives a process fewer than 2 images "
+                            "a step, too few for BatchNorm's batch statistics; pass --batch-size "
+                            f"{2 * group.size()} or more, or --freeze-bn")
 
     device = parse_device(run.device, run.verbose and main_rank)
     data = ImageFolder.read(run.data, run.val_fraction, run.seed, run.workers)
@@ -211,8 +224,13 @@ def main(argv: Sequence[str]) -> int:
               + (f", {group.size()} processes" if group.size() > 1 else "")
               + (f"; resuming after epoch {trainer.epoch}" if checkpoint else ""),
               file=sys.stderr)
-    with model.on_device():
-        trainer.fit()
+    try:
+        with model.on_device():
+            trainer.fit()
+    except (RuntimeError, ValueError, MemoryError) as exc:  # MLX's: out of memory, a bad shape
+        raise CandleNNError(f"training stopped in epoch {trainer.epoch + 1}: "
+                            f"{type(exc).__name__}: {exc}; {shown(out)} keeps the last finished "
+                            "epoch (--resume)") from exc
     if main_rank:
         print(f"best validation accuracy {100 * trainer.best_accuracy:.1f}%: "
               f"{shown(out / BEST)}, labels {shown(out / LABELS)}")

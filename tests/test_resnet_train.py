@@ -98,6 +98,9 @@ def test_image_folder_splits_and_skips_bad_images(tmp_path):
     data = ImageFolder.read(split, val_fraction=0.5)
     assert (len(data.train), len(data.val)) == (16, 8)
     assert all("val" in p.parts for p in data.val.paths)
+    shutil.rmtree(split / "val")  # train/ alone: split it
+    data = ImageFolder.read(split, val_fraction=0.5)
+    assert data.classes == sorted(CLASSES) and (len(data.train), len(data.val)) == (8, 8)
 
 
 @pytest.mark.parametrize("layout, fragment", [
@@ -138,6 +141,8 @@ def small_run(data: Path, out: Path, *extra, weights: Path | None = None) -> lis
     (["--data", "{data}", "--weights", "/nonexistent.safetensors"], ["/nonexistent.safetensors"]),
     (["--data", "{data}", "--weights", "{weights}", "--variant", "resnet50"],
      ["resnet18", "resnet50"]),
+    (["--data", "{data}", "--batch-size", "1"], ["--batch-size 1", "--freeze-bn"]),
+    (["--data", "{data}", "--imgsz", "16"], ["--imgsz 16", "32"]),
     (["--data", "{data}", "--val-fraction", "1.5"], ["--val-fraction", "1.5"]),
     (["--data", "{data}", "--epochs", "0"], ["--epochs", "0"]),
     (["--data", "{data}", "--optimizer", "lion"], ["--optimizer", "lion"]),
