@@ -331,3 +331,15 @@ def test_help_lists_the_training_options():
                    "--val-fraction"):
         assert option in text, option
     assert "train" in run_cli("resnet", "--help").stdout.decode()
+
+
+def test_predict_labels_must_match_the_head(tmp_path):
+    labels = tmp_path / "labels.txt"
+    labels.write_text("a\nb\n")
+    image = tmp_path / "x.png"
+    Image.fromarray(texture("dots", np.random.default_rng(0))).save(image)
+    result = run_cli("resnet", "--image", image, "--weights", backbone(), "--labels", labels)
+    error_line(result.stderr, "--labels", "2 names", "1000 classes")
+    missing = run_cli("resnet", "--image", image, "--weights", backbone(), "--labels",
+                      tmp_path / "none.txt")
+    error_line(missing.stderr, "--labels", "none.txt")
