@@ -21,7 +21,7 @@ from .batch_norm import BatchNorm2d, freeze_bn_stats
 from .checkpoint import save_safetensors, state_dict
 from .conv import Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig
 from .conv1d import Conv1d, Conv1dConfig, ConvTranspose1d, ConvTranspose1dConfig
-from .conv_bn import ConvBn, conv_bn
+from .conv_bn import ConvBn
 from .device import Device
 from .dropout import Dropout
 from .embedding import Embedding
@@ -53,7 +53,7 @@ __all__ = [
     "LayerNorm", "LayerNorm2d", "LayerNormConfig", "Linear", "MaxPool2d", "MissingTensorError",
     "Module", "Sequential", "ShapeMismatchError", "TensorSource", "VarBuilder", "VarMap",
     "WeightsFileError",
-    "avg_pool2d", "check_image_batch", "check_same_device", "check_weights_path", "conv_bn",
+    "avg_pool2d", "check_image_batch", "check_same_device", "check_weights_path",
     "freeze_bn_stats",
     "float32_precision", "gelu", "gelu_tanh", "info", "max_pool2d", "model_dtype",
     "multi_head_attention",

@@ -1,6 +1,6 @@
 """A convolution followed by a BatchNorm, folded into one conv for inference or kept for training.
 
-Models call :func:`conv_bn` and get one of two layers with the same call signature
+Models call :meth:`ConvBn.load` and get one of two layers with the same call signature
 ``layer(x, activation=..., residual=..., residual_after_activation=...)``:
 
 * ``fold_bn=True`` (inference, the default): a :class:`Conv2d` with the BatchNorm absorbed
@@ -52,20 +52,23 @@ class ConvBn(Module):
         return bias_act(self.bn(self.conv(x)), None, activation, residual,
                         residual_after_activation=residual_after_activation)
 
+    @classmethod
+    def load(cls, vb: VarBuilder, in_channels: int, out_channels: int,
+             kernel_size: "int | tuple[int, int]", config: Conv2dConfig = Conv2dConfig(), *,
+             conv: str = "conv", bn: str = "bn", eps: float = 1e-5, momentum: float = 0.1,
+             fold_bn: bool = True) -> "Conv2d | ConvBn":
+        """A conv without bias at ``vb.pp(conv)`` and its BatchNorm at ``vb.pp(bn)`` (``eps``,
+        ``momentum``): a ConvBn (``fold_bn=False``, to train), or, by default, one
+        :class:`Conv2d` with the BatchNorm folded in (``Conv2d.load_with_bn``, inference)."""
+        if fold_bn:
+            return Conv2d.load_with_bn(vb, in_channels, out_channels, kernel_size, config,
+                                       conv=conv, bn=bn, eps=eps)
+        layer = Conv2d.load(vb.pp(conv), in_channels, out_channels, kernel_size, config,
+                            bias=False)
+        return cls(layer, BatchNorm2d.load(vb.pp(bn), out_channels, eps, momentum))
+
     def fold(self) -> Conv2d:
         """The inference layer: a new Conv2d with the BatchNorm's running statistics absorbed
-        (what ``conv_bn(..., fold_bn=True)`` builds from a saved checkpoint)."""
+        (what ``ConvBn.load(..., fold_bn=True)`` builds from a saved checkpoint)."""
         return self.conv.absorb_bn(self.bn)
 
-
-def conv_bn(vb: VarBuilder, in_channels: int, out_channels: int,
-            kernel_size: "int | tuple[int, int]", config: Conv2dConfig = Conv2dConfig(), *,
-            conv: str = "conv", bn: str = "bn", eps: float = 1e-5, momentum: float = 0.1,
-            fold_bn: bool = True) -> "Conv2d | ConvBn":
-    """A conv without bias at ``vb.pp(conv)`` and its BatchNorm at ``vb.pp(bn)`` (``eps``,
-    ``momentum``): folded into one :class:`Conv2d` (``fold_bn=True``) or a :class:`ConvBn`."""
-    if fold_bn:
-        return Conv2d.load_with_bn(vb, in_channels, out_channels, kernel_size, config,
-                                   conv=conv, bn=bn, eps=eps)
-    layer = Conv2d.load(vb.pp(conv), in_channels, out_channels, kernel_size, config, bias=False)
-    return ConvBn(layer, BatchNorm2d.load(vb.pp(bn), out_channels, eps, momentum))

@@ -85,6 +85,7 @@ import weakref
 import mlx.core as mx
 
 from . import cpu_native, cpu_winograd
+from .custom_vjp import with_reference_vjp
 
 ENV_VAR = "CANDLE_NN_CPU_FAST"
 _enabled = os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "off", "false", "no")
@@ -147,8 +148,10 @@ def exp_f32(x: mx.array) -> mx.array:
     return (p * (r * r) + r + 1.0) * two_n
 
 
-# ``x * sigmoid(x)`` for float32 on the CPU (see exp_f32).
-silu_f32 = mx.compile(lambda x: x / (1.0 + exp_f32(-x)))
+# ``x * sigmoid(x)`` for float32 on the CPU (see exp_f32); exp_f32's bit cast (``view``) has no
+# VJP, so gradients are those of MLX's own ``x * sigmoid(x)``.
+silu_f32 = with_reference_vjp(mx.compile(lambda x: x / (1.0 + exp_f32(-x))),
+                              lambda x: x * mx.sigmoid(x))
 
 
 # -- the compiled kernels (cpu_native.py), with the pure-MLX paths as fallback ---------------------

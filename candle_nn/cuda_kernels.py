@@ -16,6 +16,9 @@ Kernels:
 * :func:`max_pool2d`: NHWC max pooling with implicit -inf padding, one pass over the input
   (MLX's strided-window reduction materialises ``kH * kW`` copies of the input first).
 
+Custom kernels have no VJP in MLX: each kernel's gradient is that of the same math in MLX ops
+(custom_vjp.py), so models using them train.
+
 ``CANDLE_NN_CUDA_KERNELS=0`` switches them all off (MLX's own ops everywhere);
 ``CANDLE_NN_CUDA_KERNELS=dfl,max_pool`` keeps only those named.
 """
@@ -26,6 +29,9 @@ import functools
 import os
 
 import mlx.core as mx
+import mlx.nn as mlx_nn
+
+from .custom_vjp import with_reference_vjp
 
 _THREADS = 256
 
@@ -137,11 +143,19 @@ def depthwise_conv2d(x: mx.array, weight: mx.array, bias: mx.array | None,
     total = n * oh * ow * c // vec
     params = dict(N=n, H=h, W=w, C=c, OH=oh, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw,
                   VEC=vec)
-    return _depthwise_kernel()(
-        inputs=[x, weight.astype(x.dtype), bias.astype(x.dtype)],
-        template=[("T", x.dtype), *params.items()],
-        grid=(_round_up(total), 1, 1), threadgroup=(_THREADS, 1, 1),
-        output_shapes=[(n, oh, ow, c)], output_dtypes=[x.dtype])[0]
+
+    def run(x: mx.array, weight: mx.array, bias: mx.array) -> mx.array:
+        return _depthwise_kernel()(
+            inputs=[x, weight.astype(x.dtype), bias.astype(x.dtype)],
+            template=[("T", x.dtype), *params.items()],
+            grid=(_round_up(total), 1, 1), threadgroup=(_THREADS, 1, 1),
+            output_shapes=[(n, oh, ow, c)], output_dtypes=[x.dtype])[0]
+
+    def reference(x: mx.array, weight: mx.array, bias: mx.array) -> mx.array:
+        y = mx.conv2d(x, weight.astype(x.dtype), stride=stride, padding=padding, groups=c)
+        return y + bias.astype(x.dtype)
+
+    return with_reference_vjp(run, reference)(x, weight, bias)
 
 
 _DFL = r"""
@@ -175,11 +189,19 @@ def dfl_decode(x: mx.array, weight: mx.array) -> mx.array:
     softmax over the bins dotted with ``weight`` (float32 inside)."""
     bins = x.shape[-1]
     rows = x.size // bins
-    return _dfl_kernel()(
-        inputs=[x, weight.astype(mx.float32)], template=[("T", x.dtype), ("BINS", bins),
-                                                         ("ROWS", rows)],
-        grid=(_round_up(rows), 1, 1), threadgroup=(_THREADS, 1, 1),
-        output_shapes=[x.shape[:-1]], output_dtypes=[x.dtype])[0]
+
+    def run(x: mx.array, weight: mx.array) -> mx.array:
+        return _dfl_kernel()(
+            inputs=[x, weight.astype(mx.float32)], template=[("T", x.dtype), ("BINS", bins),
+                                                             ("ROWS", rows)],
+            grid=(_round_up(rows), 1, 1), threadgroup=(_THREADS, 1, 1),
+            output_shapes=[x.shape[:-1]], output_dtypes=[x.dtype])[0]
+
+    def reference(x: mx.array, weight: mx.array) -> mx.array:
+        probs = mx.softmax(x.astype(mx.float32), axis=-1)
+        return (probs @ weight.astype(mx.float32)).astype(x.dtype)
+
+    return with_reference_vjp(run, reference)(x, weight)
 
 
 _MAX_POOL = _output_pixel("1") + r"""
@@ -205,10 +227,17 @@ def max_pool2d(x: mx.array, kernel: tuple[int, int], stride: tuple[int, int],
     oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
     total = n * oh * ow * c
     params = dict(N=n, H=h, W=w, C=c, OH=oh, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw)
-    return _max_pool_kernel()(
-        inputs=[x], template=[("T", x.dtype), *params.items()],
-        grid=(_round_up(total), 1, 1), threadgroup=(_THREADS, 1, 1),
-        output_shapes=[(n, oh, ow, c)], output_dtypes=[x.dtype])[0]
+
+    def run(x: mx.array) -> mx.array:
+        return _max_pool_kernel()(
+            inputs=[x], template=[("T", x.dtype), *params.items()],
+            grid=(_round_up(total), 1, 1), threadgroup=(_THREADS, 1, 1),
+            output_shapes=[(n, oh, ow, c)], output_dtypes=[x.dtype])[0]
+
+    def reference(x: mx.array) -> mx.array:  # MLX's pooling pads max pools with -inf
+        return mlx_nn.MaxPool2d(kernel, stride, padding)(x)
+
+    return with_reference_vjp(run, reference)(x)
 
 
 def _round_up(total: int) -> int:

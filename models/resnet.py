@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from candle_nn import (Conv2d, Conv2dConfig, ConvBn, Linear, Module, ShapeMismatchError,
                        VarBuilder, WeightsFileError, check_image_batch, max_pool2d)
-from candle_nn.conv_bn import conv_bn as _conv_bn
 import mlx.core as mx
 
 
@@ -54,7 +53,7 @@ def conv_bn(vb: VarBuilder, conv: str, bn: str, in_channels: int, out_channels: 
             kernel_size: int, stride: int = 1, fold_bn: bool = True) -> "Conv2d | ConvBn":
     """``vb.conv`` (no bias, "same" padding) with ``vb.bn`` absorbed (``fold_bn=False``: kept)."""
     config = Conv2dConfig(padding=kernel_size // 2, stride=stride)
-    return _conv_bn(vb, in_channels, out_channels, kernel_size, config, conv=conv, bn=bn,
+    return ConvBn.load(vb, in_channels, out_channels, kernel_size, config, conv=conv, bn=bn,
                     eps=1e-5, momentum=0.1, fold_bn=fold_bn)
 
 

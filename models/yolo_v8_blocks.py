@@ -29,7 +29,7 @@ class ConvBlock(cn.Module):
     def load(cls, vb: cn.VarBuilder, c1: int, c2: int, k: int, stride: int = 1,
              fold_bn: bool = True) -> "ConvBlock":
         config = cn.Conv2dConfig(padding=k // 2, stride=stride)
-        return cls(cn.conv_bn(vb, c1, c2, k, config, eps=BN_EPS, momentum=BN_MOMENTUM,
+        return cls(cn.ConvBn.load(vb, c1, c2, k, config, eps=BN_EPS, momentum=BN_MOMENTUM,
                               fold_bn=fold_bn))
 
     def forward(self, x: mx.array, residual: mx.array | None = None) -> mx.array:

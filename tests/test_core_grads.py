@@ -21,17 +21,21 @@ import torch.nn.functional as F
 
 import candle_nn as cn
 import mlx.core as mx
-from candle_nn import cpu_fast
+from candle_nn import cpu_fast, cpu_native
 from candle_nn.checkpoint import state_dict
 
 TOL_OUT = 1e-5  # max|err| / max|ref|, float32 against float64
 TOL_GRAD = 5e-5
 
 
-@pytest.fixture(params=[True, False], ids=["fast_on", "fast_off"])
-def fast(request):
+@pytest.fixture(params=["on", "mlx_paths", "off"], ids=["fast_on", "fast_mlx_paths", "fast_off"])
+def fast(request, monkeypatch):
+    """The CPU fast paths: on (the compiled kernels first), on without the compiled kernels (the
+    pure-MLX paths: polynomial SiLU/GELU, the compiled depthwise conv), off."""
     was = cpu_fast.enabled()
-    cpu_fast.set_enabled(request.param)
+    cpu_fast.set_enabled(request.param != "off")
+    if request.param == "mlx_paths":
+        monkeypatch.setattr(cpu_native, "module", lambda: None)
     yield request.param
     cpu_fast.set_enabled(was)
 
@@ -140,7 +144,7 @@ def conv_bn_case() -> Case:
          **{f"bn.{k}": v for k, v in bn_tensors(6).items()}}
 
     def build(vb):
-        layer = cn.conv_bn(vb, 4, 6, 3, cn.Conv2dConfig(padding=1), fold_bn=False).train()
+        layer = cn.ConvBn.load(vb, 4, 6, 3, cn.Conv2dConfig(padding=1), fold_bn=False).train()
         return layer, lambda x, res: layer(x, activation="relu", residual=res)
 
     def ref(p, x, res):

@@ -48,3 +48,20 @@ def test_train_mode_raw_outputs_and_running_stats():
     model.eval()
     out = np.array(model(x))
     assert out.shape == folded.shape == (2, 84, 8400)
+
+
+def test_trained_checkpoint_names_everything_and_reloads_folded(tmp_path):
+    """After train-mode forwards (statistics moved), the saved file holds the weights file's
+    names exactly, and reloads folded within 1e-5 of the model in eval mode."""
+    _, _, folder = load_fixture("yolov8n_loss")
+    weights = folder / "weights.safetensors"
+    model = YoloV8.load(cn.VarBuilder.from_safetensors(weights), "n", 80, fold_bn=False).train()
+    x = mx.array(np.random.default_rng(0).uniform(0, 1, (2, 128, 160, 3)).astype(np.float32))
+    mx.eval(model(x), model.state)
+    path = tmp_path / "trained.safetensors"
+    saved = cn.save_safetensors(model.eval(), path)
+    original = cn.VarBuilder.from_safetensors(weights)
+    assert set(saved) == {n for n in original.names() if not n.endswith("num_batches_tracked")}
+    reloaded = YoloV8.load(cn.VarBuilder.from_safetensors(path), "n", 80)
+    want, got = np.array(model(x)), np.array(reloaded(x))
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()

@@ -54,18 +54,20 @@ class Sam(Module):
 
     @classmethod
     def load(cls, vb: VarBuilder,
-             encoder: "str | TinyViTConfig | ViTConfig" = "tiny") -> "Sam":
+             encoder: "str | TinyViTConfig | ViTConfig" = "tiny", *,
+             fold_bn: bool = True) -> "Sam":
         """Build SAM from ``vb`` with the image encoder ``encoder``: ``"tiny"`` (MobileSAM's
         TinyViT-5M, candle's ``Sam::new_tiny``), ``"vit_b"`` (candle's ``Sam::new(768, 12, 12,
         &[2, 5, 8, 11])``), ``"vit_l"``, ``"vit_h"``, or a :class:`TinyViTConfig` /
-        :class:`ViTConfig`."""
+        :class:`ViTConfig`. ``fold_bn=False`` keeps TinyViT's BatchNorms, to train (the ViT
+        encoders have none)."""
         size = IMAGE_EMBEDDING_SIZE
         image_vb = vb.pp("image_encoder")
         if isinstance(encoder, str):
             encoder = (TINY_VIT_CONFIGS[MOBILE_SAM_ENCODERS[encoder]]
                        if encoder in MOBILE_SAM_ENCODERS else VIT_CONFIGS.get(encoder, encoder))
         if isinstance(encoder, TinyViTConfig):
-            image_encoder: Module = TinyViT.load(image_vb, encoder)
+            image_encoder: Module = TinyViT.load(image_vb, encoder, fold_bn=fold_bn)
         elif isinstance(encoder, ViTConfig):
             image_encoder = ImageEncoderViT.load(image_vb, encoder)
         else:

@@ -5,7 +5,8 @@ Input ``(B, 1024, 1024, 3)`` normalised pixels → image embeddings ``(B, 64, 64
 Structure (MobileSAM's ``tiny_vit_sam.py``, candle's ``tiny_vit.rs``): a stride-4 conv stem,
 one MBConv stage, three stages of windowed attention blocks (attention + a depthwise "local"
 conv + an MLP), patch merging between stages, and a neck of two convolutions with LayerNorm2d.
-Every Conv2d+BatchNorm pair (``*.c`` / ``*.bn``) is folded into one convolution at load.
+Every Conv2d+BatchNorm pair (``*.c`` / ``*.bn``) is folded into one convolution at load (kept as
+layers with ``TinyViT.load(..., fold_bn=False)`` / ``Sam.load(..., fold_bn=False)``, to train).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import candle_nn as cn
-from candle_nn import Conv2d, Conv2dConfig, LayerNorm, Linear, Module, VarBuilder
+from candle_nn import Conv2d, Conv2dConfig, ConvBn, LayerNorm, Linear, Module, VarBuilder
 import mlx.core as mx
 import numpy as np
 
@@ -44,9 +45,11 @@ TINY_VIT_CONFIGS: dict[str, TinyViTConfig] = {
 
 
 def conv2d_bn(vb: VarBuilder, in_channels: int, out_channels: int, kernel_size: int,
-              config: Conv2dConfig = Conv2dConfig()) -> Conv2d:
-    """MobileSAM's ``Conv2d_BN``: ``c`` (no bias) then ``bn`` (eps 1e-5), one Conv2d."""
-    return Conv2d.load_with_bn(vb, in_channels, out_channels, kernel_size, config, conv="c")
+              config: Conv2dConfig = Conv2dConfig(), fold_bn: bool = True) -> "Conv2d | ConvBn":
+    """MobileSAM's ``Conv2d_BN``: ``c`` (no bias) then ``bn`` (eps 1e-5, momentum 0.1), one
+    Conv2d (``fold_bn=False``: a :class:`ConvBn`, to train)."""
+    return ConvBn.load(vb, in_channels, out_channels, kernel_size, config, conv="c",
+                       fold_bn=fold_bn)
 
 
 class PatchEmbed(Module):
@@ -57,10 +60,11 @@ class PatchEmbed(Module):
         self.conv1, self.conv2 = conv1, conv2
 
     @classmethod
-    def load(cls, vb: VarBuilder, in_channels: int, embed_dim: int) -> "PatchEmbed":
+    def load(cls, vb: VarBuilder, in_channels: int, embed_dim: int,
+             fold_bn: bool = True) -> "PatchEmbed":
         cfg = Conv2dConfig(stride=2, padding=1)
-        return cls(conv2d_bn(vb.pp("seq.0"), in_channels, embed_dim // 2, 3, cfg),
-                   conv2d_bn(vb.pp("seq.2"), embed_dim // 2, embed_dim, 3, cfg))
+        return cls(conv2d_bn(vb.pp("seq.0"), in_channels, embed_dim // 2, 3, cfg, fold_bn),
+                   conv2d_bn(vb.pp("seq.2"), embed_dim // 2, embed_dim, 3, cfg, fold_bn))
 
     def forward(self, x: mx.array) -> mx.array:
         return self.conv2(self.conv1(x, activation="gelu"))
@@ -75,12 +79,13 @@ class ThreeConvs(Module):
         self.conv1, self.conv2, self.conv3 = conv1, conv2, conv3
 
     @classmethod
-    def load(cls, vb: VarBuilder, dim: int, hidden: int, out: int, stride: int = 1) -> "ThreeConvs":
+    def load(cls, vb: VarBuilder, dim: int, hidden: int, out: int, stride: int = 1,
+             fold_bn: bool = True) -> "ThreeConvs":
         """``dim`` → ``hidden`` → (depthwise, ``stride``) → ``out`` channels."""
-        return cls(conv2d_bn(vb.pp("conv1"), dim, hidden, 1),
+        return cls(conv2d_bn(vb.pp("conv1"), dim, hidden, 1, fold_bn=fold_bn),
                    conv2d_bn(vb.pp("conv2"), hidden, hidden, 3,
-                             Conv2dConfig(padding=1, stride=stride, groups=hidden)),
-                   conv2d_bn(vb.pp("conv3"), hidden, out, 1))
+                             Conv2dConfig(padding=1, stride=stride, groups=hidden), fold_bn),
+                   conv2d_bn(vb.pp("conv3"), hidden, out, 1, fold_bn=fold_bn))
 
 
 class MBConv(ThreeConvs):
@@ -88,8 +93,9 @@ class MBConv(ThreeConvs):
 
     @classmethod
     def load(cls, vb: VarBuilder, dim: int,  # type: ignore[override]
-             expand_ratio: int = MBCONV_EXPAND_RATIO) -> "MBConv":
-        return super().load(vb, dim, dim * expand_ratio, dim)  # type: ignore[return-value]
+             expand_ratio: int = MBCONV_EXPAND_RATIO, fold_bn: bool = True) -> "MBConv":
+        return super().load(vb, dim, dim * expand_ratio, dim,  # type: ignore[return-value]
+                            fold_bn=fold_bn)
 
     def forward(self, x: mx.array) -> mx.array:
         y = self.conv2(self.conv1(x, activation="gelu"), activation="gelu")
@@ -103,9 +109,10 @@ class PatchMerging(ThreeConvs):
     """
 
     @classmethod
-    def load(cls, vb: VarBuilder, dim: int, out: int) -> "PatchMerging":  # type: ignore[override]
+    def load(cls, vb: VarBuilder, dim: int, out: int,  # type: ignore[override]
+             fold_bn: bool = True) -> "PatchMerging":
         stride = 1 if out in (320, 448, 576) else 2  # MobileSAM keeps 64x64 for the last stage
-        return super().load(vb, dim, out, out, stride)  # type: ignore[return-value]
+        return super().load(vb, dim, out, out, stride, fold_bn)  # type: ignore[return-value]
 
     def forward(self, x: mx.array) -> mx.array:
         return self.conv3(self.conv2(self.conv1(x, activation="gelu"), activation="gelu"))
@@ -120,9 +127,11 @@ class ConvLayer(Module):
         self.downsample = downsample
 
     @classmethod
-    def load(cls, vb: VarBuilder, dim: int, out: int, depth: int) -> "ConvLayer":
-        return cls([MBConv.load(vb.pp("blocks").pp(i), dim) for i in range(depth)],
-                   PatchMerging.load(vb.pp("downsample"), dim, out))
+    def load(cls, vb: VarBuilder, dim: int, out: int, depth: int,
+             fold_bn: bool = True) -> "ConvLayer":
+        return cls([MBConv.load(vb.pp("blocks").pp(i), dim, fold_bn=fold_bn)
+                    for i in range(depth)],
+                   PatchMerging.load(vb.pp("downsample"), dim, out, fold_bn))
 
     def forward(self, x: mx.array) -> mx.array:
         for block in self.blocks:
@@ -218,10 +227,11 @@ class TinyViTBlock(Module):
         self.attn, self.local_conv, self.mlp = attn, local_conv, mlp
 
     @classmethod
-    def load(cls, vb: VarBuilder, dim: int, num_heads: int, window: int) -> "TinyViTBlock":
+    def load(cls, vb: VarBuilder, dim: int, num_heads: int, window: int,
+             fold_bn: bool = True) -> "TinyViTBlock":
         return cls(WindowAttention.load(vb.pp("attn"), dim, num_heads, window),
                    conv2d_bn(vb.pp("local_conv"), dim, dim, LOCAL_CONV_SIZE,
-                             Conv2dConfig(padding=LOCAL_CONV_SIZE // 2, groups=dim)),
+                             Conv2dConfig(padding=LOCAL_CONV_SIZE // 2, groups=dim), fold_bn),
                    Mlp.load(vb.pp("mlp"), dim, dim * MLP_RATIO), window)
 
     def forward(self, x: mx.array) -> mx.array:
@@ -247,11 +257,12 @@ class BasicLayer(Module):
 
     @classmethod
     def load(cls, vb: VarBuilder, dim: int, depth: int, num_heads: int, window: int,
-             out: int | None) -> "BasicLayer":
+             out: int | None, fold_bn: bool = True) -> "BasicLayer":
         """``out=None``: the last stage, without patch merging."""
-        return cls([TinyViTBlock.load(vb.pp("blocks").pp(i), dim, num_heads, window)
+        return cls([TinyViTBlock.load(vb.pp("blocks").pp(i), dim, num_heads, window, fold_bn)
                     for i in range(depth)],
-                   None if out is None else PatchMerging.load(vb.pp("downsample"), dim, out))
+                   None if out is None
+                   else PatchMerging.load(vb.pp("downsample"), dim, out, fold_bn))
 
     def forward(self, x: mx.array) -> mx.array:
         for block in self.blocks:
@@ -277,23 +288,27 @@ class TinyViT(Module):
         self.patch_embed = patch_embed
         self.layers = layers
         self.neck = neck
+        self.eval()  # a model predicts as loaded; model.train() to train
 
     @classmethod
-    def load(cls, vb: VarBuilder, variant: "str | TinyViTConfig" = "5m") -> "TinyViT":
+    def load(cls, vb: VarBuilder, variant: "str | TinyViTConfig" = "5m", *,
+             fold_bn: bool = True) -> "TinyViT":
         """Build ``variant`` (a key of ``TINY_VIT_CONFIGS`` or a :class:`TinyViTConfig`) from
-        ``vb`` (``image_encoder``)."""
+        ``vb`` (``image_encoder``); ``fold_bn=False`` keeps the BatchNorms, to train."""
         if isinstance(variant, str):
             if variant not in TINY_VIT_CONFIGS:
                 raise ValueError(f"unknown TinyViT variant {variant!r}; "
                                  f"choose one of {sorted(TINY_VIT_CONFIGS)}")
             variant = TINY_VIT_CONFIGS[variant]
         c, dims = variant, variant.embed_dims
-        patch_embed = PatchEmbed.load(vb.pp("patch_embed"), IN_CHANNELS, dims[0])
-        layers: list[Module] = [ConvLayer.load(vb.pp("layers.0"), dims[0], dims[1], c.depths[0])]
+        f = fold_bn
+        patch_embed = PatchEmbed.load(vb.pp("patch_embed"), IN_CHANNELS, dims[0], f)
+        layers: list[Module] = [ConvLayer.load(vb.pp("layers.0"), dims[0], dims[1], c.depths[0],
+                                               f)]
         for i in range(1, len(dims)):
             out = dims[i + 1] if i + 1 < len(dims) else None
             layers.append(BasicLayer.load(vb.pp("layers").pp(i), dims[i], c.depths[i],
-                                          c.num_heads[i], c.window_sizes[i], out))
+                                          c.num_heads[i], c.window_sizes[i], out, f))
         return cls(patch_embed, layers, Neck.load(vb.pp("neck"), dims[-1], NECK_CHANNELS))
 
     def forward(self, x: mx.array) -> mx.array:
