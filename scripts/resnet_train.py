@@ -188,8 +188,10 @@ def main(argv: Sequence[str]) -> int:
         for path, reason in data.skipped:
             print(f"warning: {shown(path)}: skipped, not a readable image ({reason})",
                   file=sys.stderr)
-    model, variant = build_model(run.variant, run.weights, not run.no_pretrained,
-                                 len(data.classes), run.seed, device)
+    # a resumed run takes every weight from its checkpoint: no backbone file (or download)
+    model, variant = build_model(run.variant, None if checkpoint else run.weights,
+                                 not (run.no_pretrained or checkpoint), len(data.classes),
+                                 run.seed, device)
     frozen = None
     if run.freeze_backbone:
         model.freeze()
@@ -212,6 +214,7 @@ def main(argv: Sequence[str]) -> int:
         _prepare_out(out)
     run_info = {k: v for k, v in vars(run).items() if k not in RESUME_MAY_SET - {"data"}}
     run_info["data"] = os.fspath(Path(run.data).absolute())
+    run_info["variant"] = variant  # what --weights held, for --resume
     trainer = ClassifierTrainer(model, config, data, out, best_metadata=best_meta, group=group,
                                 workers=run.workers, progress=not run.no_progress,
                                 run_info=run_info, frozen=frozen,

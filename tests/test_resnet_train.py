@@ -270,7 +270,9 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, small_data):
     assert straight.returncode == 0, straight.stderr
 
     out = tmp_path / "b"
-    proc = subprocess.Popen(cli_command("resnet", *small_run(small_data, out, *args)),
+    weights = Path(shutil.copy(backbone(), tmp_path / "backbone.safetensors"))
+    proc = subprocess.Popen(cli_command("resnet", *small_run(small_data, out, *args,
+                                                             weights=weights)),
                             env=cli_env(), cwd=ROOT, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
     while checkpoint_epoch(out / "checkpoint.safetensors") != 1:
@@ -282,6 +284,7 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, small_data):
     assert checkpoint_epoch(out / "checkpoint.safetensors") == 1
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no partial files
 
+    weights.unlink()  # not needed to resume: every weight comes from the checkpoint
     resumed = run_cli("resnet", "train", "--resume", "--out", out, "--no-progress")
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming after epoch 1" in resumed.stderr.decode()
