@@ -320,6 +320,8 @@ def test_two_processes_train_like_one_on_the_whole_batch(tmp_path, small_data, c
     assert len(keys) == 102 and set(keys) <= set(b)  # 20 convs, 20 BatchNorms x 4, fc x 2
     for key in keys:
         np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6, err_msg=key)
+    worst = max(float(np.abs(b[k] - a[k]).max() / max(np.abs(a[k]).max(), 1e-12)) for k in keys)
+    print(f"2 ranks vs 1: max |difference| / max |value| per tensor: {worst:.2e}")
     start = checkpoint_tensors(calibrated)["conv1.weight"].transpose(0, 2, 3, 1)
     assert np.abs(a["model.stem.conv.weight"] - start).max() > 1e-4  # the backbone trained
 
