@@ -38,13 +38,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from candle_nn import CandleNNError, WeightsFileError, save_safetensors
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
-import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
+import numpy as np
 
-from candle_nn import CandleNNError, WeightsFileError, save_safetensors
 from candle_nn.atomic_write import atomic_write
 from candle_nn.checkpoint import write_safetensors
 from candle_nn_models.classify_transforms import eval_transform, train_transform
