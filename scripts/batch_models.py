@@ -168,7 +168,7 @@ class YoloBatch(BatchModel):
         return lb.image, {"scale": lb.scale, "pad_x": lb.pad[0], "pad_y": lb.pad[1]}
 
     def _load(self, device):
-        from candle_nn_models.scripts.yolo_v8 import load_detector
+        from candle_nn_models.scripts.yolo_v8_weights import load_detector
 
         self.model, self.spec, self.names, path = load_detector(
             self.options.weights, self.task, self.options.variant, device)

@@ -2,17 +2,21 @@
 
     candle-resnet --image bike.jpg [DIR 'photos/*.jpg' - ...] [--recursive] [--strict]
                   [--variant resnet18..resnet152] [--weights FILE] [--device cpu|gpu]
-                  [--top-k 5] [--batch-size 8] [--max-pixels N] [--json]
+                  [--top-k 5] [--batch-size 8] [--max-pixels N] [--json] [--labels FILE]
+    candle-resnet train --data DIR ...   (fine-tune on your images: scripts/resnet_train.py)
 
 Without ``--weights`` the default is candle's published ``resnet{depth}.safetensors`` (variant
 ``resnet18`` unless ``--variant`` says otherwise). With ``--weights`` the variant and class count
-are read from the file, and a ``--variant`` that disagrees is an error. Labels come from the file's
-``candle_nn.names`` metadata when present, else the 1000 ImageNet classes.
+are read from the file, and a ``--variant`` that disagrees is an error. Labels come from
+``--labels`` (one name a line, as ``candle-resnet train`` writes), else the file's
+``candle_nn.names`` metadata when present, else the 1000 ImageNet classes. A file that records its
+training crop size (``candle_nn.imgsz``) is evaluated at that size (resize imgsz*256/224, crop).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -40,7 +44,9 @@ def _at_least_one(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="candle-resnet", description="Classify images with a ResNet.")
+    parser = ArgumentParser(prog="candle-resnet",
+                            description="Classify images with a ResNet. "
+                                        "`candle-resnet train --help`: fine-tune one.")
     add_input_arguments(parser, what="top-k labels")
     parser.add_argument("--variant", choices=tuple(VARIANTS), default=None,
                         help="ResNet depth; default: what --weights holds, else resnet18")
@@ -52,13 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="labels printed per image (default 5)")
     parser.add_argument("--batch-size", type=_at_least_one, default=8,
                         help="images per forward (default 8)")
+    parser.add_argument("--labels", default=None, metavar="FILE",
+                        help="class names, one a line in class-index order (labels.txt of "
+                             "`candle-resnet train`); default: the weights' own, else ImageNet's")
     return parser
 
 
-def load_classifier(weights: str | None, variant: str | None,
-                    device: Device) -> tuple[ResNet, list[str], Path]:
+def load_classifier(weights: str | None, variant: str | None, device: Device,
+                    labels: str | None = None) -> tuple[ResNet, list[str], Path]:
     """The ResNet in ``weights`` (default: the published ``variant``), checked against
-    ``variant``, its labels and the weights file."""
+    ``variant``, its labels (``labels``: a file of them) and the weights file."""
     path = resolve_weights("resnet", variant or "resnet18", weights)
     vb = VarBuilder.from_safetensors(path, device=device)
     found, num_classes = infer_variant(vb, name=str(path))
@@ -68,18 +77,46 @@ def load_classifier(weights: str | None, variant: str | None,
     if num_classes is None:
         raise CandleNNError(f"{path} holds a headless {found} (no fc layer): it cannot classify")
     names = WeightsMetadata.from_dict(vb.metadata).names
-    if not names or len(names) != num_classes:
+    if labels is not None:
+        names = read_labels(labels, num_classes, path)
+    elif not names or len(names) != num_classes:
         names = list(class_names()) if num_classes == 1000 else [str(i) for i in range(num_classes)]
     return build_model("resnet", found, vb, num_classes=num_classes), names, path
+
+
+def read_labels(path: str, num_classes: int, weights: Path) -> list[str]:
+    """The class names in ``path`` (one a line, blank lines ignored), ``num_classes`` of them."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CandleNNError(f"cannot read --labels {path}: "
+                            f"{getattr(exc, 'strerror', None) or exc}") from None
+    names = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(names) != num_classes:
+        raise CandleNNError(f"--labels {path} has {len(names)} names, but {shown(weights)} "
+                            f"classifies into {num_classes} classes; pass the labels.txt written "
+                            "with these weights")
+    return names
+
+
+def image_size(model_file: Path) -> tuple[int, int]:
+    """``(resize, crop)`` of the evaluation transform: 256/224, or a trained file's own size."""
+    extra = WeightsMetadata.from_dict(VarBuilder.from_safetensors(model_file).metadata).extra
+    try:
+        size = int(extra.get("candle_nn.imgsz", 224))
+    except ValueError:
+        size = 224
+    return (int(size * 256 / 224), size) if size > 0 else (256, 224)
 
 
 def classify(model: ResNet, batch: Batch, paths: Sequence[Path], names: Sequence[str],
              top_k: int, batch_size: int, weights: Path) -> None:
     """Top-k labels of each image, ``batch_size`` images a forward; unreadable images skipped."""
     pending: list[tuple[Path, np.ndarray]] = []
+    resize, crop = image_size(weights)
     for n, path in enumerate(batch.progress(paths), 1):
         with batch.image(path):
-            pending.append((path, preprocess(load_rgb(path, batch.args.max_pixels))))
+            pending.append((path, preprocess(load_rgb(path, batch.args.max_pixels), resize, crop)))
         if len(pending) == batch_size or (n == len(paths) and pending):
             tops = top_k_probabilities(model, np.stack([x for _, x in pending]), top_k)
             check_finite(np.array([p for top in tops for _, p in top]), weights)  # NaN logits
@@ -93,7 +130,7 @@ def classify(model: ResNet, batch: Batch, paths: Sequence[Path], names: Sequence
 
 def top_k_probabilities(model: ResNet, batch: np.ndarray,
                         top_k: int) -> list[list[tuple[int, float]]]:
-    """Top-k ``(class index, probability)`` per image of a preprocessed ``(N, 224, 224, 3)``
+    """Top-k ``(class index, probability)`` per image of a preprocessed ``(N, S, S, 3)``
     batch, best first (ties keep the lower index)."""
     with model.on_device():
         probs = np.array(class_probabilities(model(mx.array(batch))))
@@ -102,12 +139,18 @@ def top_k_probabilities(model: ResNet, batch: np.ndarray,
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:
+        from candle_nn_models.scripts import resnet_train
+
+        return resnet_train.main(argv[1:])
     args = build_parser().parse_args(argv)
     with Batch(args) as batch:
         paths = batch.start()
         if paths:
             device = parse_device(args.device, args.verbose)
-            model, names, weights = load_classifier(args.weights, args.variant, device)
+            model, names, weights = load_classifier(args.weights, args.variant, device,
+                                                     args.labels)
             model.set_compiled(compile_choice(args.compile))
             batch.doc["model"] = model.variant
             classify(model, batch, paths, names, min(args.top_k, len(names)), args.batch_size,

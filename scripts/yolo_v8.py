@@ -42,26 +42,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from candle_nn import CandleNNError, Device, VarBuilder, WeightsFileError, model_dtype
+from candle_nn import CandleNNError, Device, model_dtype
 import mlx.core as mx
 import numpy as np
 
-from candle_nn_models.coco import COCO_SKELETON, coco_class_names
+from candle_nn_models.coco import COCO_SKELETON
 from candle_nn_models.letterbox import letterbox
-from candle_nn_models.yolo_v8 import (MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec, infer_spec,
-                                      load_model)
+from candle_nn_models.yolo_v8 import (MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec)
 from candle_nn_models.yolo_v8_post import Detection, crop_box, postprocess, yolo_label_lines
 from candle_nn_models.scripts.image_batch import Batch
 from candle_nn.cli import ArgumentParser, print_json_document
 from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments,
-                                             add_output_arguments, check_finite, load_rgb,
-                                             parse_device, run_main, shown)
+                                             add_output_arguments, check_finite, compile_choice,
+                                             load_rgb, number_arg, parse_device, run_main, shown)
 from candle_nn_models.scripts.outputs import OutputFolder, fit_name
-from candle_nn_models.scripts.common import compile_choice, number_arg
 from candle_nn_models.scripts.yolo_v8_draw import draw_detections
 from candle_nn_models.scripts.yolo_v8_video import check_sources, detect_video, print_video_result
-from candle_nn_models.weights.metadata import WeightsMetadata
-from candle_nn_models.weights.registry import resolve_weights
+from candle_nn_models.scripts.yolo_v8_weights import load_detector
 
 SAVE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}  # others are written as PNG
 MAX_SIZE = 4096  # --size: 6.5x YOLOv8's 640 on a side is 41x the work; beyond, memory runs out
@@ -175,32 +172,6 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error("pass images with --image or videos with --video (one of them)")
     if args.save_conf and not args.save_txt:
         parser.error("--save-conf only applies to --save-txt's labels: add --save-txt")
-
-
-def load_detector(weights: "str | Path | None", task: str | None, variant: str | None,
-                  device: Device, dtype: str = "float32",
-                  ) -> tuple[YoloV8 | YoloV8Pose, YoloV8Spec, list[str], Path]:
-    """The model in ``weights`` (default: the published checkpoint of ``task``/``variant``),
-    checked against the requested ``task``/``variant``, in ``dtype``; plus its class names and
-    file."""
-    if weights is None:  # the published checkpoint must then be exactly what was asked for
-        task, variant = task or "detect", variant or "n"
-    path = resolve_weights("yolo_v8_pose" if task == "pose" else "yolo_v8", variant or "n", weights)
-    vb = VarBuilder.from_safetensors(path, device=device, dtype=dtype)
-    try:
-        spec = infer_spec(vb, name=str(path))
-    except WeightsFileError as exc:
-        raise WeightsFileError(f"{exc}. Pass YOLOv8 weights with --weights") from None
-    wrong = [f"--{flag} {want}" for flag, want, have in
-             (("task", task, spec.task), ("variant", variant, spec.variant))
-             if want is not None and want != have]
-    if wrong:
-        raise CandleNNError(f"{path} holds {spec}, which does not match {' '.join(wrong)}: "
-                            "drop the option to use this file, or pass matching --weights")
-    names = WeightsMetadata.from_dict(vb.metadata).names or list(coco_class_names())
-    if len(names) < spec.num_classes:  # e.g. a custom model without names: number the rest
-        names = list(names) + [str(i) for i in range(len(names), spec.num_classes)]
-    return load_model(vb, spec), spec, names, path
 
 
 def load_for(args: argparse.Namespace, device: Device,

@@ -111,7 +111,7 @@ def ground_truth_in_input(lb: Letterbox, boxes_xyxy: np.ndarray) -> np.ndarray:
 
 def validate(args: argparse.Namespace) -> DetectionMetrics:
     """Score the model on the split; warnings go to stderr."""
-    from candle_nn_models.scripts.yolo_v8 import load_detector
+    from candle_nn_models.scripts.yolo_v8_weights import load_detector
 
     data = DataConfig.load(args.data)
     images = data.images(args.split)

@@ -14,7 +14,8 @@ import candle_nn as cn
 import mlx.core as mx
 from candle_nn_models.coco import coco_class_names
 from candle_nn_models.letterbox import letterbox
-from candle_nn_models.scripts.yolo_v8 import load_detector, main
+from candle_nn_models.scripts.yolo_v8 import main
+from candle_nn_models.scripts.yolo_v8_weights import load_detector
 from candle_nn_models.scripts.yolo_v8_val import detections, ground_truth_in_input
 from candle_nn_models.yolo_v8_data import DataConfig, DataError, label_path, read_labels
 from candle_nn_models.yolo_v8_metrics import DetectionMetrics

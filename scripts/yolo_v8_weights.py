@@ -1,0 +1,40 @@
+"""A YOLOv8 model from a weights file as every YOLOv8 command loads it (predict, ``val``,
+``candle-nn-batch``): the published checkpoint by default, the file's task and variant checked
+against the ones asked for, class names from the file's metadata."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from candle_nn import CandleNNError, Device, VarBuilder, WeightsFileError
+
+from candle_nn_models.coco import coco_class_names
+from candle_nn_models.yolo_v8 import YoloV8, YoloV8Pose, YoloV8Spec, infer_spec, load_model
+from candle_nn_models.weights.metadata import WeightsMetadata
+from candle_nn_models.weights.registry import resolve_weights
+
+
+def load_detector(weights: "str | Path | None", task: str | None, variant: str | None,
+                  device: Device, dtype: str = "float32",
+                  ) -> tuple[YoloV8 | YoloV8Pose, YoloV8Spec, list[str], Path]:
+    """The model in ``weights`` (default: the published checkpoint of ``task``/``variant``),
+    checked against the requested ``task``/``variant``, in ``dtype``; plus its class names and
+    file."""
+    if weights is None:  # the published checkpoint must then be exactly what was asked for
+        task, variant = task or "detect", variant or "n"
+    path = resolve_weights("yolo_v8_pose" if task == "pose" else "yolo_v8", variant or "n", weights)
+    vb = VarBuilder.from_safetensors(path, device=device, dtype=dtype)
+    try:
+        spec = infer_spec(vb, name=str(path))
+    except WeightsFileError as exc:
+        raise WeightsFileError(f"{exc}. Pass YOLOv8 weights with --weights") from None
+    wrong = [f"--{flag} {want}" for flag, want, have in
+             (("task", task, spec.task), ("variant", variant, spec.variant))
+             if want is not None and want != have]
+    if wrong:
+        raise CandleNNError(f"{path} holds {spec}, which does not match {' '.join(wrong)}: "
+                            "drop the option to use this file, or pass matching --weights")
+    names = WeightsMetadata.from_dict(vb.metadata).names or list(coco_class_names())
+    if len(names) < spec.num_classes:  # e.g. a custom model without names: number the rest
+        names = list(names) + [str(i) for i in range(len(names), spec.num_classes)]
+    return load_model(vb, spec), spec, names, path
