@@ -23,8 +23,10 @@ in candle's layout, with the class names, loadable by ``candle-yolo-v8 --weights
 ``weights/checkpoint.safetensors`` (model, EMA, optimizer state, summed gradients and counters to
 resume), ``results.csv`` (ultralytics' columns) and ``results.png``. Each file is written whole
 or not at all; the checkpoint last, so an interrupted run resumes from its last finished epoch
-and ends with the weights an uninterrupted run would have: every random draw comes from
-generators seeded by ``(seed, epoch[, image])``.
+and ends with the weights an uninterrupted run would have, to float32 rounding (every random
+draw comes from generators seeded by ``(seed, epoch[, image])``; the first optimizer step after a
+restore can round the last bit of SGD's momentum buffers differently, which grows to a relative
+difference of about 1e-5 after a few steps).
 """
 
 from __future__ import annotations
