@@ -111,6 +111,25 @@ def non_max_suppression(boxes: np.ndarray, scores: np.ndarray, iou_threshold: fl
     return keep if max_det is None else keep[:max_det]
 
 
+MAX_NMS = 30000  # ultralytics' cap on the candidates entering NMS
+
+
+def validation_detections(pred: np.ndarray, num_classes: int, conf: float = 0.001,
+                          iou: float = 0.7, max_det: int = 300,
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ultralytics' validation NMS on one image's ``(4 + nc, A)`` prediction: every (anchor,
+    class) scoring above ``conf`` is a candidate, the best ``MAX_NMS`` enter class-aware NMS.
+    Returns ``(boxes (D, 4) xyxy input pixels, scores (D,), classes (D,))``, best first."""
+    scores = pred[4:4 + num_classes].T  # (A, nc)
+    anchor, cls = np.nonzero(scores > conf)
+    score = scores[anchor, cls]
+    order = np.argsort(-score, kind="stable")[:MAX_NMS]
+    anchor, cls, score = anchor[order], cls[order], score[order]
+    boxes = xywh_to_xyxy(pred[:4, anchor].T)
+    keep = non_max_suppression(boxes, score, iou, class_ids=cls, max_det=max_det)
+    return boxes[keep], score[keep], cls[keep]
+
+
 def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
                 num_keypoints: int = 0, conf: float = 0.25, iou: float = 0.45, max_det: int = 300,
                 max_nms: int = 30000, agnostic: bool = False,

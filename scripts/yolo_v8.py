@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="candle-yolo-v8",
         description="Detect objects (or human poses) with YOLOv8 and write annotated images.",
         epilog="candle-yolo-v8 val --data data.yaml: P, R and mAP on a labelled data set "
-               "(see candle-yolo-v8 val --help)")
+               "(see candle-yolo-v8 val --help); candle-yolo-v8 train --data data.yaml: "
+               "fine-tune on it (candle-yolo-v8 train --help)")
     add_input_arguments(parser, what="detections", required=False)
     parser.add_argument("--video", action="append", metavar="PATH",
                         help="a video file, or a folder of images read as a sequence (repeatable);"
@@ -321,12 +322,17 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point ``candle-yolo-v8`` (``val``: scripts/yolo_v8_val.py)."""
+    """Console entry point ``candle-yolo-v8`` (``val``: scripts/yolo_v8_val.py, ``train``:
+    scripts/yolo_v8_train.py)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["val"]:
         from candle_nn_models.scripts.yolo_v8_val import main as val
 
         return val(argv[1:])
+    if argv[:1] == ["train"]:
+        from candle_nn_models.scripts.yolo_v8_train import main as train
+
+        return train(argv[1:])
     return run_main(_main, argv)
 
 

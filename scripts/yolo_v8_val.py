@@ -35,13 +35,10 @@ from candle_nn_models.letterbox import Letterbox, letterbox
 from candle_nn_models.yolo_v8 import MULTIPLES
 from candle_nn_models.yolo_v8_data import DataConfig, DataError, label_path, read_labels
 from candle_nn_models.yolo_v8_metrics import DetectionMetrics
-from candle_nn_models.yolo_v8_post import non_max_suppression, xywh_to_xyxy
+from candle_nn_models.yolo_v8_post import validation_detections
 from candle_nn_models.scripts.common import (ImageInputError, add_device_argument, check_finite,
                                              compile_choice, load_rgb, number_arg, parse_device,
                                              run_main, shown)
-
-MAX_NMS = 30000  # ultralytics' cap on the candidates entering NMS
-
 
 def _fraction(text: str) -> float:
     value = number_arg(text)
@@ -98,17 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def detections(pred: np.ndarray, num_classes: int, conf: float, iou: float,
                max_det: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """ultralytics' validation NMS on one image's ``(4 + nc, A)`` prediction: every (anchor,
-    class) scoring above ``conf`` is a candidate, the best ``MAX_NMS`` enter class-aware NMS.
-    Returns ``(boxes (D, 4) xyxy input pixels, scores (D,), classes (D,))``, best first."""
-    scores = pred[4:4 + num_classes].T  # (A, nc)
-    anchor, cls = np.nonzero(scores > conf)
-    score = scores[anchor, cls]
-    order = np.argsort(-score, kind="stable")[:MAX_NMS]
-    anchor, cls, score = anchor[order], cls[order], score[order]
-    boxes = xywh_to_xyxy(pred[:4, anchor].T)
-    keep = non_max_suppression(boxes, score, iou, class_ids=cls, max_det=max_det)
-    return boxes[keep], score[keep], cls[keep]
+    """:func:`~candle_nn_models.yolo_v8_post.validation_detections` (ultralytics' validation
+    NMS) of one image's ``(4 + nc, A)`` prediction."""
+    return validation_detections(pred, num_classes, conf, iou, max_det)
 
 
 def ground_truth_in_input(lb: Letterbox, boxes_xyxy: np.ndarray) -> np.ndarray:
