@@ -1,0 +1,184 @@
+"""Training rows of ``candle-nn-bench``: the time of one optimizer step (forward, loss, backward,
+update), candle_nn against PyTorch on the same device in the same run.
+
+A step is what docs/training.md's loop does: a model built for training (``fold_bn=False``,
+``train()``: BatchNorm on batch statistics, running statistics updated), cross-entropy on random
+labels (YOLOv8: ``DetectionLoss`` on seeded boxes), SGD with momentum 0.9 and weight decay 1e-4,
+then ``mx.eval`` of the loss, the model's state and the optimizer's state (PyTorch: the step,
+then a device synchronisation). Weights are seeded random (speed does not depend on values).
+
+Figures: ``median_ms`` / ``p90_ms`` are per step at the row's ``batch`` (``batch_median_ms`` the
+same median, ``throughput_ips`` images per second), so both ratios of the report are step-time
+ratios. ``first_s`` is the first step (graph building, ``mx.compile``'s trace).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from benchmarks.bench_models import BenchModel
+from benchmarks.bench_timing import Options, result
+
+SGD = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4}
+
+
+def train_shape(model: BenchModel, device: str, opts: Options) -> tuple[int, tuple[int, int]]:
+    """``(batch, (H, W))`` of a training step: the model's own, or ``--quick``'s small ones."""
+    if opts.quick_train:
+        return opts.batch or 2, (64, 64)
+    return opts.batch or model.batch, model.input_hw
+
+
+def _timed_steps(step: Callable[[], None], opts: Options) -> dict:
+    start = time.perf_counter()
+    step()
+    first_s = time.perf_counter() - start
+    for _ in range(min(opts.warmup, 1)):  # a step is long: one warm-up step is enough
+        step()
+    times: list[float] = []
+    begin = time.perf_counter()
+    while len(times) < max(opts.repeat, 1):
+        if len(times) >= 3 and time.perf_counter() - begin > opts.budget_s:
+            break
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return {"first_s": first_s, "median_ms": 1e3 * float(np.median(times)),
+            "p90_ms": 1e3 * float(np.percentile(times, 90)), "runs": len(times)}
+
+
+def _row(impl: str, model: BenchModel, device: str, batch: int, hw: tuple[int, int],
+         timings: dict, **kw: Any) -> dict:
+    row = result(impl, model, device, "float32", **kw, **timings, batch=batch,
+                 batch_median_ms=timings["median_ms"],
+                 throughput_ips=batch / (timings["median_ms"] / 1e3))
+    row["input_hw"] = list(hw)
+    return row
+
+
+# -- ours ------------------------------------------------------------------------------------------
+def _labels(model: BenchModel, batch: int, hw: tuple[int, int], seed: int) -> tuple:
+    """Seeded ``(images NHWC, targets)`` as numpy: class ids, or YOLO boxes."""
+    rng = np.random.default_rng(seed)
+    x = rng.random((batch, *hw, 3), dtype=np.float32)
+    if model.train == "detect":  # (n, 6): image index, class, cx, cy, w, h (normalised)
+        n = 4 * batch
+        return x, np.concatenate([np.repeat(np.arange(batch), 4)[:, None],
+                                  rng.integers(0, 80, (n, 1)), rng.uniform(0.3, 0.7, (n, 2)),
+                                  rng.uniform(0.05, 0.3, (n, 2))], axis=1).astype(np.float32)
+    return x, rng.integers(0, 1000, batch).astype(np.int32)
+
+
+def run_ours_train(model: BenchModel, device: str, opts: Options, compiled: bool) -> dict:
+    """candle_nn's training step (``mx.compile``-d when ``compiled``)."""
+    from benchmarks.ours import OURS, OURS_COMPILED, prepare_ours
+
+    impl = OURS_COMPILED if compiled else OURS
+    batch, hw = train_shape(model, device, opts)
+    reason = prepare_ours(device, opts)
+    if reason:
+        return result(impl, model, device, "float32", status="unavailable", reason=reason)
+    from functools import partial
+
+    import candle_nn as cn
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    start = time.perf_counter()
+    net = model.build_ours(cn.VarBuilder.from_varmap(cn.VarMap(), seed=opts.seed, device=device))
+    mx.eval(net.parameters())
+    load_s = time.perf_counter() - start
+    net.train()
+    opt = optim.SGD(learning_rate=SGD["lr"], momentum=SGD["momentum"],
+                    weight_decay=SGD["weight_decay"])
+    x_np, y_np = _labels(model, batch, hw, opts.seed)
+    x, y = mx.array(x_np), mx.array(y_np)
+    if model.train == "detect":
+        from candle_nn_models.yolo_v8_loss import DetectionLoss
+
+        criterion = DetectionLoss(num_classes=80)
+
+        def loss_fn(m, x, y):
+            return criterion(m(x), y)[0]
+    else:
+
+        def loss_fn(m, x, y):
+            return nn.losses.cross_entropy(m(x), y, reduction="mean")
+
+    value_and_grad = nn.value_and_grad(net, loss_fn)
+
+    def step_fn(x, y):
+        loss, grads = value_and_grad(net, x, y)
+        opt.update(net, grads)
+        return loss
+
+    if compiled:
+        state = [net.state, opt.state]
+        step_fn = partial(mx.compile, inputs=state, outputs=state)(step_fn)
+
+    def step() -> None:
+        mx.eval(step_fn(x, y), net.state, opt.state)
+
+    timings = _timed_steps(step, opts)
+    blas = cn.info()["blas"]
+    where = (f"BLAS {blas['name'].split(',')[0]}, {blas['threads'] or '?'} threads"
+             if device == "cpu" else f"float32 {cn.float32_precision()}")
+    note = f"training step, batch {batch}, train-mode BN, SGD; {where}"
+    return _row(impl, model, device, batch, hw, timings, load_s=load_s, version=cn.__version__,
+                note=note)
+
+
+# -- PyTorch ---------------------------------------------------------------------------------------
+def run_torch_train(model: BenchModel, device: str, opts: Options,
+                    compile_mode: str | None = None) -> dict:
+    """PyTorch's training step on the same model (eager, or ``torch.compile`` of the model)."""
+    from benchmarks import bench_peers
+
+    impl = "torch" if compile_mode is None else f"torch.compile({compile_mode})"
+    batch, hw = train_shape(model, device, opts)
+    reason = bench_peers._torch_unavailable(
+        model, "torch not installed (pip install 'candle-nn-mlx[bench]')", "reference needs")
+    if model.train == "detect" and reason is None:
+        reason = "no PyTorch training step here for YOLOv8 (ultralytics' loss is not wired in)"
+    if reason:
+        return result(impl, model, device, "float32", status="unavailable", reason=reason)
+    import torch
+
+    if device != "cpu" and not torch.cuda.is_available():
+        return result(impl, model, device, "float32", status="unavailable",
+                      reason="this torch has no CUDA")
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    tf32 = opts.precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    dev = bench_peers._torch_device(device)
+    start = time.perf_counter()
+    torch.manual_seed(opts.seed)
+    net = model.build_torch().to(dev).train()
+    load_s = time.perf_counter() - start
+    x_np, y_np = _labels(model, batch, hw, opts.seed)
+    x = torch.from_numpy(np.ascontiguousarray(x_np.transpose(0, 3, 1, 2))).to(dev)
+    if opts.channels_last and device != "cpu":
+        net = net.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.from_numpy(y_np.astype(np.int64)).to(dev)
+    opt = torch.optim.SGD(net.parameters(), **SGD)
+    forward = torch.compile(net, mode=compile_mode) if compile_mode else net
+    criterion = torch.nn.CrossEntropyLoss()
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        criterion(forward(x), y).backward()
+        opt.step()
+        if device != "cpu":
+            torch.cuda.synchronize()
+
+    timings = _timed_steps(step, opts)
+    note = f"training step, batch {batch}, train-mode BN, SGD; torch {torch.__version__}"
+    return _row(impl, model, device, batch, hw, timings, load_s=load_s,
+                version=torch.__version__, note=note)
