@@ -72,6 +72,18 @@ def _labels(model: BenchModel, batch: int, hw: tuple[int, int], seed: int) -> tu
     return x, rng.integers(0, 1000, batch).astype(np.int32)
 
 
+def _loss(model: BenchModel) -> Callable:
+    """``loss(module, x, y)``: cross-entropy (mean), or YOLOv8's ``DetectionLoss``."""
+    import mlx.nn as nn
+
+    if model.train == "detect":
+        from candle_nn_models.yolo_v8_loss import DetectionLoss
+
+        criterion = DetectionLoss(num_classes=80)
+        return lambda m, x, y: criterion(m(x), y)[0]
+    return lambda m, x, y: nn.losses.cross_entropy(m(x), y, reduction="mean")
+
+
 def run_ours_train(model: BenchModel, device: str, opts: Options, compiled: bool) -> dict:
     """candle_nn's training step (``mx.compile``-d when ``compiled``)."""
     from benchmarks.ours import OURS, OURS_COMPILED, prepare_ours
@@ -97,19 +109,7 @@ def run_ours_train(model: BenchModel, device: str, opts: Options, compiled: bool
                     weight_decay=SGD["weight_decay"])
     x_np, y_np = _labels(model, batch, hw, opts.seed)
     x, y = mx.array(x_np), mx.array(y_np)
-    if model.train == "detect":
-        from candle_nn_models.yolo_v8_loss import DetectionLoss
-
-        criterion = DetectionLoss(num_classes=80)
-
-        def loss_fn(m, x, y):
-            return criterion(m(x), y)[0]
-    else:
-
-        def loss_fn(m, x, y):
-            return nn.losses.cross_entropy(m(x), y, reduction="mean")
-
-    value_and_grad = nn.value_and_grad(net, loss_fn)
+    value_and_grad = nn.value_and_grad(net, _loss(model))
 
     def step_fn(x, y):
         loss, grads = value_and_grad(net, x, y)
@@ -182,3 +182,93 @@ def run_torch_train(model: BenchModel, device: str, opts: Options,
     note = f"training step, batch {batch}, train-mode BN, SGD; torch {torch.__version__}"
     return _row(impl, model, device, batch, hw, timings, load_s=load_s,
                 version=torch.__version__, note=note)
+
+
+# -- A/B of the CPU training paths, in one process -------------------------------------------
+# What each setting switches off (candle_nn.ops.disable): "mlx" differentiates MLX's own ops
+# (MLX's conv, max-pool and BatchNorm VJPs), "ours" is the default.
+TRAIN_PATHS = ("conv_grad", "max_pool_grad", "batch_norm_vjp")
+SETTINGS: dict[str, tuple[str, ...]] = {"mlx": TRAIN_PATHS, "ours": ()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.bench_train``: training steps with the CPU training paths on and
+    off, round-robin in ONE process (a busy shared machine slows both alike), eager and
+    ``mx.compile``-d; prints each setting's median step and the ratios to ``ours``."""
+    import argparse
+    import statistics
+
+    import candle_nn as cn  # before mlx: picks the CPU BLAS
+
+    from benchmarks.bench_models import MODELS, TRAIN_MODELS
+
+    p = argparse.ArgumentParser(description=main.__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=["resnet18-train"], choices=TRAIN_MODELS)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--size", type=int, default=112, help="image height and width")
+    p.add_argument("--repeat", type=int, default=3, help="timed steps per setting")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--compile", choices=("off", "on", "only"), default="off")
+    args = p.parse_args(argv)
+    if args.threads:
+        cn.blas.set_num_threads(args.threads)
+    print(cn.info())
+    for name in args.models:
+        steps = _ours_steps(MODELS[name], args.batch, (args.size, args.size), args.compile)
+        times: dict[str, list[float]] = {k: [] for k in steps}
+        for rnd in range(args.repeat + 1):  # round 0: warm-up (graph building, the trace)
+            for key, step in steps.items():
+                with cn.ops.disabled(*SETTINGS[key.split("+")[0]]):
+                    start = time.perf_counter()
+                    step()
+                    if rnd:
+                        times[key].append((time.perf_counter() - start) * 1e3)
+        ms = {k: statistics.median(t) for k, t in times.items()}
+        print(f"{name} (batch {args.batch}, {args.size}x{args.size}): "
+              + ", ".join(f"{k} {v:.0f} ms" for k, v in ms.items()), flush=True)
+        for key in (k for k in ms if k.startswith("mlx")):
+            ours = key.replace("mlx", "ours")
+            print(f"  {ours} / {key}: {ms[ours] / ms[key]:.2f}")
+    return 0
+
+
+def _ours_steps(model: BenchModel, batch: int, hw: tuple[int, int],
+                compile_mode: str) -> dict[str, Callable[[], None]]:
+    """``{setting[+mx.compile]: step}``, each running one SGD step of one model and waiting;
+    a compiled step per setting (``mx.compile`` traces the paths on at its first call)."""
+    from functools import partial
+
+    import candle_nn as cn
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    net = model.build_ours(cn.VarBuilder.from_varmap(cn.VarMap(), seed=0, device="cpu"))
+    net.train()
+    opt = optim.SGD(learning_rate=SGD["lr"], momentum=SGD["momentum"],
+                    weight_decay=SGD["weight_decay"])
+    x_np, y_np = _labels(model, batch, hw, 0)
+    x, y = mx.array(x_np), mx.array(y_np)
+    value_and_grad = nn.value_and_grad(net, _loss(model))
+
+    def step_fn(x, y):
+        loss, grads = value_and_grad(net, x, y)
+        opt.update(net, grads)
+        return loss
+
+    def run(fn: Callable) -> Callable[[], None]:
+        return lambda: mx.eval(fn(x, y), net.state, opt.state)
+
+    state = [net.state, opt.state]
+    steps = {}
+    for setting in SETTINGS:
+        if compile_mode != "only":
+            steps[setting] = run(step_fn)
+        if compile_mode != "off":
+            steps[f"{setting}+mx.compile"] = run(partial(mx.compile, inputs=state,
+                                                         outputs=state)(lambda x, y: step_fn(x, y)))
+    return steps
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import ops
 from .device import Device
 from .init import ONES, ZEROS
 from .module import Module
@@ -98,7 +99,7 @@ class BatchNorm2d(Module):
         xf = x.astype(mx.float32)
         mean = _channel_mean(xf)
         var = _channel_mean(mx.square(xf - mean))
-        y = _normalize(xf, mean, var, self.weight, self.bias, self.eps)
+        y = ops.batch_norm_train(xf, mean, var, self.weight, self.bias, self.eps)
         m = self.momentum
         stats_dtype = self.running_mean.dtype
         batch_mean = mx.stop_gradient(mean)
@@ -106,43 +107,6 @@ class BatchNorm2d(Module):
         self.running_mean = ((1 - m) * self.running_mean + m * batch_mean).astype(stats_dtype)
         self.running_var = ((1 - m) * self.running_var + m * batch_var).astype(stats_dtype)
         return y.astype(x.dtype)
-
-
-@mx.custom_function
-def _normalize_batch(x: mx.array, mean: mx.array, var: mx.array, weight: mx.array,
-                     bias: mx.array, eps: mx.array) -> mx.array:
-    return (x - mean) * mx.rsqrt(var + eps) * weight + bias
-
-
-@_normalize_batch.vjp
-def _normalize_batch_vjp(primals, dy, y):
-    """Batch normalisation's closed-form gradient (``mean``, ``var`` the batch's own, so ``dx``
-    carries their dependence on ``x`` and they get none): with ``x^ = (x - mean) / std``,
-    ``dx = weight / std * (dy - mean(dy) - x^ mean(dy x^))``, ``dweight = sum(dy x^)``,
-    ``dbias = sum(dy)``. Autodiff of the forward takes 4-6x as long on the CPU (its channel sums
-    become rank-1 matmuls and broadcasts)."""
-    x, mean, var, weight, _, eps = primals
-    rstd = mx.rsqrt(var + eps)
-    xhat = (x - mean) * rstd
-    dbias = _channel_sum(dy)
-    dweight = _channel_sum(dy * xhat)
-    n = x.size // x.shape[-1]
-    dx = (weight * rstd) * (dy - dbias / n - xhat * (dweight / n))
-    zero = mx.zeros_like(mean)
-    return dx, zero, zero, dweight, dbias, mx.zeros_like(eps)
-
-
-def _normalize(x: mx.array, mean: mx.array, var: mx.array, weight: mx.array, bias: mx.array,
-               eps: float) -> mx.array:
-    """``(x - mean) / sqrt(var + eps) * weight + bias`` for ``mean``, ``var`` the batch
-    statistics of ``x`` ``(..., C)``, with the closed-form VJP."""
-    return _normalize_batch(x, mean, var, weight, bias, mx.array(eps, dtype=x.dtype))
-
-
-def _channel_sum(x: mx.array) -> mx.array:
-    """Sum over every axis but the last, ``(..., C)`` → ``(C,)`` (as :func:`_channel_mean`)."""
-    rows = x.reshape(-1, x.shape[-1])
-    return (mx.ones((1, rows.shape[0]), dtype=x.dtype) @ rows)[0]
 
 
 def _channel_mean(x: mx.array) -> mx.array:
