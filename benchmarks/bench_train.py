@@ -156,11 +156,25 @@ def run_torch_train(model: BenchModel, device: str, opts: Options,
     tf32 = opts.precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
-    dev = bench_peers._torch_device(device)
     start = time.perf_counter()
+    step = _torch_step(model, device, batch, hw, opts, compile_mode)
+    load_s = time.perf_counter() - start
+    timings = _timed_steps(step, opts)
+    note = f"training step, batch {batch}, train-mode BN, SGD; torch {torch.__version__}"
+    return _row(impl, model, device, batch, hw, timings, load_s=load_s,
+                version=torch.__version__, note=note)
+
+
+def _torch_step(model: BenchModel, device: str, batch: int, hw: tuple[int, int], opts: Options,
+                compile_mode: str | None = None) -> Callable[[], None]:
+    """One PyTorch SGD step of ``model`` (train mode), synchronised."""
+    import torch
+
+    from benchmarks import bench_peers
+
+    dev = bench_peers._torch_device(device)
     torch.manual_seed(opts.seed)
     net = model.build_torch().to(dev).train()
-    load_s = time.perf_counter() - start
     x_np, y_np = _labels(model, batch, hw, opts.seed)
     x = torch.from_numpy(np.ascontiguousarray(x_np.transpose(0, 3, 1, 2))).to(dev)
     if opts.channels_last and device != "cpu":
@@ -178,10 +192,7 @@ def run_torch_train(model: BenchModel, device: str, opts: Options,
         if device != "cpu":
             torch.cuda.synchronize()
 
-    timings = _timed_steps(step, opts)
-    note = f"training step, batch {batch}, train-mode BN, SGD; torch {torch.__version__}"
-    return _row(impl, model, device, batch, hw, timings, load_s=load_s,
-                version=torch.__version__, note=note)
+    return step
 
 
 # -- A/B of the CPU training paths, in one process -------------------------------------------
@@ -209,16 +220,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="timed steps per setting")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--compile", choices=("off", "on", "only"), default="off")
+    p.add_argument("--torch", action="store_true",
+                   help="also PyTorch's step in the same round-robin (its threads: --threads)")
     args = p.parse_args(argv)
     if args.threads:
         cn.blas.set_num_threads(args.threads)
     print(cn.info())
     for name in args.models:
-        steps = _ours_steps(MODELS[name], args.batch, (args.size, args.size), args.compile)
+        model, hw = MODELS[name], (args.size, args.size)
+        steps = _ours_steps(model, args.batch, hw, args.compile)
+        if args.torch:
+            import torch
+
+            if args.threads:
+                torch.set_num_threads(args.threads)
+            steps["torch"] = _torch_step(model, "cpu", args.batch, hw, Options())
         times: dict[str, list[float]] = {k: [] for k in steps}
         for rnd in range(args.repeat + 1):  # round 0: warm-up (graph building, the trace)
             for key, step in steps.items():
-                with cn.ops.disabled(*SETTINGS[key.split("+")[0]]):
+                with cn.ops.disabled(*SETTINGS.get(key.split("+")[0], ())):
                     start = time.perf_counter()
                     step()
                     if rnd:
@@ -229,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
         for key in (k for k in ms if k.startswith("mlx")):
             ours = key.replace("mlx", "ours")
             print(f"  {ours} / {key}: {ms[ours] / ms[key]:.2f}")
+            if "torch" in ms:
+                print(f"  {ours} / torch: {ms[ours] / ms['torch']:.2f}, "
+                      f"{key} / torch: {ms[key] / ms['torch']:.2f}")
     return 0
 
 
