@@ -187,3 +187,18 @@ def test_torch_resnet_stand_in_is_torchvisions_network() -> None:
         net = resnet(variant)
         assert sum(p.numel() for p in net.parameters()) == count
     assert net(torch.zeros(1, 3, 64, 64)).shape == (1, 1000)
+
+
+def test_docs_training_table_is_generated_from_its_results_file() -> None:
+    """docs/benchmarks.md's training table is ``bench_report.markdown`` of
+    benchmarks/results/cpu-train.json, which names its machine and command."""
+    from pathlib import Path
+
+    from benchmarks import bench_report
+
+    root = Path(__file__).resolve().parent.parent
+    report = bench_report.read_saved_run(str(root / "benchmarks" / "results" / "cpu-train.json"))
+    assert report["meta"]["command"].startswith("python -m benchmarks --models resnet50-train")
+    assert report["meta"]["machine"]
+    assert {r["model"] for r in report["results"]} == {"resnet50-train"}
+    assert bench_report.markdown(report) in (root / "docs" / "benchmarks.md").read_text()
