@@ -69,6 +69,13 @@ def im2col(x: mx.array, kernel: tuple[int, int], stride: tuple[int, int],
     return patches.reshape(n * oh * ow, kh * kw * c)
 
 
+def _packed_traced() -> bool:
+    """The packed GEMM runs here and its build takes ``traced_ok`` (a build older than the
+    sources lacks it until ``pip install -e .`` rebuilds it)."""
+    return packed_gemm.available() and "traced_ok" in (kernels.module().conv2d_packed.__doc__
+                                                       or "")
+
+
 def fast_conv(x: mx.array, w: mx.array, stride: tuple[int, int],
               padding: tuple[int, int]) -> mx.array:
     """``conv2d(x, w, stride, padding)`` (groups 1, no epilogue) by the CPU kernels, tracers
@@ -77,7 +84,7 @@ def fast_conv(x: mx.array, w: mx.array, stride: tuple[int, int],
     if m is None or x.dtype != mx.float32 or w.dtype != mx.float32:
         return mx.conv2d(x, w, stride=stride, padding=padding)
     kernels.sync_threads()
-    if packed_gemm.available():
+    if _packed_traced():
         o, kh, kw, _ = w.shape
         wp = m.pack_gemm_weight(w.reshape(o, -1))
         return m.conv2d_packed(x, wp, None, None, (kh, kw), o, stride, padding, m.Act.identity,
