@@ -16,6 +16,7 @@ preloads OpenBLAS); ``--in-process`` runs everything here instead (faster, for s
     python -m benchmarks --json b.json --markdown b.md     # also a Markdown table for the README
     python -m benchmarks --report b.json                   # print a saved run's table again
     python -m benchmarks --quick                           # smoke run: ResNet-18, few iterations
+    python -m benchmarks --models resnet50-train --device cpu  # training steps vs PyTorch
     python -m benchmarks --models mobilesam-amg --repeat 1  # automatic masks vs MobileSAM's own
 """
 
@@ -71,6 +72,13 @@ def run_job(job: dict) -> dict:
     opts = Options(**job["options"])
     impl, device, dtype = job["impl"], job["device"], job["dtype"]
     try:
+        if model.train:
+            from benchmarks import bench_train
+
+            if impl in (OURS, OURS_COMPILED):
+                return bench_train.run_ours_train(model, device, opts, impl == OURS_COMPILED)
+            mode = None if impl == "torch" else _torch_compile_mode(device)
+            return bench_train.run_torch_train(model, device, opts, compile_mode=mode)
         if model.pipeline:
             from benchmarks import bench_amg
 
@@ -83,13 +91,17 @@ def run_job(job: dict) -> dict:
         if impl == "torch":
             return bench_peers.run_torch(model, device, dtype, opts)
         if impl == "torch.compile":
-            mode = "max-autotune-no-cudagraphs" if device == "cpu" else "reduce-overhead"
-            return bench_peers.run_torch(model, device, dtype, opts, compile_mode=mode)
+            return bench_peers.run_torch(model, device, dtype, opts,
+                                         compile_mode=_torch_compile_mode(device))
         return bench_peers.run_onnxruntime(model, device, dtype, opts)
     except Exception as exc:  # one failing measurement must not sink the run
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         reason = f"{type(exc).__name__}: {first}"
         return result(impl, model, device, dtype, status="error", reason=reason[:300])
+
+
+def _torch_compile_mode(device: str) -> str:
+    return "max-autotune-no-cudagraphs" if device == "cpu" else "reduce-overhead"
 
 
 def _run_isolated(job: dict, timeout_s: float) -> dict:
@@ -173,6 +185,8 @@ def _jobs(args: argparse.Namespace, opts: Options, cache_dir: str) -> list[dict]
                 list(DTYPES) if on_gpu and not args.quick else ["float32"])
             if MODELS[name].pipeline:  # benchmarks/bench_amg.py: ours and PyTorch eager, float32
                 impls, peers, dtypes = [OURS], [p for p in peers if p == "torch"], ["float32"]
+            if MODELS[name].train:  # benchmarks/bench_train.py: float32 steps against PyTorch
+                peers, dtypes = [p for p in peers if p.startswith("torch")], ["float32"]
             for dtype in dtypes:
                 if dtype not in DTYPES:
                     raise SystemExit(f"error: bad dtype {dtype!r}: use {', '.join(DTYPES)}")
@@ -215,7 +229,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=None,
-                   help="models to measure (default: all; --quick: resnet18)")
+                   help="models to measure (default: all; --quick: resnet18 and resnet18-train)")
     p.add_argument("--device", default="all",
                    help="cpu, gpu, gpu:N, a comma list, or all (default)")
     p.add_argument("--dtypes", default=None,

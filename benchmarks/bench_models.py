@@ -39,6 +39,10 @@ class BenchModel:
         pipeline: a whole pipeline rather than one forward (benchmarks/bench_amg.py runs it:
             ``build_ours`` gives the model it wraps; ``build_torch`` is unused); one image per
             call, ours and PyTorch eager only.
+        train: a training step rather than a forward (benchmarks/bench_train.py runs it):
+            ``"classify"`` (cross-entropy) or ``"detect"`` (YOLOv8's ``DetectionLoss``);
+            ``build_ours`` builds the model for training (``fold_bn=False``), ``batch`` is the
+            step's batch on every device.
     """
 
     name: str
@@ -50,6 +54,7 @@ class BenchModel:
     torch_missing: str | None = None
     make_inputs: Callable[[int, Any], tuple] | None = None
     pipeline: bool = False
+    train: str | None = None
 
     def inputs(self, n: int, seed: int = 0) -> tuple:
         """Seeded numpy inputs for a batch of ``n`` (see ``make_inputs``)."""
@@ -91,9 +96,39 @@ def _resnet_torch(variant: str) -> Callable[[], Any]:
     return build
 
 
+def _resnet_train_ours(variant: str) -> Callable[["VarBuilder"], Forward]:
+    def build(vb: "VarBuilder") -> Forward:
+        from candle_nn_models.resnet import ResNet
+
+        return ResNet.load(vb, variant, num_classes=1000, fold_bn=False)
+    return build
+
+
 # -- YOLOv8 ----------------------------------------------------------------------------------------
 def _yolo_ours(size: str) -> Callable[["VarBuilder"], Forward]:
     return _ours("yolo_v8", size, num_classes=80)
+
+
+def _resnet_train_torch(variant: str) -> Callable[[], Any]:
+    """torchvision's ResNet, or where torchvision cannot be imported the same network from
+    benchmarks/resnet_reference.py."""
+    def build() -> Any:
+        try:
+            import torchvision
+        except (ImportError, RuntimeError):
+            from benchmarks.resnet_reference import resnet
+
+            return resnet(variant)
+        return getattr(torchvision.models, variant)(weights=None)
+    return build
+
+
+def _yolo_train_ours(size: str) -> Callable[["VarBuilder"], Forward]:
+    def build(vb: "VarBuilder") -> Forward:
+        from candle_nn_models.yolo_v8 import YoloV8
+
+        return YoloV8.load(vb, size, num_classes=80, fold_bn=False)
+    return build
 
 
 def _yolo_torch(size: str) -> Callable[[], Any]:
@@ -212,9 +247,20 @@ def _registry() -> dict[str, BenchModel]:
         # Automatic masks end to end (one image, 32x32 point prompts) vs MobileSAM's own generator.
         BenchModel("mobilesam-amg", (556, 800), 1, "mobile_sam",
                    _mobile_sam, _no_torch_module, ms, pipeline=True),
+        # Training steps (benchmarks/bench_train.py): train-mode BatchNorm, SGD; batch per step.
+        BenchModel("resnet18-train", (224, 224), 16, None,
+                   _resnet_train_ours("resnet18"), _resnet_train_torch("resnet18"),
+                   train="classify"),
+        BenchModel("resnet50-train", (224, 224), 16, None,
+                   _resnet_train_ours("resnet50"), _resnet_train_torch("resnet50"),
+                   train="classify"),
+        # Ours only: PyTorch's side would need ultralytics' v8DetectionLoss wired in.
+        BenchModel("yolov8n-train", (640, 640), 16, None,
+                   _yolo_train_ours("n"), _no_torch_module, ul, train="detect"),
     ]
     return {m.name: m for m in models}
 
 
 MODELS = _registry()
-QUICK_MODELS = ("resnet18",)
+QUICK_MODELS = ("resnet18", "resnet18-train")
+TRAIN_MODELS = tuple(name for name, m in MODELS.items() if m.train)

@@ -32,11 +32,13 @@ class Options:
     seed: int = 0
     amg_points: int = 32  # mobilesam-amg: grid points per side (MobileSAM's default)
     trace: bool = False  # also record the GPU kernel/idle trace (bench_gpu_trace.py)
+    quick_train: bool = False  # training rows at batch 2 (or --batch), 64x64 (bench_train.py)
 
     @classmethod
     def quick(cls, **kw: Any) -> "Options":
         given = {k: v for k, v in kw.items() if v is not None}
-        return cls(**{"warmup": 1, "repeat": 3, "budget_s": 2.0, "batch": 2, **given})
+        return cls(**{"warmup": 1, "repeat": 3, "budget_s": 2.0, "batch": 2, "quick_train": True,
+                      **given})
 
     def batch_for(self, model: BenchModel, device: str) -> int:
         if self.batch is not None:

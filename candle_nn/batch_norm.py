@@ -5,6 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import ops
 from .device import Device
 from .init import ONES, ZEROS
 from .module import Module
@@ -98,7 +99,7 @@ class BatchNorm2d(Module):
         xf = x.astype(mx.float32)
         mean = _channel_mean(xf)
         var = _channel_mean(mx.square(xf - mean))
-        y = (xf - mean) * mx.rsqrt(var + self.eps) * self.weight + self.bias
+        y = ops.batch_norm_train(xf, mean, var, self.weight, self.bias, self.eps)
         m = self.momentum
         stats_dtype = self.running_mean.dtype
         batch_mean = mx.stop_gradient(mean)

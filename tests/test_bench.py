@@ -153,3 +153,52 @@ def test_compile_choice_picks_our_rows(choice, impls) -> None:
                                        "none", "--compile", choice])
     jobs = bench._jobs(args, Options(), "/nowhere")
     assert [j["impl"] for j in jobs] == impls
+
+
+def test_quick_training_rows_against_torch(tmp_path) -> None:
+    """--quick training step (resnet18-train: batch 2, 64x64): ours eager and under mx.compile
+    against PyTorch (torchvision's ResNet, or benchmarks/resnet_reference.py's where torchvision
+    cannot load), one step-time ratio per pair."""
+    assert bench.main(["--quick", "--models", "resnet18-train", "--device", "cpu", "--threads",
+                       "2", "--compile", "on", "--peers", "torch,onnxruntime", "--in-process",
+                       "--json", str(tmp_path / "t.json")]) == 0
+    report = json.loads((tmp_path / "t.json").read_text())
+    rows = {r["impl"]: r for r in report["results"]}
+    assert set(rows) == {"candle_nn", "candle_nn+mx.compile", "torch"}  # no ONNX training row
+    for row in rows.values():
+        assert row["status"] == "ok", row
+        assert (row["model"], row["input_hw"], row["batch"]) == ("resnet18-train", [64, 64], 2)
+        assert row["median_ms"] == row["batch_median_ms"] > 0 and "training step" in row["note"]
+    pairs = {(r["ours"], r["peer"]): r for r in report["ratios"]}
+    assert set(pairs) == {("candle_nn", "torch"), ("candle_nn+mx.compile", "torch")}
+    ratio = pairs[("candle_nn", "torch")]
+    ours, torch_ms = rows["candle_nn"]["median_ms"], rows["torch"]["median_ms"]
+    assert ratio["bs1"] == pytest.approx(ours / torch_ms)
+
+
+def test_torch_resnet_stand_in_is_torchvisions_network() -> None:
+    """benchmarks/resnet_reference.py: torchvision's parameter count per variant (11,689,512 and
+    25,557,032) and output shape."""
+    import torch
+
+    from benchmarks.resnet_reference import resnet
+
+    for variant, count in (("resnet18", 11_689_512), ("resnet50", 25_557_032)):
+        net = resnet(variant)
+        assert sum(p.numel() for p in net.parameters()) == count
+    assert net(torch.zeros(1, 3, 64, 64)).shape == (1, 1000)
+
+
+def test_docs_training_table_is_generated_from_its_results_file() -> None:
+    """docs/benchmarks.md's training table is ``bench_report.markdown`` of
+    benchmarks/results/cpu-train.json, which names its machine and command."""
+    from pathlib import Path
+
+    from benchmarks import bench_report
+
+    root = Path(__file__).resolve().parent.parent
+    report = bench_report.read_saved_run(str(root / "benchmarks" / "results" / "cpu-train.json"))
+    assert report["meta"]["command"].startswith("python -m benchmarks --models resnet50-train")
+    assert report["meta"]["machine"]
+    assert {r["model"] for r in report["results"]} == {"resnet50-train"}
+    assert bench_report.markdown(report) in (root / "docs" / "benchmarks.md").read_text()

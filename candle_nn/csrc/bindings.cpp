@@ -117,16 +117,17 @@ NB_MODULE(_cpu_kernels, m) {
       [](const mx::array& x, const mx::array& w_packed, std::optional<mx::array> bias,
          std::optional<mx::array> residual, std::pair<int, int> kernel, int out_channels,
          std::pair<int, int> stride, std::pair<int, int> padding, Act act,
-         Residual residual_mode) {
+         Residual residual_mode, bool traced_ok) {
         return candle_nn::conv2d_packed(x, w_packed, bias, residual, kernel, out_channels, stride,
-                                        padding, act, residual_mode);
+                                        padding, act, residual_mode, traced_ok);
       },
       "x"_a, "w_packed"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "kernel"_a,
       "out_channels"_a, "stride"_a, "padding"_a, "act"_a = Act::Identity,
-      "residual_mode"_a = Residual::None,
+      "residual_mode"_a = Residual::None, "traced_ok"_a = false,
       "conv2d_fused with the weight packed by pack_gemm_weight(w.reshape(O, -1)): x (N, H, W, C) "
       "float32, kernel (kH, kW); the AVX-512/AVX2 packed GEMM with im2col blocks and the epilogue "
-      "fused.");
+      "fused. traced_ok: the primitive for tracer inputs too (it has no VJP; the caller gives "
+      "one), not MLX's ops.");
   m.attr("LIBMLX_SIZE") = static_cast<int64_t>(CANDLE_NN_LIBMLX_SIZE);
   // -- Winograd F(4x4, 3x3) (winograd.cpp) --
   m.def("winograd_weights", [](const mx::array& w) { return candle_nn::winograd_weights(w); },

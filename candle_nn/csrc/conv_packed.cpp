@@ -76,7 +76,7 @@ mx::array conv2d_packed(const mx::array& x, const mx::array& w_packed,
                         const std::optional<mx::array>& bias,
                         const std::optional<mx::array>& residual, std::pair<int, int> kernel,
                         int out_channels, std::pair<int, int> stride, std::pair<int, int> padding,
-                        Act act, Residual mode, mx::StreamOrDevice s) {
+                        Act act, Residual mode, bool traced_ok, mx::StreamOrDevice s) {
   check_f32(x, "x");
   check_f32(w_packed, "the packed weight");
   if (!gemm::available())
@@ -109,8 +109,8 @@ mx::array conv2d_packed(const mx::array& x, const mx::array& w_packed,
     check_f32(*residual, "residual");
     inputs.push_back(mx::contiguous(*residual, false, stream));
   }
-  bool traced = x.is_tracer() || w_packed.is_tracer() || (bias && bias->is_tracer()) ||
-                (residual && residual->is_tracer());
+  bool traced = !traced_ok && (x.is_tracer() || w_packed.is_tracer() ||
+                               (bias && bias->is_tracer()) || (residual && residual->is_tracer()));
   if (traced) {
     auto w = unpack_ops(w_packed, out_channels, kh, kw, c, stream);
     return bias_act(mx::conv2d(x, w, stride, padding, {1, 1}, 1, stream), bias, residual, act,

@@ -265,12 +265,15 @@ mx::array pack_gemm_weight(const mx::array& w);
 // act(conv2d(x, w) + bias [+ residual]) as conv2d_fused, with w given packed
 // (pack_gemm_weight of w.reshape(O, kH * kW * C)) and an AVX-512/AVX2 GEMM that gathers im2col
 // blocks itself and runs the epilogue on each tile while it is in cache. x (N, H, W, C) float32;
-// output (N, H', W', out_channels). A Linear is the 1x1 case with x (1, 1, M, K).
+// output (N, H', W', out_channels). A Linear is the 1x1 case with x (1, 1, M, K). traced_ok:
+// build the primitive for tracer inputs too (it has no VJP: the caller supplies one, e.g. an
+// mx.custom_function's) instead of falling back to MLX's ops.
 mx::array conv2d_packed(const mx::array& x, const mx::array& w_packed,
                         const std::optional<mx::array>& bias,
                         const std::optional<mx::array>& residual, std::pair<int, int> kernel,
                         int out_channels, std::pair<int, int> stride, std::pair<int, int> padding,
-                        Act act, Residual mode, mx::StreamOrDevice s = {});
+                        Act act, Residual mode, bool traced_ok = false,
+                        mx::StreamOrDevice s = {});
 
 class Conv2dPacked : public mx::Primitive {
  public:

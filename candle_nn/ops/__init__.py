@@ -20,7 +20,7 @@ from .attention import multi_head_attention, packed_qkv_attention, scaled_dot_pr
 from .conv import conv2d, depthwise_conv2d, is_depthwise
 from .dfl import dfl_decode
 from .linear import linear
-from .norm import layer_norm
+from .norm import batch_norm_train, layer_norm
 from .pooling import max_pool2d
 from .registry import (
     Impl, Op, disable, disabled, enable, implementations, is_enabled, only, ops, refresh,
@@ -28,7 +28,8 @@ from .registry import (
 )
 
 __all__ = [
-    "ACTIVATIONS", "Impl", "Op", "bias_act", "check_activation", "conv2d", "depthwise_conv2d",
+    "ACTIVATIONS", "Impl", "Op", "batch_norm_train", "bias_act", "check_activation", "conv2d",
+    "depthwise_conv2d",
     "dfl_decode", "disable", "disabled", "enable", "gelu", "gelu_tanh", "implementations",
     "is_depthwise", "is_enabled", "layer_norm", "linear", "max_pool2d", "multi_head_attention",
     "only", "ops", "packed_qkv_attention", "refresh", "relu", "scaled_dot_product_attention",
