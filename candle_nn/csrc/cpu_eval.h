@@ -42,4 +42,17 @@ inline EpilogueInputs epilogue_inputs(const std::vector<mx::array>& inputs, bool
           mode != Residual::None ? inputs[has_bias ? 3 : 2].data<float>() : nullptr};
 }
 
+// begin_eval of a conv op with the fused epilogue, and its optional inputs' data.
+struct EpilogueEval {
+  mx::cpu::CommandEncoder& encoder;
+  const float* bias;
+  const float* res;
+};
+
+inline EpilogueEval begin_epilogue_eval(mx::Stream stream, const std::vector<mx::array>& inputs,
+                                        mx::array& out, bool has_bias, Residual mode) {
+  const auto [bias, res] = epilogue_inputs(inputs, has_bias, mode);
+  return {begin_eval(stream, inputs, out), bias, res};
+}
+
 }  // namespace candle_nn

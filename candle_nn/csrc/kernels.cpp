@@ -158,6 +158,27 @@ bool traced(std::initializer_list<const mx::array*> arrays) {
   return false;
 }
 
+void push_epilogue_inputs(std::vector<mx::array>& inputs, const char* op,
+                          const std::optional<mx::array>& bias,
+                          const std::optional<mx::array>& residual, Residual mode, int channels,
+                          const char* bias_shape, const mx::Shape& out_shape, mx::Stream stream) {
+  auto refuse = [op](const std::string& what) {
+    throw std::invalid_argument(std::string("candle_nn.") + op + ": " + what);
+  };
+  if (bias) {
+    if (bias->dtype() != mx::float32) refuse("bias must be float32");
+    if (bias->ndim() != 1 || bias->shape(0) != channels)
+      refuse(std::string("bias must be ") + bias_shape);
+    inputs.push_back(mx::contiguous(*bias, false, stream));
+  }
+  if (mode != Residual::None) {
+    if (!residual || residual->shape() != out_shape)
+      refuse("residual must have the output's shape");
+    if (residual->dtype() != mx::float32) refuse("residual must be float32");
+    inputs.push_back(mx::contiguous(*residual, false, stream));
+  }
+}
+
 mx::array bias_act_ops(mx::array v, const std::optional<mx::array>& bias,
                        const std::optional<mx::array>& residual, Act act, Residual mode,
                        mx::Stream s) {
@@ -344,25 +365,13 @@ mx::array conv2d_fused(const mx::array& x, const mx::array& w, const std::option
   mx::Shape out_shape{x.shape(0), oh, ow, w.shape(0)};
   auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs{mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)};
-  if (bias) {
-    check_float32_cpu(*bias, "conv2d_fused");
-    if (bias->ndim() != 1 || bias->shape(0) != w.shape(0))
-      throw std::invalid_argument("candle_nn.conv2d_fused: bias must be (O,)");
-    inputs.push_back(mx::contiguous(*bias, false, stream));
-  }
-  if (mode != Residual::None) {
-    if (!residual || residual->shape() != out_shape)
-      throw std::invalid_argument("candle_nn.conv2d_fused: residual must have the output's shape");
-    check_float32_cpu(*residual, "conv2d_fused");
-    inputs.push_back(mx::contiguous(*residual, false, stream));
-  }
+  push_epilogue_inputs(inputs, "conv2d_fused", bias, residual, mode, w.shape(0), "(O,)", out_shape,
+                       stream);
   if (traced({&x, &w, bias ? &*bias : nullptr, residual ? &*residual : nullptr}))
     return bias_act_ops(mx::conv2d(x, w, stride, padding, {1, 1}, 1, stream), bias, residual, act,
                         mode, stream);
-  return mx::array(out_shape, mx::float32,
-                   std::make_shared<Conv2dFused>(stream, stride, padding, act, mode,
-                                                 bias.has_value()),
-                   inputs);
+  return primitive_output<Conv2dFused>(out_shape, std::move(inputs), stream,
+                                       stride, padding, act, mode, bias.has_value());
 }
 
 void Conv2dFused::eval_cpu(const std::vector<mx::array>& inputs,
@@ -370,8 +379,7 @@ void Conv2dFused::eval_cpu(const std::vector<mx::array>& inputs,
   const auto& x = inputs[0];
   const auto& w = inputs[1];
   auto& out = outputs[0];
-  auto& encoder = begin_eval(stream(), inputs, out);
-  const auto [bias, res] = epilogue_inputs(inputs, has_bias_, mode_);
+  auto [encoder, bias, res] = begin_epilogue_eval(stream(), inputs, out, has_bias_, mode_);
   int h = x.shape(1), wd = x.shape(2), c = x.shape(3);
   int o = w.shape(0), kh = w.shape(1), kw = w.shape(2);
   int oh = out.shape(1), ow = out.shape(2);
