@@ -19,6 +19,37 @@
 
 namespace candle_nn {
 
+// f.template operator()<A>() for the run-time `act` (with_residual: <M>() for `mode`): one
+// instantiation per value, inlined into the caller and so into each CANDLE_NN_MULTIVERSION
+// clone. Pass a lambda [&]<Act A>() CANDLE_NN_LAMBDA_INLINE { ... }.
+#define CANDLE_NN_LAMBDA_INLINE __attribute__((always_inline))
+
+template <class F>
+CANDLE_NN_INLINE void with_act(Act act, F&& f) {
+  switch (act) {
+    case Act::Identity:
+      return f.template operator()<Act::Identity>();
+    case Act::Relu:
+      return f.template operator()<Act::Relu>();
+    case Act::Silu:
+      return f.template operator()<Act::Silu>();
+    case Act::Gelu:
+      return f.template operator()<Act::Gelu>();
+  }
+}
+
+template <class F>
+CANDLE_NN_INLINE void with_residual(Residual mode, F&& f) {
+  switch (mode) {
+    case Residual::None:
+      return f.template operator()<Residual::None>();
+    case Residual::BeforeAct:
+      return f.template operator()<Residual::BeforeAct>();
+    case Residual::AfterAct:
+      return f.template operator()<Residual::AfterAct>();
+  }
+}
+
 // out allocated and every input and the output registered with the stream's CPU encoder, whose
 // dispatch() then runs the kernel.
 inline mx::cpu::CommandEncoder& begin_eval(mx::Stream stream, const std::vector<mx::array>& inputs,

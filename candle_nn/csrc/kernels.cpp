@@ -50,33 +50,12 @@ template <Act A, bool InPlace>
 CANDLE_NN_INLINE void bias_act_mode(const float* x, const float* bias, const float* res,
                                     float* out, int64_t begin, int64_t end, int64_t c,
                                     Residual mode) {
-  bool b = bias != nullptr;
-  switch (mode) {
-    case Residual::None:
-      return b ? bias_act_rows<A, Residual::None, true, InPlace>(x, bias, res, out, begin, end, c)
-               : bias_act_rows<A, Residual::None, false, InPlace>(x, bias, res, out, begin, end,
-                                                                  c);
-    case Residual::BeforeAct:
-      return b ? bias_act_rows<A, Residual::BeforeAct, true, InPlace>(x, bias, res, out, begin,
-                                                                      end, c)
-               : bias_act_rows<A, Residual::BeforeAct, false, InPlace>(x, bias, res, out, begin,
-                                                                       end, c);
-    case Residual::AfterAct:
-      return b ? bias_act_rows<A, Residual::AfterAct, true, InPlace>(x, bias, res, out, begin,
-                                                                     end, c)
-               : bias_act_rows<A, Residual::AfterAct, false, InPlace>(x, bias, res, out, begin,
-                                                                      end, c);
-  }
-}
-
-template <Act A>
-CANDLE_NN_INLINE void bias_act_act(const float* x, const float* bias, const float* res,
-                                   float* out, int64_t begin, int64_t end, int64_t c,
-                                   Residual mode) {
-  if (x == out)
-    bias_act_mode<A, true>(x, bias, res, out, begin, end, c, mode);
-  else
-    bias_act_mode<A, false>(x, bias, res, out, begin, end, c, mode);
+  with_residual(mode, [&]<Residual M>() CANDLE_NN_LAMBDA_INLINE {
+    if (bias != nullptr)
+      bias_act_rows<A, M, true, InPlace>(x, bias, res, out, begin, end, c);
+    else
+      bias_act_rows<A, M, false, InPlace>(x, bias, res, out, begin, end, c);
+  });
 }
 
 }  // namespace
@@ -85,16 +64,12 @@ CANDLE_NN_INLINE void bias_act_act(const float* x, const float* bias, const floa
 CANDLE_NN_MULTIVERSION
 void bias_act_range(const float* x, const float* bias, const float* res, float* out,
                     int64_t begin, int64_t end, int64_t c, Act act, Residual mode) {
-  switch (act) {
-    case Act::Identity:
-      return bias_act_act<Act::Identity>(x, bias, res, out, begin, end, c, mode);
-    case Act::Relu:
-      return bias_act_act<Act::Relu>(x, bias, res, out, begin, end, c, mode);
-    case Act::Silu:
-      return bias_act_act<Act::Silu>(x, bias, res, out, begin, end, c, mode);
-    case Act::Gelu:
-      return bias_act_act<Act::Gelu>(x, bias, res, out, begin, end, c, mode);
-  }
+  with_act(act, [&]<Act A>() CANDLE_NN_LAMBDA_INLINE {
+    if (x == out)
+      bias_act_mode<A, true>(x, bias, res, out, begin, end, c, mode);
+    else
+      bias_act_mode<A, false>(x, bias, res, out, begin, end, c, mode);
+  });
 }
 
 namespace {

@@ -284,33 +284,14 @@ CANDLE_NN_INLINE void output_transform_t(const float* m, const float* bias, cons
   }
 }
 
-template <Act A>
-CANDLE_NN_INLINE void output_transform_act(const float* m, const float* bias, const float* res,
-                                           float* out, int64_t t0, int64_t t1, const Geometry& g,
-                                           Residual mode) {
-  switch (mode) {
-    case Residual::None:
-      return output_transform_t<A, Residual::None>(m, bias, res, out, t0, t1, g);
-    case Residual::BeforeAct:
-      return output_transform_t<A, Residual::BeforeAct>(m, bias, res, out, t0, t1, g);
-    case Residual::AfterAct:
-      return output_transform_t<A, Residual::AfterAct>(m, bias, res, out, t0, t1, g);
-  }
-}
-
 CANDLE_NN_MULTIVERSION
 void output_transform(const float* m, const float* bias, const float* res, float* out,
                       int64_t t0, int64_t t1, const Geometry& g, Act act, Residual mode) {
-  switch (act) {
-    case Act::Identity:
-      return output_transform_act<Act::Identity>(m, bias, res, out, t0, t1, g, mode);
-    case Act::Relu:
-      return output_transform_act<Act::Relu>(m, bias, res, out, t0, t1, g, mode);
-    case Act::Silu:
-      return output_transform_act<Act::Silu>(m, bias, res, out, t0, t1, g, mode);
-    case Act::Gelu:
-      return output_transform_act<Act::Gelu>(m, bias, res, out, t0, t1, g, mode);
-  }
+  with_act(act, [&]<Act A>() CANDLE_NN_LAMBDA_INLINE {
+    with_residual(mode, [&]<Residual M>() CANDLE_NN_LAMBDA_INLINE {
+      output_transform_t<A, M>(m, bias, res, out, t0, t1, g);
+    });
+  });
 }
 
 float activate_any(Act act, float v) {
