@@ -27,7 +27,7 @@ import numpy as np
 from candle_nn_models.imagenet import class_names, preprocess
 from candle_nn_models.resnet import VARIANTS, ResNet, class_probabilities
 from candle_nn_models.scripts.resnet_weights import open_resnet_weights
-from candle_nn_models.scripts.image_batch import Batch
+from candle_nn_models.scripts.image_loop import Batch
 from candle_nn.cli import ArgumentParser
 from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments, check_finite,
                                              compile_choice, load_rgb, number_arg, parse_device,

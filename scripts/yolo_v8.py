@@ -50,7 +50,7 @@ from candle_nn_models.coco import COCO_SKELETON
 from candle_nn_models.letterbox import letterbox
 from candle_nn_models.yolo_v8 import (MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec)
 from candle_nn_models.yolo_v8_post import Detection, crop_box, postprocess, yolo_label_lines
-from candle_nn_models.scripts.image_batch import Batch
+from candle_nn_models.scripts.image_loop import Batch
 from candle_nn.cli import ArgumentParser, print_json_document
 from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments,
                                              add_output_arguments, check_finite, compile_choice,

@@ -194,8 +194,8 @@ def test_unreadable_shard_is_removed_and_its_images_redone(resnet_job, folder, t
 
 
 def test_killed_actor_loses_and_duplicates_nothing(ray_runtime, folder, tmp_path):
-    from candle_nn_models.scripts.batch_models import JobOptions
-    from candle_nn_models.scripts.batch_pipeline import InputSource, Predictor, Resources, run_job
+    from candle_nn_models.scripts.ray_models import JobOptions
+    from candle_nn_models.scripts.ray_pipeline import InputSource, Predictor, Resources, run_job
 
     marker = tmp_path / "killed"
 
@@ -356,7 +356,7 @@ def test_missing_batch_extra_names_it(monkeypatch, tmp_path, capsys):
 
 
 def test_models_listed_by_the_cli_are_the_batch_models():
-    from candle_nn_models.scripts.batch_models import BATCH_MODELS
+    from candle_nn_models.scripts.ray_models import BATCH_MODELS
 
     assert set(batch_cli.MODELS) == set(BATCH_MODELS)
 
@@ -421,8 +421,8 @@ def test_resume_is_keyed_on_the_weights_digest_not_the_path(ray_runtime, folder,
 
     # an actor that finds another file at the path than the job started with (replaced while
     # the job runs) stops the job with one error, and nothing is written
-    from candle_nn_models.scripts.batch_models import JobOptions
-    from candle_nn_models.scripts.batch_pipeline import InputSource, Resources, run_job
+    from candle_nn_models.scripts.ray_models import JobOptions
+    from candle_nn_models.scripts.ray_pipeline import InputSource, Resources, run_job
 
     fresh = tmp_path / "fresh"
     fresh.mkdir()
@@ -479,8 +479,8 @@ def test_a_second_job_on_the_same_output_is_refused(ray_runtime, folder, tmp_pat
     import threading
     import time
 
-    from candle_nn_models.scripts.batch_models import JobOptions
-    from candle_nn_models.scripts.batch_pipeline import InputSource, Predictor, Resources, run_job
+    from candle_nn_models.scripts.ray_models import JobOptions
+    from candle_nn_models.scripts.ray_pipeline import InputSource, Predictor, Resources, run_job
 
     go = tmp_path / "go"
 
@@ -560,7 +560,7 @@ def test_verbose_shows_rays_own_lines(monkeypatch):
 
 
 def test_iou_default_is_ultralytics(capsys):
-    from candle_nn_models.scripts.batch_models import JobOptions
+    from candle_nn_models.scripts.ray_models import JobOptions
 
     parser = batch_cli.build_parser()
     assert parser.parse_args(["yolo_v8", "--input", "x", "--output", "y"]).iou == 0.7
@@ -572,7 +572,7 @@ def test_iou_default_is_ultralytics(capsys):
 def test_manifest_and_lock_files_that_are_not_the_jobs(tmp_path):
     """A folder from an older version (no weights digest), and a user's own files under the
     names the job uses, are refused and left as they were."""
-    from candle_nn_models.scripts.batch_output import LOCK, MANIFEST, Manifest, claim
+    from candle_nn_models.scripts.ray_output import LOCK, MANIFEST, Manifest, claim
 
     old = tmp_path / "old"
     old.mkdir()

@@ -23,7 +23,7 @@ from PIL import Image
 from _cli_helpers import cli_command, cli_env, noise
 from conftest import FIXTURES, ROOT, error_line, fixture_dir
 from candle_nn_models.scripts import resnet, segment_anything, yolo_v8
-from candle_nn_models.scripts.inputs import expand_image_args
+from candle_nn_models.scripts.input_paths import expand_image_args
 from candle_nn_models.scripts.run_manifest import MANIFEST
 
 BIKE = FIXTURES / "images" / "bike.jpg"

@@ -5,10 +5,10 @@
       -> predict                  a fixed pool of stateful actors (``map_batches`` with a class),
                                   weights loaded once per actor, one GPU each on a GPU job
       -> write                    shards of about ``shard_rows`` rows in the output folder
-                                  (:class:`~candle_nn_models.scripts.batch_output.ShardSink`)
+                                  (:class:`~candle_nn_models.scripts.ray_output.ShardSink`)
 
 Exactly once: the job holds the output folder (a lock), reads which images already have a row
-(``batch_output``: only the job's own shards, checked against the weights' digest and options),
+(``ray_output``: only the job's own shards, checked against the weights' digest and options),
 and runs the rest; an image whose row is an error is retried, and its new row supersedes the
 old one. Fault tolerance is Ray Data's own, left at its defaults (Ray 2.60 deprecates passing
 these through ``map_batches``): a dead actor is restarted (``max_restarts=-1``) and its in-flight
@@ -36,12 +36,12 @@ import pyarrow.parquet as pq
 import ray
 
 from candle_nn import CandleNNError, Device, ImageError
-from candle_nn_models.scripts.batch_models import BatchModel, JobOptions, batch_model, identify
-from candle_nn_models.scripts.batch_output import (MANIFEST, Manifest, OutputState, ShardSink,
+from candle_nn_models.scripts.ray_models import BatchModel, JobOptions, batch_model, identify
+from candle_nn_models.scripts.ray_output import (MANIFEST, Manifest, OutputState, ShardSink,
                                                    claim, drop_superseded, job_digest,
                                                    new_run_id, scan)
 from candle_nn_models.scripts.common import load_rgb, shown
-from candle_nn_models.scripts.inputs import IMAGE_SUFFIXES, expand_image_args
+from candle_nn_models.scripts.input_paths import IMAGE_SUFFIXES, expand_image_args
 
 DECODE_CPUS = 0.5
 CANDLE_ERROR_LINE = re.compile(r"^candle_nn\.errors\.\w+: (.+)$", re.M)

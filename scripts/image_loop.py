@@ -39,7 +39,7 @@ from candle_nn import CandleNNError, ImageError
 from candle_nn.cli import print_json_document
 from candle_nn_models.scripts import interrupt
 from candle_nn_models.scripts.common import ImageInputError, shown
-from candle_nn_models.scripts.inputs import expand_image_args
+from candle_nn_models.scripts.input_paths import expand_image_args
 from candle_nn_models.scripts.outputs import OutputFolder
 
 
