@@ -18,6 +18,7 @@ from conftest import error_line, fixture_dir
 from PIL import Image
 
 import candle_nn_models.scripts.yolo_v8 as cli
+import candle_nn_models.scripts.yolo_v8_weights as yolo_v8_weights
 from candle_nn_models.scripts.run_manifest import MANIFEST
 from candle_nn_models.yolo_v8 import YoloV8
 
@@ -185,7 +186,7 @@ def test_default_weights_follow_task_and_variant(capsys, paths, tmp_path, monkey
         asked.append((model, variant, path))
         return paths["pose"]
 
-    monkeypatch.setattr(cli, "resolve_weights", fake_resolve)
+    monkeypatch.setattr(yolo_v8_weights, "resolve_weights", fake_resolve)
     code, _, _ = run(capsys, "--image", paths["bike"], "--task", "pose", "--out", tmp_path,
                      "--size", 320, "--conf", 1)
     assert code == 0 and asked == [("yolo_v8_pose", "n", None)]
