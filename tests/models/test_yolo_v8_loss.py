@@ -15,7 +15,7 @@ from candle_nn.checkpoint import state_dict
 from candle_nn_models.yolo_v8_boxes import bbox_ciou
 from candle_nn_models.yolo_v8 import YoloV8
 from candle_nn_models.yolo_v8_loss import DetectionLoss
-from _yolo_loss_reference import feats_of, rel_l2, torch_ciou, torch_loss
+from helpers.yolo_loss_reference import feats_of, rel_l2, torch_ciou, torch_loss
 from conftest import FIXTURES, assert_matches, load_fixture
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from _cli_helpers import bad_images, cli_command, cli_env, run_cli
-from _train_images import CLASSES, texture, write_textures
+from helpers.cli import bad_images, cli_command, cli_env, run_cli
+from helpers.train_images import CLASSES, texture, write_textures
 from conftest import ROOT, error_line, fixture_dir
 
 from candle_nn_models.classify_transforms import (eval_transform, random_resized_crop_box,

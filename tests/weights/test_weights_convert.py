@@ -10,7 +10,7 @@ from safetensors.numpy import load_file, save_file
 
 import candle_nn as cn
 from conftest import load_fixture, one_error_line
-from _weights_fakes import random_candle_tensors
+from helpers.weights_fakes import random_candle_tensors
 from candle_nn_models.weights.cli import main
 from candle_nn_models.weights.metadata import read_metadata
 from candle_nn_models.weights.spec import expected_tensors

@@ -16,7 +16,7 @@ import mlx.nn as nn
 from candle_nn_models.yolo_v8 import YoloV8Pose
 from candle_nn_models.yolo_v8_pose_loss import OKS_SIGMA, PoseLoss
 from conftest import fixture_dir, load_fixture
-from _yolo_loss_reference import SIZES, anchors_and_strides, feats_of, rel_l2, torch_loss
+from helpers.yolo_loss_reference import SIZES, anchors_and_strides, feats_of, rel_l2, torch_loss
 
 A = sum(s * s for s in SIZES)
 

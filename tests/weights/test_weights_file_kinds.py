@@ -10,7 +10,7 @@ import torch  # the `test` extra
 from conftest import FIXTURES, fixture_dir, one_error_line
 
 import candle_nn as cn
-from _weights_fakes import save_ultralytics, ultralytics_checkpoint
+from helpers.weights_fakes import save_ultralytics, ultralytics_checkpoint
 from candle_nn_models.segment_anything import Sam, infer_encoder
 from candle_nn_models.weights.spec import RecordingSource
 

@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 
 import candle_nn as cn
 from conftest import load_fixture, one_error_line
-from _weights_fakes import (
+from helpers.weights_fakes import (
     candle_to_ultralytics, random_candle_tensors, save_ultralytics, ultralytics_checkpoint,
 )
 from candle_nn_models.weights.cli import main

@@ -19,7 +19,7 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from _cli_helpers import bomb_png, cli_command, cli_env, noise, run_cli
+from helpers.cli import bomb_png, cli_command, cli_env, noise, run_cli
 from conftest import FIXTURES, ROOT, error_line, fixture_dir
 from candle_nn_models.imagenet import preprocess
 import candle_nn_models.imagenet as imagenet

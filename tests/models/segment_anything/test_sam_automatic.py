@@ -2,8 +2,8 @@
 
 * with the fixture's (random) weights: the whole pipeline on the real model, ours vs MobileSAM;
 * with a deterministic, point-dependent stand-in for the encoder and decoder installed on both
-  sides (``_sam_decoder_stand_in``): thresholds, NMS within and across crops, crop-edge filtering,
-  uncropping, small-region clean-up and every output mode really get exercised;
+  sides (``helpers.sam_decoder_stand_in``): thresholds, NMS within and across crops, crop-edge
+  filtering, uncropping, small-region clean-up and every output mode really get exercised;
 * each ``amg`` helper against MobileSAM's ``utils/amg.py`` on random data.
 
 Records are compared in order: same count; the same prompt point and crop box; boxes within
@@ -21,8 +21,8 @@ import pytest
 from PIL import Image
 
 import candle_nn as cn
-from _mobile_sam_reference import import_mobile_sam, reference_records
-from _sam_decoder_stand_in import install_on_ours
+from helpers.mobile_sam_reference import import_mobile_sam, reference_records
+from helpers.sam_decoder_stand_in import install_on_ours
 from conftest import DEVICES, FIXTURES, fixture_dir
 from candle_nn_models.segment_anything import Sam, SamAutomaticMaskGenerator, ViTConfig
 from candle_nn_models.segment_anything import amg

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import fixture_dir
 from PIL import Image
-from test_yolo_v8_post import _random_boxes, reference_nms
+from helpers.nms_reference import random_boxes, reference_nms
 
 import candle_nn_models.scripts.yolo_v8 as cli
 from candle_nn_models.letterbox import Letterbox
@@ -45,7 +45,7 @@ def ultralytics_nms(pred: np.ndarray, nc: int, conf: float, iou: float, classes,
     ([2, 4], True, 7), (None, False, 1)])
 def test_postprocess_options_match_ultralytics(seed, classes, agnostic, max_det) -> None:
     nc = 5
-    boxes, _, _ = _random_boxes(400, nc, seed)
+    boxes, _, _ = random_boxes(400, nc, seed)
     rng = np.random.default_rng(seed + 10)
     scores = np.round(rng.uniform(0, 1, (400, nc)) ** 3, 3)
     xywh = np.concatenate([(boxes[:, :2] + boxes[:, 2:]) / 2, boxes[:, 2:] - boxes[:, :2]], 1)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import candle_nn as cn
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "candle_nn" / "config.py"
 PREFIX = "CANDLE_NN_"
 

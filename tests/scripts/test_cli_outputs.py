@@ -23,7 +23,7 @@ from PIL import Image
 import candle_nn_models.scripts.resnet as resnet_cli
 import candle_nn_models.scripts.segment_anything as sam_cli
 import candle_nn_models.scripts.yolo_v8 as yolo_cli
-from _cli_helpers import cli_command, cli_env
+from helpers.cli import cli_command, cli_env
 from candle_nn.atomic_write import is_staging, staging_name
 from candle_nn_models.scripts.input_paths import expand_image_args
 

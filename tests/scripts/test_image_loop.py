@@ -20,7 +20,7 @@ import termios
 import pytest
 from PIL import Image
 
-from _cli_helpers import cli_command, cli_env, noise
+from helpers.cli import cli_command, cli_env, noise
 from conftest import FIXTURES, ROOT, error_line, fixture_dir
 from candle_nn_models.scripts import resnet, segment_anything, yolo_v8
 from candle_nn_models.scripts.input_paths import expand_image_args

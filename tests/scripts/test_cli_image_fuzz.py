@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from _cli_helpers import bad_images, good_images, run_cli
+from helpers.cli import bad_images, good_images, run_cli
 from conftest import FIXTURES, fixture_dir
 from candle_nn_models.scripts import resnet, segment_anything, yolo_v8
 from candle_nn_models.scripts.common import shown

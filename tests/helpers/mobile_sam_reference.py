@@ -17,7 +17,7 @@ def reference_records(weights, image: np.ndarray, cases: list[dict], *, stand_in
     """MobileSAM's generator records for each ``cases`` entry (and its encoder call count with
     the stand-in), on MobileSAM's ``vit_t`` (``model="vit"``: the small ViT of
     ``test_vit_encoder_matches_mobile_sam``) with ``weights``."""
-    from _sam_decoder_stand_in import install_on_reference
+    from helpers.sam_decoder_stand_in import install_on_reference
 
     mobile_sam, _ = import_mobile_sam()
     ref = build_vit_reference(weights) if model == "vit" else build_reference_sam(weights)

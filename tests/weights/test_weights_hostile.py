@@ -209,7 +209,7 @@ def test_convert_never_imports_torch(tmp_path):
     code = ("import sys; sys.modules['torch'] = None\n"  # any `import torch` now fails
             "from candle_nn_models.weights.cli import main\n"
             f"raise SystemExit(main(['convert', '--from', 'timm', {str(src)!r}, {str(out)!r}]))\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=root, timeout=300)
     assert proc.returncode == 0, proc.stderr

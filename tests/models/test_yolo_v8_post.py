@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import load_fixture
+from helpers.nms_reference import random_boxes, reference_nms
 
 from candle_nn_models.letterbox import Letterbox, letterbox, resize_bilinear
 from candle_nn_models.yolo_v8_post import (box_iou_one, non_max_suppression, postprocess,
@@ -75,32 +76,6 @@ def test_to_original_inverts_the_letterbox_and_clips() -> None:
 # --- NMS -----------------------------------------------------------------------------------
 
 
-def _iou(a, b) -> float:
-    """Plain-Python IoU of two xyxy boxes (torchvision's convention)."""
-    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = iw * ih
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
-
-
-def reference_nms(boxes, scores, iou_threshold, classes) -> list[int]:
-    """Greedy NMS as plain Python loops: best first, drop same-class boxes above the threshold."""
-    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
-    suppressed = [False] * len(scores)
-    keep = []
-    for pos, i in enumerate(order):
-        if suppressed[i]:
-            continue
-        keep.append(i)
-        for j in order[pos + 1:]:
-            if suppressed[j] or classes[j] != classes[i]:
-                continue
-            if _iou(boxes[i], boxes[j]) > iou_threshold:
-                suppressed[j] = True
-    return keep
-
-
 def matrix_nms(boxes, scores, iou_threshold, classes) -> list[int]:
     """The same with the full IoU matrix in NumPy and one loop over the sorted boxes."""
     order = np.argsort(-scores, kind="stable")
@@ -157,25 +132,15 @@ def test_nms_empty_and_degenerate() -> None:
         non_max_suppression(np.zeros((2, 4)), np.zeros(3), 0.5)
 
 
-def _random_boxes(n: int, classes: int, seed: int):
-    rng = np.random.default_rng(seed)
-    centres = rng.uniform(0, 640, (n // 20 + 1, 2))[rng.integers(0, n // 20 + 1, n)]
-    centres += rng.normal(0, 8, (n, 2))  # clusters of overlapping boxes
-    wh = rng.uniform(10, 80, (n, 2))
-    boxes = np.concatenate([centres - wh / 2, centres + wh / 2], axis=1)
-    scores = np.round(rng.uniform(0, 1, n), 2)  # rounding makes many ties
-    return boxes, scores, rng.integers(0, classes, n)
-
-
 def test_nms_matches_plain_python_loops() -> None:
-    boxes, scores, classes = _random_boxes(600, 3, seed=0)
+    boxes, scores, classes = random_boxes(600, 3, seed=0)
     for thr in (0.3, 0.45, 0.7):
         got = non_max_suppression(boxes, scores, thr, classes).tolist()
         assert got == reference_nms(boxes.tolist(), scores.tolist(), thr, classes.tolist())
 
 
 def test_nms_thousands_of_candidates() -> None:
-    boxes, scores, classes = _random_boxes(3000, 4, seed=1)
+    boxes, scores, classes = random_boxes(3000, 4, seed=1)
     got = non_max_suppression(boxes, scores, 0.45, classes)
     expected = matrix_nms(boxes, scores, 0.45, classes)
     assert got.tolist() == expected

@@ -17,11 +17,16 @@ from candle_nn import blas, blas_copy
 from conftest import ROOT
 
 
-def _source() -> str:
-    found = blas._pip_openblas() or [p for p in map(blas._resolve, blas._candidates()) if p]
-    if not found or blas._bundled_reference_blas() is None:
+def _plan() -> tuple[str, str, dict[str, str]]:
+    """``(source, target, needed)`` of the copy ``import candle_nn`` makes (blas.copy_plan)."""
+    plan = blas.copy_plan()
+    if plan is None:
         pytest.fail("needs MLX's Linux wheel and an optimized BLAS (ngsolve-openblas)")
-    return found[0]
+    return plan
+
+
+def _source() -> str:
+    return _plan()[0]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -52,14 +57,14 @@ def test_concurrent_makers_share_one_complete_copy(tmp_path) -> None:
     assert set(outs) == {str(folder / copies[0])}
     assert oct(folder.stat().st_mode & 0o777) == "0o700"
     assert blas_copy.soname(str(folder / copies[0])) == blas_copy.soname(
-        blas._bundled_reference_blas())
+        _plan()[1])
 
 
 def test_a_changed_source_gets_a_new_copy_and_the_stale_one_goes(tmp_path) -> None:
     source = tmp_path / "lib" / os.path.basename(_source())
     source.parent.mkdir()
     shutil.copy2(_source(), source)
-    target = blas._bundled_reference_blas()
+    target = _plan()[1]
     folder = str(tmp_path / "_blas")
     first = blas_copy.renamed_copy(str(source), target, directory=folder)
     before = sorted(os.listdir(folder))

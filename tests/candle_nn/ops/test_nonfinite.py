@@ -2,11 +2,11 @@
 plain-MLX reference (``cn.ops.disabled("cpu")``, what ``CANDLE_NN_CPU_FAST=0`` runs) gives
 NaN / +-Inf, and close to it elsewhere.
 
-Each case runs through the compiled kernels (where built) and the pure-MLX fallbacks
-(``path`` fixture, as tests/test_cpu_native.py) on the CPU, and on every other device the
-reference layers run on; the input has a NaN, a +Inf and a -Inf in different places (and a case
-with a NaN weight), so a ReLU that maps NaN to 0 or a Winograd tile that smears one NaN over 16
-outputs fails.
+Each case runs through the compiled kernels (where built) and the pure-MLX fallbacks (``path``
+fixture, as tests/candle_nn/backends/test_cpu_native.py) on the CPU, and on every other device the
+reference layers run on; the input has a NaN, a +Inf and a -Inf in different places (and a case with
+a NaN weight), so a ReLU that maps NaN to 0 or a Winograd tile that smears one NaN over 16 outputs
+fails.
 """
 
 from __future__ import annotations

@@ -209,7 +209,7 @@ def test_everything_writes_overlay_pngs_and_coco_json(capsys, tmp_path, monkeypa
     """--everything on a small image with the point-dependent decoder stand-in: a distinct
     colour per mask, one PNG per mask, and JSON whose RLEs decode (pycocotools) to those PNGs;
     the records are the generator's."""
-    from _sam_decoder_stand_in import install_on_ours
+    from helpers.sam_decoder_stand_in import install_on_ours
     from candle_nn_models.segment_anything import Sam, SamAutomaticMaskGenerator
 
     original = Sam.load.__func__

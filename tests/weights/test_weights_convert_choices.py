@@ -13,7 +13,7 @@ import torch  # the `test` extra
 from safetensors.numpy import load_file
 
 from conftest import load_fixture, one_error_line
-from _weights_fakes import (
+from helpers.weights_fakes import (
     candle_to_ultralytics, random_candle_tensors, save_ultralytics, ultralytics_checkpoint,
 )
 from candle_nn_models.weights.cli import main

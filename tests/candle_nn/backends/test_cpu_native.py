@@ -94,7 +94,7 @@ def _reference(v: np.ndarray, act: str) -> np.ndarray:
 def _bound(act: str, ref: np.ndarray, v: np.ndarray, summands: np.ndarray) -> np.ndarray:
     """Allowed |error| vs float64: float32 rounding of the sums (``summands``: the sum of their
     magnitudes; activations' slopes are <= 1.13), the 2.2-ulp exp (SiLU), erf within 1e-6
-    relative (GELU: 0.5e-6 |v|, as tests/test_cpu_fast_gelu.py)."""
+    relative (GELU: 0.5e-6 |v|, as tests/candle_nn/backends/test_cpu_fast_gelu.py)."""
     bound = 1.5 * 1.2e-7 * summands + 1e-30
     if act == "silu":
         bound = bound + 6e-7 * np.abs(ref)

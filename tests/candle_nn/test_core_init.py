@@ -7,6 +7,7 @@ import hashlib
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -63,14 +64,14 @@ def test_other_seed_other_values():
 
 SUBPROCESS = """
 import sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{here!r}, {tests!r}]
 from test_core_init import digest, init_values
 print(digest(init_values(5)))
 """
 
 
 def test_same_seed_same_values_across_processes():
-    code = SUBPROCESS.format(tests=str(ROOT / "tests"))
+    code = SUBPROCESS.format(here=str(Path(__file__).resolve().parent), tests=str(ROOT / "tests"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          timeout=120)
     assert out.returncode == 0, out.stderr

@@ -22,7 +22,7 @@ import pytest
 
 import candle_nn as cn
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env_with_root() -> dict[str, str]:
