@@ -210,24 +210,21 @@ constexpr std::array<Kernel, kMaxMr> rows_table(std::integer_sequence<int, R...>
   return {&K<(R + 1 < Mr ? R + 1 : Mr), NV>::run...};
 }
 
+// The micro-kernel table entry of one instruction set: micro_kernel compiled for `target` (a
+// function attribute, so not a template argument: one macro states the wrapper once).
+#define CANDLE_NN_GEMM_KERNELS(name, ops, target)                                                \
+  template <int R, int NV>                                                                        \
+  struct name {                                                                                   \
+    target CANDLE_NN_GEMM_FLATTEN static void run(const float* a, int64_t lda, const float* b,    \
+                                                  int64_t bs, float* c, int64_t ldc, int64_t kc,  \
+                                                  bool acc, int cols) {                           \
+      micro_kernel<ops, R, NV>(a, lda, b, bs, c, ldc, kc, acc, cols);                             \
+    }                                                                                             \
+  };
 // AVX-512: 12 rows x 2 vectors of 16 = 24 accumulators of the 32 zmm registers.
-template <int R, int NV>
-struct Avx512K {
-  CANDLE_NN_TARGET_AVX512 CANDLE_NN_GEMM_FLATTEN static void run(
-      const float* a, int64_t lda, const float* b, int64_t bs, float* c, int64_t ldc, int64_t kc,
-      bool acc, int cols) {
-    micro_kernel<Avx512Ops, R, NV>(a, lda, b, bs, c, ldc, kc, acc, cols);
-  }
-};
+CANDLE_NN_GEMM_KERNELS(Avx512K, Avx512Ops, CANDLE_NN_TARGET_AVX512)
 // AVX2 + FMA: 6 rows x 2 vectors of 8 (one 16-column panel) = 12 of the 16 ymm registers.
-template <int R, int NV>
-struct Avx2K {
-  CANDLE_NN_TARGET_AVX2 CANDLE_NN_GEMM_FLATTEN static void run(
-      const float* a, int64_t lda, const float* b, int64_t bs, float* c, int64_t ldc, int64_t kc,
-      bool acc, int cols) {
-    micro_kernel<Avx2Ops, R, NV>(a, lda, b, bs, c, ldc, kc, acc, cols);
-  }
-};
+CANDLE_NN_GEMM_KERNELS(Avx2K, Avx2Ops, CANDLE_NN_TARGET_AVX2)
 
 const Isa kAvx512{"avx512", 12, 16, 2,
                   {rows_table<Avx512K, 1, 12>(std::make_integer_sequence<int, kMaxMr>{}),
