@@ -1,7 +1,8 @@
 """MobileSAM's own code (PyPI ``mobilesam-mirror``, imports as ``mobile_sam``) with our
 safetensors weights: the reference for the automatic mask generator, shared by its parity tests
-(``tests/test_sam_automatic.py``) and ``candle-nn-bench``'s ``mobilesam-amg`` entry. Imports
-neither candle_nn nor MLX (a PyTorch worker must not load candle_nn's BLAS).
+(``tests/models/segment_anything/test_sam_automatic.py``) and ``candle-nn-bench``'s
+``mobilesam-amg`` entry. Imports neither candle_nn nor MLX (a PyTorch worker must not load
+candle_nn's BLAS).
 
 MobileSAM imports two packages only for things inference does not use or that are one small
 function: ``timm`` (``DropPath`` — identity at the drop rate 0 MobileSAM builds with —,

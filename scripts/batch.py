@@ -10,7 +10,7 @@ the weights once (one GPU each on a GPU job), and every image becomes one row of
 in ``--output``: its path, size, the model's output, or an ``error``. Rerunning with the same
 ``--output`` resumes: images with a result are skipped, failed ones are retried. One job at a
 time per ``--output``, and only with the weights (by SHA-256) and options that made its rows
-(``batch_output``). Without ``--address`` a local Ray runtime is started on this machine; Ray's
+(``ray_output``). Without ``--address`` a local Ray runtime is started on this machine; Ray's
 own log lines show with ``--verbose``. Needs the ``batch`` extra (Ray Data, pycocotools).
 See docs/batch.md.
 """
@@ -144,9 +144,9 @@ def native_stderr_to_devnull() -> Iterator[None]:
 
 
 def plan(args: argparse.Namespace, cpus: int, gpus: int):
-    """The job's :class:`~candle_nn_models.scripts.batch_pipeline.Resources` on a cluster of
+    """The job's :class:`~candle_nn_models.scripts.ray_pipeline.Resources` on a cluster of
     ``cpus``/``gpus`` (default device: the GPU when there is one)."""
-    from candle_nn_models.scripts.batch_pipeline import Resources
+    from candle_nn_models.scripts.ray_pipeline import Resources
 
     device = args.device or ("gpu" if gpus else "cpu")
     if device == "gpu":
@@ -179,9 +179,9 @@ def _main(argv: Sequence[str] | None) -> int:
     require_batch_extra()
     import ray
 
-    from candle_nn_models.scripts.batch_models import JobOptions, batch_model, identify
-    from candle_nn_models.scripts.batch_output import preflight
-    from candle_nn_models.scripts.batch_pipeline import InputSource, run_job
+    from candle_nn_models.scripts.ray_models import JobOptions, batch_model, identify
+    from candle_nn_models.scripts.ray_output import preflight
+    from candle_nn_models.scripts.ray_pipeline import InputSource, run_job
 
     source = InputSource.parse(args.input)
     weights = None if args.weights is None else str(Path(args.weights).resolve())

@@ -1,8 +1,8 @@
 """Pieces every model CLI shares: the input options, safe image loading, device parsing, the
 non-finite output check, and (re-exported from :mod:`candle_nn.cli`) the one-clear-line error
 handling (``error: …`` on stderr, exit status 1; 130 on Ctrl-C). Inputs are listed by
-:mod:`candle_nn_models.scripts.inputs`, runs over many images are driven by
-:mod:`candle_nn_models.scripts.image_batch`, and output files are written by
+:mod:`candle_nn_models.scripts.input_paths`, runs over many images are driven by
+:mod:`candle_nn_models.scripts.image_loop`, and output files are written by
 :mod:`candle_nn_models.scripts.outputs` (``candle-nn-batch``'s Parquet output folder by
 :func:`prepare_out_dir`)."""
 
@@ -20,7 +20,7 @@ import numpy as np
 from candle_nn import CandleNNError, Device, ImageError
 from candle_nn.blas import warn_if_slow_cpu
 from candle_nn.cli import run_main  # noqa: F401  (re-exported: every CLI's entry wrapper)
-from candle_nn_models.scripts.inputs import not_regular
+from candle_nn_models.scripts.input_paths import not_regular
 
 DEFAULT_MAX_PIXELS = 2 * 89_478_485  # Pillow's own refusal threshold (Image.MAX_IMAGE_PIXELS x 2)
 

@@ -18,7 +18,7 @@ Every run folder holds ``.candle-nn-outputs.json``, the list of the files the pr
 is replaced only when that list says the project wrote it (and it is unchanged since), and an
 image's files from the previous run that this run did not write again (fewer masks) are removed;
 a file the project did not write is never overwritten or deleted: that image fails with a clear
-error. The input listing (:mod:`candle_nn_models.scripts.inputs`) skips the listed files, so an
+error. The input listing (:mod:`candle_nn_models.scripts.input_paths`) skips the listed files, so an
 output folder inside an input folder is never read back as input.
 """
 

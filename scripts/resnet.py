@@ -25,14 +25,14 @@ import mlx.core as mx
 import numpy as np
 
 from candle_nn_models.imagenet import class_names, preprocess
-from candle_nn_models.resnet import VARIANTS, ResNet, class_probabilities, infer_variant
-from candle_nn_models.scripts.image_batch import Batch
-from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments, check_finite,
-                                             load_rgb, parse_device, run_main, shown)
+from candle_nn_models.resnet import VARIANTS, ResNet, class_probabilities
+from candle_nn_models.scripts.resnet_weights import open_resnet_weights
+from candle_nn_models.scripts.image_loop import Batch
 from candle_nn.cli import ArgumentParser
-from candle_nn_models.scripts.common import compile_choice, number_arg
+from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments, check_finite,
+                                             compile_choice, load_rgb, number_arg, parse_device,
+                                             run_main, shown)
 from candle_nn_models.weights.metadata import WeightsMetadata
-from candle_nn_models.weights.registry import resolve_weights
 from candle_nn_models.weights.spec import build_model
 
 
@@ -68,12 +68,7 @@ def load_classifier(weights: str | None, variant: str | None, device: Device,
                     labels: str | None = None) -> tuple[ResNet, list[str], Path]:
     """The ResNet in ``weights`` (default: the published ``variant``), checked against
     ``variant``, its labels (``labels``: a file of them) and the weights file."""
-    path = resolve_weights("resnet", variant or "resnet18", weights)
-    vb = VarBuilder.from_safetensors(path, device=device)
-    found, num_classes = infer_variant(vb, name=str(path))
-    if variant is not None and variant != found:
-        raise CandleNNError(f"{path} holds {found} weights, not {variant}: drop --variant to use "
-                            f"them, or pass {variant} weights with --weights")
+    vb, found, num_classes, path = open_resnet_weights(weights, variant, device)
     if num_classes is None:
         raise CandleNNError(f"{path} holds a headless {found} (no fc layer): it cannot classify")
     names = WeightsMetadata.from_dict(vb.metadata).names

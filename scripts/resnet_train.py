@@ -26,11 +26,11 @@ import mlx.core as mx
 from candle_nn_models.classify_trainer import (BEST, CHECKPOINT, LABELS, OPTIMIZERS,
                                                ClassifierTrainer, TrainConfig, read_checkpoint)
 from candle_nn_models.image_folder import ImageFolder
-from candle_nn_models.resnet import VARIANTS, ResNet, infer_variant
+from candle_nn_models.resnet import VARIANTS, ResNet
 from candle_nn_models.scripts import interrupt
 from candle_nn_models.scripts.common import number_arg, parse_device, shown
+from candle_nn_models.scripts.resnet_weights import open_resnet_weights
 from candle_nn_models.weights.metadata import WeightsMetadata
-from candle_nn_models.weights.registry import resolve_weights
 
 DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-3}
 IMGSZ_KEY = "candle_nn.imgsz"
@@ -120,13 +120,7 @@ def build_model(variant: str | None, weights: str | None, pretrained: bool, num_
     ``variant``; or seeded Kaiming weights when not ``pretrained``) and a new seeded head."""
     varmap = VarMap()
     if pretrained:
-        path = resolve_weights("resnet", variant or "resnet18", weights)
-        source = VarBuilder.from_safetensors(path, device=device)
-        found, _ = infer_variant(source, name=str(path))
-        if variant is not None and variant != found:
-            raise CandleNNError(f"{path} holds {found} weights, not {variant}: drop --variant "
-                                f"or pass {variant} weights with --weights")
-        variant = found
+        source, variant, _, _ = open_resnet_weights(weights, variant, device)
         for name in source.names():
             if not name.startswith("fc."):
                 varmap.set(name, source.get(None, name))

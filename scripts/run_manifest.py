@@ -1,6 +1,6 @@
 """The file list of a run folder, ``.candle-nn-outputs.json``: which files in it this project
 wrote (relative path -> the input image, size and modification time). :mod:`.outputs` keeps it;
-:mod:`.inputs` reads it so that outputs are never taken as inputs."""
+:mod:`.input_paths` reads it so that outputs are never taken as inputs."""
 
 from __future__ import annotations
 

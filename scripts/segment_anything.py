@@ -44,13 +44,13 @@ from candle_nn_models.segment_anything import Sam, SamPredictor
 from candle_nn_models.segment_anything.embedding_file import (read_image_embedding,
                                                               save_image_embedding)
 from candle_nn_models.segment_anything.transforms import preprocess_shape
-from candle_nn_models.scripts.image_batch import Batch
+from candle_nn_models.scripts.image_loop import Batch
 from candle_nn.cli import ArgumentParser
 from candle_nn_models.scripts.common import (ImageInputError, add_device_argument,
                                              add_input_arguments, add_output_arguments,
-                                             check_finite, load_rgb, parse_device, run_main, shown)
+                                             check_finite, compile_choice, load_rgb, number_arg,
+                                             parse_device, run_main, shown)
 from candle_nn_models.scripts.outputs import OutputFolder
-from candle_nn_models.scripts.common import compile_choice, number_arg
 from candle_nn_models.scripts.sam_everything import (add_everything_arguments, make_generator,
                                                      segment_everything)
 from candle_nn_models.scripts.sam_outputs import mask_json, overlay_masks

@@ -50,7 +50,7 @@ from candle_nn_models.coco import COCO_SKELETON
 from candle_nn_models.letterbox import letterbox
 from candle_nn_models.yolo_v8 import (MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec)
 from candle_nn_models.yolo_v8_post import Detection, crop_box, postprocess, yolo_label_lines
-from candle_nn_models.scripts.image_batch import Batch
+from candle_nn_models.scripts.image_loop import Batch
 from candle_nn.cli import ArgumentParser, print_json_document
 from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments,
                                              add_output_arguments, check_finite, compile_choice,
@@ -150,20 +150,23 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep only these class ids, e.g. --classes 0 2 3")
     yolo.add_argument("--max-det", type=_positive, default=300,
                       help="maximum detections per image (default 300)")
-    yolo.add_argument("--agnostic-nms", action="store_true",
-                      help="class-agnostic NMS: boxes of different classes suppress each other")
-    yolo.add_argument("--half", action="store_true", help="run the model in float16")
-    yolo.add_argument("--save-txt", action="store_true",
-                      help="write YOLO labels, class cx cy w h (normalised), to OUT/labels/")
-    yolo.add_argument("--save-conf", action="store_true",
-                      help="with --save-txt: append each detection's score")
-    yolo.add_argument("--save-crop", action="store_true",
-                      help="write each detection's crop to OUT/crops/<class name>/")
+    for flag, text in ULTRALYTICS_SWITCHES.items():
+        yolo.add_argument(flag, action="store_true", help=text)
     yolo.add_argument("--line-width", type=_positive, default=None, metavar="PX",
                       help="box line width in pixels (default: scaled to the image)")
-    yolo.add_argument("--hide-labels", action="store_true", help="draw boxes without labels")
-    yolo.add_argument("--hide-conf", action="store_true", help="labels without scores")
     return parser
+
+
+# yolo predict's on/off options: flag -> help.
+ULTRALYTICS_SWITCHES = {
+    "--agnostic-nms": "class-agnostic NMS: boxes of different classes suppress each other",
+    "--half": "run the model in float16",
+    "--save-txt": "write YOLO labels, class cx cy w h (normalised), to OUT/labels/",
+    "--save-conf": "with --save-txt: append each detection's score",
+    "--save-crop": "write each detection's crop to OUT/crops/<class name>/",
+    "--hide-labels": "draw boxes without labels",
+    "--hide-conf": "labels without scores",
+}
 
 
 def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -34,7 +34,7 @@ from candle_nn.atomic_write import remove_quietly, temp_beside
 from candle_nn_models.letterbox import letterbox
 from candle_nn_models.yolo_v8_post import Detection, postprocess
 from candle_nn_models.scripts.common import load_rgb
-from candle_nn_models.scripts.inputs import IMAGE_SUFFIXES
+from candle_nn_models.scripts.input_paths import IMAGE_SUFFIXES
 
 VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".wmv",
                   ".flv", ".ts"}

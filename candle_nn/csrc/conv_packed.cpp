@@ -97,29 +97,16 @@ mx::array conv2d_packed(const mx::array& x, const mx::array& w_packed,
   mx::Shape out_shape{x.shape(0), oh, ow, out_channels};
   auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs{mx::contiguous(x, false, stream), w_packed};
-  if (bias) {
-    check_f32(*bias, "bias");
-    if (bias->ndim() != 1 || bias->shape(0) != out_channels)
-      throw std::invalid_argument("candle_nn.conv2d_packed: bias must be (O,)");
-    inputs.push_back(mx::contiguous(*bias, false, stream));
-  }
-  if (mode != Residual::None) {
-    if (!residual || residual->shape() != out_shape)
-      throw std::invalid_argument("candle_nn.conv2d_packed: residual must have the output's shape");
-    check_f32(*residual, "residual");
-    inputs.push_back(mx::contiguous(*residual, false, stream));
-  }
-  bool traced = !traced_ok && (x.is_tracer() || w_packed.is_tracer() ||
-                               (bias && bias->is_tracer()) || (residual && residual->is_tracer()));
-  if (traced) {
+  push_epilogue_inputs(inputs, "conv2d_packed", bias, residual, mode, out_channels, "(O,)",
+                       out_shape, stream);
+  if (!traced_ok &&
+      traced({&x, &w_packed, bias ? &*bias : nullptr, residual ? &*residual : nullptr})) {
     auto w = unpack_ops(w_packed, out_channels, kh, kw, c, stream);
     return bias_act(mx::conv2d(x, w, stride, padding, {1, 1}, 1, stream), bias, residual, act,
                     mode, stream);
   }
-  return mx::array(out_shape, mx::float32,
-                   std::make_shared<Conv2dPacked>(stream, kernel, stride, padding, act, mode,
-                                                  bias.has_value()),
-                   inputs);
+  return primitive_output<Conv2dPacked>(out_shape, std::move(inputs), stream,
+                                        kernel, stride, padding, act, mode, bias.has_value());
 }
 
 void Conv2dPacked::eval_cpu(const std::vector<mx::array>& inputs,
@@ -127,8 +114,7 @@ void Conv2dPacked::eval_cpu(const std::vector<mx::array>& inputs,
   const auto& x = inputs[0];
   const auto& wp = inputs[1];
   auto& out = outputs[0];
-  auto& encoder = begin_eval(stream(), inputs, out);
-  const auto [bias, res] = epilogue_inputs(inputs, has_bias_, mode_);
+  auto [encoder, bias, res] = begin_epilogue_eval(stream(), inputs, out, has_bias_, mode_);
   gemm::ASource a;
   a.data = x.data<float>();
   a.n = x.shape(0), a.h = x.shape(1), a.w = x.shape(2), a.c = x.shape(3);

@@ -19,6 +19,37 @@
 
 namespace candle_nn {
 
+// f.template operator()<A>() for the run-time `act` (with_residual: <M>() for `mode`): one
+// instantiation per value, inlined into the caller and so into each CANDLE_NN_MULTIVERSION
+// clone. Pass a lambda [&]<Act A>() CANDLE_NN_LAMBDA_INLINE { ... }.
+#define CANDLE_NN_LAMBDA_INLINE __attribute__((always_inline))
+
+template <class F>
+CANDLE_NN_INLINE void with_act(Act act, F&& f) {
+  switch (act) {
+    case Act::Identity:
+      return f.template operator()<Act::Identity>();
+    case Act::Relu:
+      return f.template operator()<Act::Relu>();
+    case Act::Silu:
+      return f.template operator()<Act::Silu>();
+    case Act::Gelu:
+      return f.template operator()<Act::Gelu>();
+  }
+}
+
+template <class F>
+CANDLE_NN_INLINE void with_residual(Residual mode, F&& f) {
+  switch (mode) {
+    case Residual::None:
+      return f.template operator()<Residual::None>();
+    case Residual::BeforeAct:
+      return f.template operator()<Residual::BeforeAct>();
+    case Residual::AfterAct:
+      return f.template operator()<Residual::AfterAct>();
+  }
+}
+
 // out allocated and every input and the output registered with the stream's CPU encoder, whose
 // dispatch() then runs the kernel.
 inline mx::cpu::CommandEncoder& begin_eval(mx::Stream stream, const std::vector<mx::array>& inputs,
@@ -40,6 +71,19 @@ inline EpilogueInputs epilogue_inputs(const std::vector<mx::array>& inputs, bool
                                       Residual mode) {
   return {has_bias ? inputs[2].data<float>() : nullptr,
           mode != Residual::None ? inputs[has_bias ? 3 : 2].data<float>() : nullptr};
+}
+
+// begin_eval of a conv op with the fused epilogue, and its optional inputs' data.
+struct EpilogueEval {
+  mx::cpu::CommandEncoder& encoder;
+  const float* bias;
+  const float* res;
+};
+
+inline EpilogueEval begin_epilogue_eval(mx::Stream stream, const std::vector<mx::array>& inputs,
+                                        mx::array& out, bool has_bias, Residual mode) {
+  const auto [bias, res] = epilogue_inputs(inputs, has_bias, mode);
+  return {begin_eval(stream, inputs, out), bias, res};
 }
 
 }  // namespace candle_nn

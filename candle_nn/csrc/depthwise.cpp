@@ -116,26 +116,13 @@ mx::array depthwise_conv2d(const mx::array& x, const mx::array& w,
   mx::Shape out_shape{x.shape(0), oh, ow, x.shape(3)};
   auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs{mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)};
-  if (bias) {
-    check_float32_cpu(*bias, "depthwise_conv2d");
-    if (bias->ndim() != 1 || bias->shape(0) != x.shape(3))
-      throw std::invalid_argument("candle_nn.depthwise_conv2d: bias must be (C,)");
-    inputs.push_back(mx::contiguous(*bias, false, stream));
-  }
-  if (mode != Residual::None) {
-    if (!residual || residual->shape() != out_shape)
-      throw std::invalid_argument(
-          "candle_nn.depthwise_conv2d: residual must have the output's shape");
-    check_float32_cpu(*residual, "depthwise_conv2d");
-    inputs.push_back(mx::contiguous(*residual, false, stream));
-  }
+  push_epilogue_inputs(inputs, "depthwise_conv2d", bias, residual, mode, x.shape(3), "(C,)",
+                       out_shape, stream);
   if (traced({&x, &w, bias ? &*bias : nullptr, residual ? &*residual : nullptr}))
     return bias_act_ops(mx::conv2d(x, w, stride, padding, dilation, x.shape(3), stream), bias,
                         residual, act, mode, stream);
-  return mx::array(out_shape, mx::float32,
-                   std::make_shared<DepthwiseConv2d>(stream, stride, padding, dilation, act, mode,
-                                                     bias.has_value()),
-                   inputs);
+  return primitive_output<DepthwiseConv2d>(out_shape, std::move(inputs), stream,
+                                           stride, padding, dilation, act, mode, bias.has_value());
 }
 
 void DepthwiseConv2d::eval_cpu(const std::vector<mx::array>& inputs,
@@ -143,8 +130,7 @@ void DepthwiseConv2d::eval_cpu(const std::vector<mx::array>& inputs,
   const auto& x = inputs[0];
   const auto& w = inputs[1];
   auto& out = outputs[0];
-  auto& encoder = begin_eval(stream(), inputs, out);
-  const auto [bias, res] = epilogue_inputs(inputs, has_bias_, mode_);
+  auto [encoder, bias, res] = begin_epilogue_eval(stream(), inputs, out, has_bias_, mode_);
   Geometry g{x.shape(1),      x.shape(2),      x.shape(3),       out.shape(1),    out.shape(2),
              w.shape(1),      w.shape(2),      stride_.first,    stride_.second,  padding_.first,
              padding_.second, dilation_.first, dilation_.second};

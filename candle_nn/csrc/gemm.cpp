@@ -92,84 +92,107 @@ void im2col_block(const ASource& s, int64_t m0, int64_t rows, int64_t k0, int64_
 using Kernel = void (*)(const float* a, int64_t lda, const float* b, int64_t bs, float* c,
                         int64_t ldc, int64_t kc, bool accumulate, int cols);
 
-// AVX-512: 12 rows x 2 vectors of 16 = 24 accumulators of the 32 zmm registers.
-template <int R, int NV>
-CANDLE_NN_TARGET_AVX512 void kernel_avx512(const float* a, int64_t lda, const float* b,
-                                           int64_t bs, float* c, int64_t ldc, int64_t kc,
-                                           bool accumulate, int cols) {
-  __m512 acc[R][NV];
+// Each instruction set's vector operations for accumulate_tile. The micro-kernels are `flatten`:
+// these and accumulate_tile are inlined into them, so compiled for their target (always_inline
+// from the target-less accumulate_tile would be refused as a target mismatch).
+#define CANDLE_NN_GEMM_FLATTEN __attribute__((flatten))
+
+struct Avx512Ops {
+  using V = __m512;
+  CANDLE_NN_TARGET_AVX512 static V zero() { return _mm512_setzero_ps(); }
+  // Vector v of row k: AVX-512's second 16 columns are the next panel's, bs floats on.
+  CANDLE_NN_TARGET_AVX512 static V load_b(const float* b, int64_t bs, int64_t k, int v) {
+    return _mm512_loadu_ps(b + v * bs + k * kPanel);
+  }
+  CANDLE_NN_TARGET_AVX512 static V broadcast(const float* a) { return _mm512_set1_ps(*a); }
+  CANDLE_NN_TARGET_AVX512 static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  // C tile (R rows, row stride ldc) = or += acc; columns past `cols` neither read nor written.
+  template <int R, int NV>
+  CANDLE_NN_TARGET_AVX512 static void store_tile(const V (&acc)[R][NV], float* c, int64_t ldc,
+                                                 bool accumulate, int cols) {
+    const __mmask16 last = static_cast<__mmask16>((1u << (cols - (NV - 1) * 16)) - 1u);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        float* p = c + r * ldc + v * 16;
+        __mmask16 m = v == NV - 1 ? last : static_cast<__mmask16>(0xffff);
+        __m512 x = acc[r][v];
+        if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, p));
+        _mm512_mask_storeu_ps(p, m, x);
+      }
+    }
+  }
+};
+
+struct Avx2Ops {
+  using V = __m256;
+  CANDLE_NN_TARGET_AVX2 static V zero() { return _mm256_setzero_ps(); }
+  // Vector v of row k: the panel's 16 columns are two vectors of 8.
+  CANDLE_NN_TARGET_AVX2 static V load_b(const float* b, int64_t, int64_t k, int v) {
+    return _mm256_loadu_ps(b + k * kPanel + v * 8);
+  }
+  CANDLE_NN_TARGET_AVX2 static V broadcast(const float* a) { return _mm256_broadcast_ss(a); }
+  CANDLE_NN_TARGET_AVX2 static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  // C tile (R rows, row stride ldc) = or += acc; columns past `cols` neither read nor written.
+  template <int R, int NV>
+  CANDLE_NN_TARGET_AVX2 static void store_tile(const V (&acc)[R][NV], float* c, int64_t ldc,
+                                               bool accumulate, int cols) {
+    alignas(32) static const int32_t lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
+                                                  0,  0,  0,  0,  0,  0,  0,  0};
+    const int tail = cols - (NV - 1) * 8;  // 1..8 columns in the last vector
+    const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + 8 - tail));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) {
+        float* p = c + r * ldc + v * 8;
+        __m256 x = acc[r][v];
+        if (v < NV - 1 || tail == 8) {
+          if (accumulate) x = _mm256_add_ps(x, _mm256_loadu_ps(p));
+          _mm256_storeu_ps(p, x);
+        } else {
+          if (accumulate) x = _mm256_add_ps(x, _mm256_maskload_ps(p, last));
+          _mm256_maskstore_ps(p, last, x);
+        }
+      }
+    }
+  }
+};
+
+// acc (R rows x NV vectors) = A (R rows, row stride lda, kc columns) · the B micro-panel.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // vector values; only ever inlined into a kernel
+template <class Ops, int R, int NV>
+inline void accumulate_tile(typename Ops::V (&acc)[R][NV], const float* a, int64_t lda,
+                            const float* b, int64_t bs, int64_t kc) {
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v) acc[r][v] = Ops::zero();
 #pragma GCC unroll 2
   for (int64_t k = 0; k < kc; ++k) {
-    __m512 bv[NV];
+    typename Ops::V bv[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(b + v * bs + k * kPanel);
+    for (int v = 0; v < NV; ++v) bv[v] = Ops::load_b(b, bs, k, v);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      __m512 av = _mm512_set1_ps(a[r * lda + k]);
+      typename Ops::V av = Ops::broadcast(a + r * lda + k);
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
-    }
-  }
-  const __mmask16 last = static_cast<__mmask16>((1u << (cols - (NV - 1) * 16)) - 1u);
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      float* p = c + r * ldc + v * 16;
-      __mmask16 m = v == NV - 1 ? last : static_cast<__mmask16>(0xffff);
-      __m512 x = acc[r][v];
-      if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, p));
-      _mm512_mask_storeu_ps(p, m, x);
+      for (int v = 0; v < NV; ++v) acc[r][v] = Ops::fma(av, bv[v], acc[r][v]);
     }
   }
 }
 
-// AVX2 + FMA: 6 rows x 2 vectors of 8 (one 16-column panel) = 12 of the 16 ymm registers.
-template <int R, int NV>
-CANDLE_NN_TARGET_AVX2 void kernel_avx2(const float* a, int64_t lda, const float* b, int64_t,
-                                       float* c, int64_t ldc, int64_t kc, bool accumulate,
-                                       int cols) {
-  __m256 acc[R][NV];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
-#pragma GCC unroll 2
-  for (int64_t k = 0; k < kc; ++k) {
-    __m256 bv[NV];
-#pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) bv[v] = _mm256_loadu_ps(b + k * kPanel + v * 8);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      __m256 av = _mm256_broadcast_ss(a + r * lda + k);
-#pragma GCC unroll 2
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
-    }
-  }
-  alignas(32) static const int32_t lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
-                                                0,  0,  0,  0,  0,  0,  0,  0};
-  const int tail = cols - (NV - 1) * 8;  // 1..8 columns in the last vector
-  const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + 8 - tail));
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) {
-      float* p = c + r * ldc + v * 8;
-      __m256 x = acc[r][v];
-      if (v < NV - 1 || tail == 8) {
-        if (accumulate) x = _mm256_add_ps(x, _mm256_loadu_ps(p));
-        _mm256_storeu_ps(p, x);
-      } else {
-        if (accumulate) x = _mm256_add_ps(x, _mm256_maskload_ps(p, last));
-        _mm256_maskstore_ps(p, last, x);
-      }
-    }
-  }
+// One micro-kernel call (see Kernel): the tile accumulated in registers, then stored.
+template <class Ops, int R, int NV>
+inline void micro_kernel(const float* a, int64_t lda, const float* b, int64_t bs, float* c,
+                         int64_t ldc, int64_t kc, bool accumulate, int cols) {
+  typename Ops::V acc[R][NV];
+  accumulate_tile<Ops, R, NV>(acc, a, lda, b, bs, kc);
+  Ops::template store_tile<R, NV>(acc, c, ldc, accumulate, cols);
 }
+#pragma GCC diagnostic pop
 
 constexpr int kMaxMr = 12;
 
@@ -181,32 +204,34 @@ struct Isa {
   std::array<std::array<Kernel, kMaxMr>, 2> table;
 };
 
-template <template <int, int> class K, int NV, int... R>
+// Tiles of more than `mr` rows (only ever called with `mr` rows) share the `mr`-row kernel.
+template <template <int, int> class K, int NV, int Mr, int... R>
 constexpr std::array<Kernel, kMaxMr> rows_table(std::integer_sequence<int, R...>) {
-  return {&K<R + 1, NV>::run...};
+  return {&K<(R + 1 < Mr ? R + 1 : Mr), NV>::run...};
 }
 
-template <int R, int NV>
-struct Avx512K {
-  static void run(const float* a, int64_t lda, const float* b, int64_t bs, float* c, int64_t ldc,
-                  int64_t kc, bool acc, int cols) {
-    kernel_avx512<R, NV>(a, lda, b, bs, c, ldc, kc, acc, cols);
-  }
-};
-template <int R, int NV>
-struct Avx2K {
-  static void run(const float* a, int64_t lda, const float* b, int64_t bs, float* c, int64_t ldc,
-                  int64_t kc, bool acc, int cols) {
-    kernel_avx2<(R < 6 ? R : 6), NV>(a, lda, b, bs, c, ldc, kc, acc, cols);
-  }
-};
+// The micro-kernel table entry of one instruction set: micro_kernel compiled for `target` (a
+// function attribute, so not a template argument: one macro states the wrapper once).
+#define CANDLE_NN_GEMM_KERNELS(name, ops, target)                                                \
+  template <int R, int NV>                                                                        \
+  struct name {                                                                                   \
+    target CANDLE_NN_GEMM_FLATTEN static void run(const float* a, int64_t lda, const float* b,    \
+                                                  int64_t bs, float* c, int64_t ldc, int64_t kc,  \
+                                                  bool acc, int cols) {                           \
+      micro_kernel<ops, R, NV>(a, lda, b, bs, c, ldc, kc, acc, cols);                             \
+    }                                                                                             \
+  };
+// AVX-512: 12 rows x 2 vectors of 16 = 24 accumulators of the 32 zmm registers.
+CANDLE_NN_GEMM_KERNELS(Avx512K, Avx512Ops, CANDLE_NN_TARGET_AVX512)
+// AVX2 + FMA: 6 rows x 2 vectors of 8 (one 16-column panel) = 12 of the 16 ymm registers.
+CANDLE_NN_GEMM_KERNELS(Avx2K, Avx2Ops, CANDLE_NN_TARGET_AVX2)
 
 const Isa kAvx512{"avx512", 12, 16, 2,
-                  {rows_table<Avx512K, 1>(std::make_integer_sequence<int, kMaxMr>{}),
-                   rows_table<Avx512K, 2>(std::make_integer_sequence<int, kMaxMr>{})}};
+                  {rows_table<Avx512K, 1, 12>(std::make_integer_sequence<int, kMaxMr>{}),
+                   rows_table<Avx512K, 2, 12>(std::make_integer_sequence<int, kMaxMr>{})}};
 const Isa kAvx2{"avx2", 6, 8, 2,
-                {rows_table<Avx2K, 1>(std::make_integer_sequence<int, kMaxMr>{}),
-                 rows_table<Avx2K, 2>(std::make_integer_sequence<int, kMaxMr>{})}};
+                {rows_table<Avx2K, 1, 6>(std::make_integer_sequence<int, kMaxMr>{}),
+                 rows_table<Avx2K, 2, 6>(std::make_integer_sequence<int, kMaxMr>{})}};
 
 bool cpu_has_avx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&

@@ -50,33 +50,12 @@ template <Act A, bool InPlace>
 CANDLE_NN_INLINE void bias_act_mode(const float* x, const float* bias, const float* res,
                                     float* out, int64_t begin, int64_t end, int64_t c,
                                     Residual mode) {
-  bool b = bias != nullptr;
-  switch (mode) {
-    case Residual::None:
-      return b ? bias_act_rows<A, Residual::None, true, InPlace>(x, bias, res, out, begin, end, c)
-               : bias_act_rows<A, Residual::None, false, InPlace>(x, bias, res, out, begin, end,
-                                                                  c);
-    case Residual::BeforeAct:
-      return b ? bias_act_rows<A, Residual::BeforeAct, true, InPlace>(x, bias, res, out, begin,
-                                                                      end, c)
-               : bias_act_rows<A, Residual::BeforeAct, false, InPlace>(x, bias, res, out, begin,
-                                                                       end, c);
-    case Residual::AfterAct:
-      return b ? bias_act_rows<A, Residual::AfterAct, true, InPlace>(x, bias, res, out, begin,
-                                                                     end, c)
-               : bias_act_rows<A, Residual::AfterAct, false, InPlace>(x, bias, res, out, begin,
-                                                                      end, c);
-  }
-}
-
-template <Act A>
-CANDLE_NN_INLINE void bias_act_act(const float* x, const float* bias, const float* res,
-                                   float* out, int64_t begin, int64_t end, int64_t c,
-                                   Residual mode) {
-  if (x == out)
-    bias_act_mode<A, true>(x, bias, res, out, begin, end, c, mode);
-  else
-    bias_act_mode<A, false>(x, bias, res, out, begin, end, c, mode);
+  with_residual(mode, [&]<Residual M>() CANDLE_NN_LAMBDA_INLINE {
+    if (bias != nullptr)
+      bias_act_rows<A, M, true, InPlace>(x, bias, res, out, begin, end, c);
+    else
+      bias_act_rows<A, M, false, InPlace>(x, bias, res, out, begin, end, c);
+  });
 }
 
 }  // namespace
@@ -85,16 +64,12 @@ CANDLE_NN_INLINE void bias_act_act(const float* x, const float* bias, const floa
 CANDLE_NN_MULTIVERSION
 void bias_act_range(const float* x, const float* bias, const float* res, float* out,
                     int64_t begin, int64_t end, int64_t c, Act act, Residual mode) {
-  switch (act) {
-    case Act::Identity:
-      return bias_act_act<Act::Identity>(x, bias, res, out, begin, end, c, mode);
-    case Act::Relu:
-      return bias_act_act<Act::Relu>(x, bias, res, out, begin, end, c, mode);
-    case Act::Silu:
-      return bias_act_act<Act::Silu>(x, bias, res, out, begin, end, c, mode);
-    case Act::Gelu:
-      return bias_act_act<Act::Gelu>(x, bias, res, out, begin, end, c, mode);
-  }
+  with_act(act, [&]<Act A>() CANDLE_NN_LAMBDA_INLINE {
+    if (x == out)
+      bias_act_mode<A, true>(x, bias, res, out, begin, end, c, mode);
+    else
+      bias_act_mode<A, false>(x, bias, res, out, begin, end, c, mode);
+  });
 }
 
 namespace {
@@ -156,6 +131,27 @@ bool traced(std::initializer_list<const mx::array*> arrays) {
   for (const auto* a : arrays)
     if (a != nullptr && a->is_tracer()) return true;
   return false;
+}
+
+void push_epilogue_inputs(std::vector<mx::array>& inputs, const char* op,
+                          const std::optional<mx::array>& bias,
+                          const std::optional<mx::array>& residual, Residual mode, int channels,
+                          const char* bias_shape, const mx::Shape& out_shape, mx::Stream stream) {
+  auto refuse = [op](const std::string& what) {
+    throw std::invalid_argument(std::string("candle_nn.") + op + ": " + what);
+  };
+  if (bias) {
+    if (bias->dtype() != mx::float32) refuse("bias must be float32");
+    if (bias->ndim() != 1 || bias->shape(0) != channels)
+      refuse(std::string("bias must be ") + bias_shape);
+    inputs.push_back(mx::contiguous(*bias, false, stream));
+  }
+  if (mode != Residual::None) {
+    if (!residual || residual->shape() != out_shape)
+      refuse("residual must have the output's shape");
+    if (residual->dtype() != mx::float32) refuse("residual must be float32");
+    inputs.push_back(mx::contiguous(*residual, false, stream));
+  }
 }
 
 mx::array bias_act_ops(mx::array v, const std::optional<mx::array>& bias,
@@ -344,25 +340,13 @@ mx::array conv2d_fused(const mx::array& x, const mx::array& w, const std::option
   mx::Shape out_shape{x.shape(0), oh, ow, w.shape(0)};
   auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs{mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)};
-  if (bias) {
-    check_float32_cpu(*bias, "conv2d_fused");
-    if (bias->ndim() != 1 || bias->shape(0) != w.shape(0))
-      throw std::invalid_argument("candle_nn.conv2d_fused: bias must be (O,)");
-    inputs.push_back(mx::contiguous(*bias, false, stream));
-  }
-  if (mode != Residual::None) {
-    if (!residual || residual->shape() != out_shape)
-      throw std::invalid_argument("candle_nn.conv2d_fused: residual must have the output's shape");
-    check_float32_cpu(*residual, "conv2d_fused");
-    inputs.push_back(mx::contiguous(*residual, false, stream));
-  }
+  push_epilogue_inputs(inputs, "conv2d_fused", bias, residual, mode, w.shape(0), "(O,)", out_shape,
+                       stream);
   if (traced({&x, &w, bias ? &*bias : nullptr, residual ? &*residual : nullptr}))
     return bias_act_ops(mx::conv2d(x, w, stride, padding, {1, 1}, 1, stream), bias, residual, act,
                         mode, stream);
-  return mx::array(out_shape, mx::float32,
-                   std::make_shared<Conv2dFused>(stream, stride, padding, act, mode,
-                                                 bias.has_value()),
-                   inputs);
+  return primitive_output<Conv2dFused>(out_shape, std::move(inputs), stream,
+                                       stride, padding, act, mode, bias.has_value());
 }
 
 void Conv2dFused::eval_cpu(const std::vector<mx::array>& inputs,
@@ -370,8 +354,7 @@ void Conv2dFused::eval_cpu(const std::vector<mx::array>& inputs,
   const auto& x = inputs[0];
   const auto& w = inputs[1];
   auto& out = outputs[0];
-  auto& encoder = begin_eval(stream(), inputs, out);
-  const auto [bias, res] = epilogue_inputs(inputs, has_bias_, mode_);
+  auto [encoder, bias, res] = begin_epilogue_eval(stream(), inputs, out, has_bias_, mode_);
   int h = x.shape(1), wd = x.shape(2), c = x.shape(3);
   int o = w.shape(0), kh = w.shape(1), kw = w.shape(2);
   int oh = out.shape(1), ow = out.shape(2);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <vector>
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
@@ -89,6 +90,19 @@ void bias_act_range(const float* x, const float* bias, const float* res, float* 
 void check_float32_cpu(const mx::array& a, const char* op);
 // True when any array is a tracer (mx.grad / vmap / compile): then the ops below are used.
 bool traced(std::initializer_list<const mx::array*> arrays);
+// The conv ops' optional epilogue inputs, checked (float32; bias (channels,), named `bias_shape`
+// in the message; a residual of the output's shape) and appended, contiguous, to `inputs`: the
+// layout [x, w, bias?, residual?] that epilogue_inputs (cpu_eval.h) reads back.
+void push_epilogue_inputs(std::vector<mx::array>& inputs, const char* op,
+                          const std::optional<mx::array>& bias,
+                          const std::optional<mx::array>& residual, Residual mode, int channels,
+                          const char* bias_shape, const mx::Shape& out_shape, mx::Stream stream);
+// The op's float32 output of `shape`, computed from `inputs` by primitive P(stream, args...).
+template <class P, class... Args>
+mx::array primitive_output(const mx::Shape& shape, std::vector<mx::array> inputs, mx::Stream stream,
+                           Args... args) {
+  return mx::array(shape, mx::float32, std::make_shared<P>(stream, args...), std::move(inputs));
+}
 // The epilogue as MLX ops (the traced path).
 mx::array bias_act_ops(mx::array v, const std::optional<mx::array>& bias,
                        const std::optional<mx::array>& residual, Act act, Residual mode,

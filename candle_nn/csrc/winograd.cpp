@@ -284,33 +284,14 @@ CANDLE_NN_INLINE void output_transform_t(const float* m, const float* bias, cons
   }
 }
 
-template <Act A>
-CANDLE_NN_INLINE void output_transform_act(const float* m, const float* bias, const float* res,
-                                           float* out, int64_t t0, int64_t t1, const Geometry& g,
-                                           Residual mode) {
-  switch (mode) {
-    case Residual::None:
-      return output_transform_t<A, Residual::None>(m, bias, res, out, t0, t1, g);
-    case Residual::BeforeAct:
-      return output_transform_t<A, Residual::BeforeAct>(m, bias, res, out, t0, t1, g);
-    case Residual::AfterAct:
-      return output_transform_t<A, Residual::AfterAct>(m, bias, res, out, t0, t1, g);
-  }
-}
-
 CANDLE_NN_MULTIVERSION
 void output_transform(const float* m, const float* bias, const float* res, float* out,
                       int64_t t0, int64_t t1, const Geometry& g, Act act, Residual mode) {
-  switch (act) {
-    case Act::Identity:
-      return output_transform_act<Act::Identity>(m, bias, res, out, t0, t1, g, mode);
-    case Act::Relu:
-      return output_transform_act<Act::Relu>(m, bias, res, out, t0, t1, g, mode);
-    case Act::Silu:
-      return output_transform_act<Act::Silu>(m, bias, res, out, t0, t1, g, mode);
-    case Act::Gelu:
-      return output_transform_act<Act::Gelu>(m, bias, res, out, t0, t1, g, mode);
-  }
+  with_act(act, [&]<Act A>() CANDLE_NN_LAMBDA_INLINE {
+    with_residual(mode, [&]<Residual M>() CANDLE_NN_LAMBDA_INLINE {
+      output_transform_t<A, M>(m, bias, res, out, t0, t1, g);
+    });
+  });
 }
 
 float activate_any(Act act, float v) {
@@ -449,29 +430,15 @@ mx::array winograd_conv3x3(const mx::array& x, const mx::array& w, const mx::arr
   mx::Shape out_shape{x.shape(0), oh, ow, out_channels};
   auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs{mx::contiguous(x, false, stream), mx::contiguous(u, false, stream)};
-  if (bias) {
-    check_f32(*bias, "bias");
-    if (bias->ndim() != 1 || bias->shape(0) != out_channels)
-      throw std::invalid_argument("candle_nn.winograd_conv3x3: bias must be (O,)");
-    inputs.push_back(mx::contiguous(*bias, false, stream));
-  }
-  if (mode != Residual::None) {
-    if (!residual || residual->shape() != out_shape)
-      throw std::invalid_argument(
-          "candle_nn.winograd_conv3x3: residual must have the output's shape");
-    check_f32(*residual, "residual");
-    inputs.push_back(mx::contiguous(*residual, false, stream));
-  }
+  push_epilogue_inputs(inputs, "winograd_conv3x3", bias, residual, mode, out_channels, "(O,)",
+                       out_shape, stream);
   inputs.push_back(mx::contiguous(w, false, stream));  // last: for non-finite tiles (direct_tile)
   // Under mx.grad / vmap / compile the primitive has no vjp/jvp/vmap: conv2d_fused builds the
   // same math from MLX's own ops there.
-  if (x.is_tracer() || w.is_tracer() || u.is_tracer() || (bias && bias->is_tracer()) ||
-      (residual && residual->is_tracer()))
+  if (traced({&x, &w, &u, bias ? &*bias : nullptr, residual ? &*residual : nullptr}))
     return conv2d_fused(x, w, bias, residual, {1, 1}, padding, act, mode, stream);
-  return mx::array(out_shape, mx::float32,
-                   std::make_shared<WinogradConv3x3>(stream, padding, act, mode,
-                                                     bias.has_value()),
-                   inputs);
+  return primitive_output<WinogradConv3x3>(out_shape, std::move(inputs), stream,
+                                           padding, act, mode, bias.has_value());
 }
 
 void WinogradConv3x3::eval_cpu(const std::vector<mx::array>& inputs,
@@ -479,8 +446,7 @@ void WinogradConv3x3::eval_cpu(const std::vector<mx::array>& inputs,
   const auto& x = inputs[0];
   const auto& u = inputs[1];
   auto& out = outputs[0];
-  auto& encoder = begin_eval(stream(), inputs, out);
-  const auto [bias, res] = epilogue_inputs(inputs, has_bias_, mode_);
+  auto [encoder, bias, res] = begin_epilogue_eval(stream(), inputs, out, has_bias_, mode_);
   Geometry g;
   g.n = x.shape(0), g.h = x.shape(1), g.w = x.shape(2), g.c = x.shape(3), g.cp = u.shape(1);
   g.o = out.shape(3), g.op = u.shape(2), g.oh = out.shape(1), g.ow = out.shape(2);

@@ -12,7 +12,7 @@ time. Here ``erf`` is built from multiply-adds and selects only (no ``exp``, no 
   to 4.
 
 In float32 ``erf`` stays within 1e-6 relative of float64's exact ``erf`` everywhere (tested in
-tests/test_cpu_fast_gelu.py; measured 1.8e-7), and
+tests/candle_nn/backends/test_cpu_fast_gelu.py; measured 1.8e-7), and
 GELU's result is within ``0.5e-6 |x|`` of the exact one.
 
 Registered as the ``gelu_poly`` implementation of ``gelu``: float32 on the CPU device where the

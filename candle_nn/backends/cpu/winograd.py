@@ -13,7 +13,8 @@ im2col: max error vs float64 (median / worst of 20 random tiles) 1.6e-6 / 3.8e-6
 max |value| at C = 16, 1.9e-6 / 4.8e-6 at 64, 4.1e-6 / 1.5e-5 at 256 (im2col 1.6e-7 to 1.3e-6;
 F(2x2, 3x3) 2e-7 to 9e-7, but only 2.25x fewer multiplies instead of 4x), well inside the
 fixtures' 1e-4 of max |value|: the YOLOv8n/ResNet-18 fixture errors do not change measurably
-(dominated by the rest). tests/test_cpu_winograd.py checks 2e-5 per layer against float64.
+(dominated by the rest). tests/candle_nn/backends/test_cpu_winograd.py checks 2e-5 per layer
+against float64.
 
 When: 3x3, stride 1, dilation 1, groups 1, float32 on the CPU, with at least
 ``MIN_TILES`` output tiles (N * ceil(H'/4) * ceil(W'/4)) or at most ``MAX_SMALL_WEIGHT`` = C * O.

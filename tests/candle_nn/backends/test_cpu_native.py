@@ -1,0 +1,553 @@
+"""The compiled CPU kernels (candle_nn._cpu_kernels, backends/cpu/) AND the pure-MLX paths that
+stand in for them, each against float64 references; the layers' fused epilogue against the plain
+ops on every device; and whether the kernels are loaded where they must be.
+
+Loaded or not: a ``pip install`` of this checkout (the README's set-up, CI) builds the kernels,
+so there they MUST be loaded (a broken build fails :func:`test_kernels_are_loaded_when_installed`).
+A source checkout used through ``PYTHONPATH`` (the GPU machine's runs) has none; then the kernel
+tests below check that status says so and run every parity check on the fallback paths only
+(``CANDLE_NN_REQUIRE_NATIVE=1`` makes the kernels required anyway, ``=0`` never). Kernels built
+against another libmlx than the one in use (mlx-cpu, then MLX's CUDA build installed over it)
+are refused at load and not required.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import ROOT
+from scipy.special import erf as erf64
+
+import candle_nn as cn
+from candle_nn.backends.cpu import kernels as cpu_native
+
+NATIVE = cpu_native.module() is not None
+ACTS = ["identity", "relu", "silu", "gelu"]
+
+
+def _installed_from_this_checkout() -> bool:
+    """True when pip installed candle_nn from this checkout (editable or not), so its build ran."""
+    try:
+        dist = importlib.metadata.distribution("candle-nn-mlx")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    package = Path(cn.__file__).resolve().parent
+    direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    if direct.get("dir_info", {}).get("editable"):
+        return direct.get("url", "").rstrip("/") == ROOT.as_uri() and package == ROOT / "candle_nn"
+    return any(Path(dist.locate_file(f)).resolve() == package / "__init__.py"
+               for f in dist.files or ())
+
+
+def test_kernels_are_loaded_when_installed() -> None:
+    required = cn.config.get("CANDLE_NN_REQUIRE_NATIVE") or None
+    status = cpu_native.status()
+    # Installed, the build ran, so the kernels must load - unless MLX was swapped for another
+    # build after it (the README's CUDA set-up): then they are refused, and status says so.
+    swapped = "another libmlx" in status.detail
+    must = (_installed_from_this_checkout() and not swapped) if required is None \
+        else required == "1"
+    assert status.loaded is NATIVE
+    if must:
+        assert status.loaded, f"installed by pip, yet the C++ kernels are not loaded: {status}"
+        assert status.threads and status.threads >= 1
+        assert "CPU kernels (C++): loaded" in str(cn.info())
+    else:
+        # a source checkout: status must say why, and info() must show it
+        assert status.loaded or "not built" in status.detail or "build failed" in status.detail \
+            or "MLX" in status.detail or swapped, status
+        assert "CPU kernels (C++)" in str(cn.info())
+
+
+@pytest.fixture(params=["native", "fallback"] if NATIVE else ["fallback"])
+def path(request):
+    """Run a test through the compiled kernels (where built) and through the pure-MLX fallback
+    (every CPU implementation but the pure-MLX ones switched off)."""
+    assert cn.ops.is_enabled("cpu")
+    if request.param == "fallback":
+        with cn.ops.only("silu_poly", "gelu_poly", "depthwise_shifted", backend="cpu"):
+            yield request.param
+    else:
+        yield request.param
+
+
+def _reference(v: np.ndarray, act: str) -> np.ndarray:
+    v = v.astype(np.float64)
+    if act == "relu":
+        return np.maximum(v, 0)
+    if act == "silu":
+        return v / (1 + np.exp(-v))
+    if act == "gelu":
+        return 0.5 * v * (1 + erf64(v / math.sqrt(2)))
+    return v
+
+
+def _bound(act: str, ref: np.ndarray, v: np.ndarray, summands: np.ndarray) -> np.ndarray:
+    """Allowed |error| vs float64: float32 rounding of the sums (``summands``: the sum of their
+    magnitudes; activations' slopes are <= 1.13), the 2.2-ulp exp (SiLU), erf within 1e-6
+    relative (GELU: 0.5e-6 |v|, as tests/candle_nn/backends/test_cpu_fast_gelu.py)."""
+    bound = 1.5 * 1.2e-7 * summands + 1e-30
+    if act == "silu":
+        bound = bound + 6e-7 * np.abs(ref)
+    if act == "gelu":
+        bound = bound + 0.5e-6 * np.abs(v) + 2.4e-7 * np.abs(ref)
+    return bound
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("mode", ["none", "before", "after"])
+@pytest.mark.parametrize("shape", [(2, 9, 7, 24), (1, 3), (70001,)])
+def test_bias_act_against_float64(path, act, mode, shape) -> None:
+    rng = np.random.default_rng(len(shape) * 7 + len(act))
+    x = (rng.standard_normal(shape) * 6).astype(np.float32)
+    x.flat[:4] = [-100.0, 100.0, 0.0, -5.5]  # tails: exp/erf clamped, exact zero
+    b = (rng.standard_normal(shape[-1]) * 2).astype(np.float32)
+    r = (rng.standard_normal(shape) * 2).astype(np.float32)
+    residual = None if mode == "none" else mx.array(r)
+    with mx.stream(mx.cpu):
+        ours = np.array(cn.activation.bias_act(
+            mx.array(x), mx.array(b), None if act == "identity" else act, residual,
+            residual_after_activation=mode == "after"))
+    v = x.astype(np.float64) + b
+    if mode == "before":
+        v = v + r
+    ref = _reference(v, act) + (r if mode == "after" else 0)
+    err = np.abs(ours - ref)
+    assert ours.shape == shape and ours.dtype == np.float32
+    summands = np.abs(x) + np.abs(b) + (np.abs(r) if mode == "before" else 0)
+    bound = _bound(act, ref, v, summands) + (
+        1.2e-7 * (np.abs(ref) + np.abs(r)) if mode == "after" else 0)
+    assert np.all(err <= bound), (path, float((err / bound).max()), x.flat[(err / bound).argmax()])
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+def test_activations_against_float64(path, act) -> None:
+    """``cn.silu`` / ``cn.gelu`` (no bias), on a non-contiguous (transposed) input too."""
+    x = np.linspace(-30, 30, 200_003, dtype=np.float32)
+    with mx.stream(mx.cpu):
+        fn = cn.silu if act == "silu" else cn.gelu
+        ours = np.array(fn(mx.array(x)))
+        grid = mx.array(x[:200_000].reshape(400, 500))
+        transposed = np.array(fn(grid.T))
+    ref = _reference(x, act)
+    assert np.all(np.abs(ours - ref) <= _bound(act, ref, x, np.abs(x))), path
+    np.testing.assert_array_equal(transposed, ours[:200_000].reshape(400, 500).T)
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 49, 49), (2, 1, 4096), (7, 1), (4, 8, 13)])
+def test_softmax_against_float64(path, shape) -> None:
+    rng = np.random.default_rng(shape[-1])
+    x = (rng.standard_normal(shape) * 8).astype(np.float32)
+    x[..., 0] = -np.inf  # a masked entry (a whole row when shape[-1] == 1: NaN, as MLX's)
+    with mx.stream(mx.cpu):
+        ours = np.array(cn.softmax(mx.array(x), axis=-1))
+        if shape[-1] == 1:
+            plain = np.array(mx.softmax(mx.array(x), axis=-1, precise=True))
+            assert np.isnan(ours).all() and np.isnan(plain).all(), path
+            return
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=-1, keepdims=True))
+    ref = e / e.sum(axis=-1, keepdims=True)
+    # float32 rounding of x - max, amplified by exp, plus the sum's rounding over a row
+    shift = np.where(np.isinf(x64), 0, np.abs(x64 - x64.max(axis=-1, keepdims=True)))
+    bound = ref * (1.2e-7 * shift + 5e-6) + 1e-9
+    assert np.all(np.abs(ours - ref) <= bound), (path, (np.abs(ours - ref) / bound).max())
+
+
+def test_attention_matches_mlx_fast_attention(path) -> None:
+    """CPU attention (matmul + our softmax + matmul) vs MLX's fused op, additive and bool masks."""
+    rng = np.random.default_rng(3)
+    q, k, v = (mx.array(rng.standard_normal((2, 4, 49, 32), dtype=np.float32)) for _ in range(3))
+    bias = mx.array(rng.standard_normal((4, 49, 49), dtype=np.float32))
+    keep = mx.array(rng.random((49, 49)) > 0.2)
+    with mx.stream(mx.cpu):
+        for mask in (None, bias, keep):
+            ours = np.array(cn.scaled_dot_product_attention(q, k, v, mask=mask))
+            ref = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=32 ** -0.5,
+                                                                 mask=mask))
+            assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
+
+
+@pytest.mark.parametrize("shape", [(2, 9, 7, 128), (4096, 256), (3, 5, 37), (1, 3)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_against_float64(path, shape, affine) -> None:
+    """``LayerNorm`` (the compiled kernel, or ``mx.fast.layer_norm``) vs float64, rows with a
+    large mean too: within 1e-5 of the output's max."""
+    rng = np.random.default_rng(shape[-1])
+    x = (rng.standard_normal(shape) * 3 + rng.standard_normal(shape[:-1] + (1,)) * 20)
+    x = x.astype(np.float32)
+    tensors = {"weight": rng.standard_normal(shape[-1], dtype=np.float32),
+               "bias": rng.standard_normal(shape[-1], dtype=np.float32)}
+    config = cn.LayerNormConfig(eps=1e-5, affine=affine)
+    norm = cn.LayerNorm.load(cn.VarBuilder.from_tensors(tensors, device=cn.Device.cpu()),
+                             shape[-1], config)
+    ours = np.array(norm(mx.array(x)))
+    x64 = x.astype(np.float64)
+    ref = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    if affine:
+        ref = ref * tensors["weight"] + tensors["bias"]
+    assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
+
+
+def _packed_attention64(qkv: np.ndarray, heads: int, scale: float,
+                        bias: np.ndarray | None) -> np.ndarray:
+    b, n, width = qkv.shape
+    d = width // (3 * heads)
+    q, k, v = qkv.astype(np.float64).reshape(b, n, heads, 3, d).transpose(3, 0, 2, 1, 4)
+    s = q @ k.swapaxes(-1, -2) * scale + (0 if bias is None else bias)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return (p @ v).transpose(0, 2, 1, 3).reshape(b, n, heads * d)
+
+
+@pytest.mark.parametrize("b,n,heads,d", [(5, 49, 4, 32), (2, 196, 5, 32), (3, 7, 3, 5),
+                                         (1, 50, 2, 20)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_packed_qkv_attention_against_float64(path, b, n, heads, d, with_bias) -> None:
+    """``cn.packed_qkv_attention`` (the compiled kernel, or the reshapes + MLX attention) vs
+    float64: within 1e-5 of the output's max (TinyViT's windows 7x7 and 14x14, odd sizes)."""
+    rng = np.random.default_rng(n * heads + d)
+    qkv = (rng.standard_normal((b, n, heads * 3 * d)) * 2).astype(np.float32)
+    bias = rng.standard_normal((heads, n, n)).astype(np.float32) if with_bias else None
+    with mx.stream(mx.cpu):
+        ours = np.array(cn.packed_qkv_attention(
+            mx.array(qkv), heads, scale=d ** -0.5, bias=None if bias is None else mx.array(bias)))
+    ref = _packed_attention64(qkv, heads, d ** -0.5, bias)
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
+
+
+@pytest.mark.parametrize("b,lq,lk,heads,d,dv", [(2, 7, 4096, 8, 16, 16), (1, 4096, 7, 8, 16, 16),
+                                              (3, 5, 9, 2, 12, 20), (1, 1, 1, 1, 3, 3)])
+def test_multi_head_attention_against_float64(path, b, lq, lk, heads, d, dv) -> None:
+    """``cn.multi_head_attention`` (the compiled kernel, or transposes + MLX attention) vs
+    float64: SAM decoder's token <-> image shapes, odd widths, one key."""
+    rng = np.random.default_rng(lq + lk + d)
+    q, k = (rng.standard_normal((b, n, heads * d)).astype(np.float32) * 2 for n in (lq, lk))
+    v = rng.standard_normal((b, lk, heads * dv)).astype(np.float32)
+    with mx.stream(mx.cpu):
+        ours = np.array(cn.multi_head_attention(mx.array(q), mx.array(k), mx.array(v), heads))
+    q64, k64, v64 = (x.astype(np.float64).reshape(b, x.shape[1], heads, -1).transpose(0, 2, 1, 3)
+                     for x in (q, k, v))
+    s = q64 @ k64.swapaxes(-1, -2) / math.sqrt(d)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    ref = ((p / p.sum(axis=-1, keepdims=True)) @ v64).transpose(0, 2, 1, 3).reshape(b, lq, -1)
+    assert ours.shape == ref.shape
+    # the fallback is MLX's own attention: 1.05e-5 of max |ref| over 4096 keys on the H100
+    # machine's Xeon (16 BLAS threads); the compiled kernel stays within 1e-5
+    tol = 1e-5 if path == "native" else 2e-5
+    assert np.abs(ours - ref).max() <= tol * np.abs(ref).max(), path
+
+
+def test_multi_head_attention_gradients_match_the_plain_ops(path) -> None:
+    rng = np.random.default_rng(24)
+    q = mx.array(rng.standard_normal((2, 5, 16), dtype=np.float32))
+    kv = mx.array(rng.standard_normal((2, 11, 16), dtype=np.float32))
+
+    def loss(x: mx.array) -> mx.array:
+        return (cn.multi_head_attention(x, kv, kv * 2, 4) ** 2).sum()
+
+    with mx.stream(mx.cpu):
+        ours = np.array(mx.grad(loss)(q))
+        with cn.ops.disabled("cpu"):
+            plain = np.array(mx.grad(loss)(q))
+    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+
+
+def test_packed_qkv_attention_gradients_match_the_plain_ops(path) -> None:
+    """Under mx.grad the kernel builds MLX's ops (reshape, split, matmul, softmax)."""
+    rng = np.random.default_rng(23)
+    qkv = mx.array(rng.standard_normal((3, 49, 2 * 3 * 8), dtype=np.float32))
+    bias = mx.array(rng.standard_normal((2, 49, 49), dtype=np.float32))
+
+    def loss(x: mx.array) -> mx.array:
+        return (cn.packed_qkv_attention(x, 2, bias=bias) ** 2).sum()
+
+    with mx.stream(mx.cpu):
+        ours = np.array(mx.grad(loss)(qkv))
+        with cn.ops.disabled("cpu"):
+            plain = np.array(mx.grad(loss)(qkv))
+    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+
+
+def test_kernels_give_the_same_bits_on_one_and_two_threads() -> None:
+    """Each element is computed alone, so the thread split cannot change a result."""
+    if not NATIVE:
+        assert not any(r["available"] for r in cn.ops.status() if r["name"] == "softmax")
+        return
+    kernels = cpu_native.module()
+    rng = np.random.default_rng(5)
+    x = mx.array(rng.standard_normal((3, 97, 61, 40), dtype=np.float32))
+    b = mx.array(rng.standard_normal((40,), dtype=np.float32))
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            kernels.set_num_threads(threads)
+            with mx.stream(mx.cpu):
+                results.append([np.array(kernels.bias_act(x, b, x, kernels.Act.silu,
+                                                                 kernels.Residual.before_act)),
+                                np.array(kernels.softmax_last(x)),
+                                np.array(kernels.attention_packed(x[:, :49, 0, :36], None, 2,
+                                                                  0.3))])
+    finally:
+        cpu_native.sync_threads(force=True)
+    for other in results[1:]:
+        for a, b_ in zip(results[0], other):
+            np.testing.assert_array_equal(a, b_)
+
+
+def test_kernels_refuse_what_they_do_not_support() -> None:
+    if not NATIVE:
+        assert cpu_native.status().loaded is False
+        return
+    kernels = cpu_native.module()
+    with mx.stream(mx.cpu):
+        with pytest.raises(ValueError, match="float32 only"):
+            kernels.bias_act(mx.zeros((2, 3), dtype=mx.float16))
+        with pytest.raises(ValueError, match="bias must be"):
+            kernels.bias_act(mx.zeros((2, 3)), mx.zeros((4,)))
+        with pytest.raises(ValueError, match="residual must"):
+            kernels.bias_act(mx.zeros((2, 3)), None, mx.zeros((3,)), 0, 1)
+        empty = kernels.bias_act(mx.zeros((0, 3)), mx.zeros((3,)), None, 2)
+        assert empty.shape == (0, 3)
+        mx.eval(empty)
+
+
+@pytest.mark.parametrize("act", ["relu", "silu", "gelu", "sigmoid", None])
+@pytest.mark.parametrize("after", [False, True])
+def test_conv_epilogue_equals_the_plain_ops(device, act, after) -> None:
+    """``Conv2d(x, activation=, residual=)`` vs ``conv(x)`` then the ops one by one: bit for bit
+    off the CPU (the GPU path is unchanged), within the fast paths' tolerance on it."""
+    rng = np.random.default_rng(11)
+    tensors = {"weight": rng.standard_normal((16, 8, 3, 3), dtype=np.float32) * 0.3,
+               "bias": rng.standard_normal(16, dtype=np.float32)}
+    vb = cn.VarBuilder.from_tensors(tensors, device=device)
+    conv = cn.Conv2d.load(vb, 8, 16, 3, cn.Conv2dConfig(padding=1))
+    x = mx.array(rng.standard_normal((2, 9, 9, 8), dtype=np.float32))
+    residual = mx.array(rng.standard_normal((2, 9, 9, 16), dtype=np.float32))
+    fused = conv(x, activation=act, residual=residual, residual_after_activation=after)
+    with conv.on_device():
+        y = conv(x)
+        y = y if after else y + residual
+        y = cn.ACTIVATIONS[act](y) if act else y
+        plain = y + residual if after else y
+    fused, plain = np.array(fused), np.array(plain)
+    if device.kind == "cpu":
+        assert np.abs(fused - plain).max() <= 2e-6 * np.abs(plain).max()
+    else:
+        np.testing.assert_array_equal(fused, plain)
+
+
+@pytest.mark.parametrize("act", ["gelu", None])
+def test_conv_transpose_epilogue_equals_the_plain_ops(device, act) -> None:
+    """``ConvTranspose2d(x, activation=)`` vs the conv then the ops one by one (bit for bit off
+    the CPU)."""
+    rng = np.random.default_rng(13)
+    tensors = {"weight": rng.standard_normal((8, 6, 2, 2), dtype=np.float32),
+               "bias": rng.standard_normal(6, dtype=np.float32)}
+    conv = cn.ConvTranspose2d.load(cn.VarBuilder.from_tensors(tensors, device=device), 8, 6, 2,
+                                   cn.ConvTranspose2dConfig(stride=2))
+    x = mx.array(rng.standard_normal((2, 5, 7, 8), dtype=np.float32))
+    fused = np.array(conv(x, activation=act))
+    with conv.on_device():
+        y = cn.conv._transposed_conv_blocks(x, conv.weight) + conv.bias
+        plain = np.array(cn.gelu(y) if act else y)
+    if device.kind == "cpu":
+        assert np.abs(fused - plain).max() <= 2e-6 * np.abs(plain).max()
+    else:
+        np.testing.assert_array_equal(fused, plain)
+
+
+def test_linear_epilogue_equals_the_plain_ops(device) -> None:
+    rng = np.random.default_rng(12)
+    tensors = {"weight": rng.standard_normal((24, 16), dtype=np.float32),
+               "bias": rng.standard_normal(24, dtype=np.float32)}
+    lin = cn.Linear.load(cn.VarBuilder.from_tensors(tensors, device=device), 16, 24)
+    x = mx.array(rng.standard_normal((3, 5, 16), dtype=np.float32))
+    fused = np.array(lin(x, activation="gelu"))
+    with lin.on_device():
+        plain = np.array(cn.gelu(mx.addmm(lin.bias, x, lin.weight.T)))
+    if device.kind == "cpu":
+        assert np.abs(fused - plain).max() <= 2e-6 * np.abs(plain).max()
+    else:
+        np.testing.assert_array_equal(fused, plain)
+
+
+@pytest.mark.parametrize("rows,k,n", [(7, 2048, 256), (7, 256, 2048), (1, 37, 9), (8, 5, 3)])
+def test_linear_few_rows_against_float64(path, rows, k, n) -> None:
+    """``Linear`` on a few rows (the compiled dot-product kernel, or MLX's addmm) vs float64:
+    within 1e-6 of the output's max (SAM's decoder token shapes, odd K and N)."""
+    rng = np.random.default_rng(rows * k + n)
+    tensors = {"weight": rng.standard_normal((n, k), dtype=np.float32),
+               "bias": rng.standard_normal(n, dtype=np.float32)}
+    lin = cn.Linear.load(cn.VarBuilder.from_tensors(tensors, device=cn.Device.cpu()), k, n)
+    x = rng.standard_normal((1, rows, k), dtype=np.float32)
+    ours = np.array(lin(mx.array(x)))
+    ref = x.astype(np.float64) @ tensors["weight"].T.astype(np.float64) + tensors["bias"]
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() <= 1e-6 * np.abs(ref).max(), path
+
+
+@pytest.mark.parametrize("act", ["gelu", None])
+def test_linear_residual_equals_the_plain_ops(device, act) -> None:
+    """``Linear(x, activation=, residual=)`` == ``act(x @ W.T + b) + residual``: bit for bit off
+    the CPU, within float32 rounding on it (the fused pass may contract GELU's last multiply with
+    the residual add into one FMA)."""
+    rng = np.random.default_rng(14)
+    tensors = {"weight": rng.standard_normal((24, 16), dtype=np.float32),
+               "bias": rng.standard_normal(24, dtype=np.float32)}
+    lin = cn.Linear.load(cn.VarBuilder.from_tensors(tensors, device=device), 16, 24)
+    x = mx.array(rng.standard_normal((3, 5, 16), dtype=np.float32))
+    r = mx.array(rng.standard_normal((3, 5, 24), dtype=np.float32))
+    fused = np.array(lin(x, activation=act, residual=r))
+    plain = np.array(lin(x, activation=act) + r)
+    if device.kind == "cpu":
+        assert np.abs(fused - plain).max() <= 2e-6 * np.abs(plain).max()
+    else:
+        np.testing.assert_array_equal(fused, plain)
+
+
+def test_switch_off_takes_no_kernel() -> None:
+    """``CANDLE_NN_CPU_FAST=0`` (``cn.ops.disable("cpu")``) turns the compiled kernels off too:
+    every CPU implementation reports off, and the results are the references' bits."""
+    x = mx.array(np.linspace(-4, 4, 64, dtype=np.float32).reshape(8, 8))
+    ops = cn.ops.ops()
+    with cn.ops.disabled("cpu"), mx.stream(mx.cpu):
+        assert not any(r["enabled"] for r in cn.ops.status() if r["backend"] == "cpu")
+        for ours, ref in ((cn.gelu(x), ops["gelu"].reference(x)),
+                          (cn.silu(x), ops["silu"].reference(x)),
+                          (cn.softmax(x), ops["softmax"].reference(x)),
+                          (cn.ops.bias_act(x, x[0], "relu"),
+                           ops["bias_act"].reference(x, x[0], "relu"))):
+            assert mx.array_equal(ours, ref).item()
+    with mx.stream(mx.cpu):
+        mx.eval(cn.gelu(x), cn.softmax(x))
+
+
+def test_depthwise_kernel_gives_the_same_bits_on_one_and_two_threads() -> None:
+    """Each output pixel is computed by one thread in a fixed order: no split changes a bit."""
+    if not NATIVE:
+        assert not any(r["available"] for r in cn.ops.status()
+                       if r["name"] == "depthwise" and r["backend"] == "cpu")
+        return
+    kernels = cpu_native.module()
+    rng = np.random.default_rng(6)
+    x = mx.array(rng.standard_normal((2, 33, 29, 48), dtype=np.float32))
+    w = mx.array(rng.standard_normal((48, 3, 3, 1), dtype=np.float32))
+    b = mx.array(rng.standard_normal((48,), dtype=np.float32))
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            kernels.set_num_threads(threads)
+            with mx.stream(mx.cpu):
+                results.append(np.array(kernels.depthwise_conv2d(x, w, b, None, (1, 1), (1, 1),
+                                                                  (1, 1), kernels.Act.gelu,
+                                                                  kernels.Residual.none)))
+    finally:
+        cpu_native.sync_threads(force=True)
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0], other)
+
+
+def test_depthwise_gradients_match_the_plain_ops(path) -> None:
+    """Under mx.grad the depthwise kernel builds MLX's grouped conv: the plain ops' gradients."""
+    rng = np.random.default_rng(22)
+    tensors = {"weight": rng.standard_normal((16, 1, 3, 3), dtype=np.float32),
+               "bias": rng.standard_normal(16, dtype=np.float32)}
+    conv = cn.Conv2d.load(cn.VarBuilder.from_tensors(tensors, device=cn.Device.cpu()), 16, 16, 3,
+                          cn.Conv2dConfig(padding=1, stride=2, groups=16))
+    x = mx.array(rng.standard_normal((2, 9, 9, 16), dtype=np.float32))
+
+    def loss(weight: mx.array) -> mx.array:
+        conv.weight = weight
+        return (conv(x, activation="gelu") ** 2).sum()
+
+    with mx.stream(mx.cpu):
+        weight = conv.weight
+        ours = np.array(mx.grad(loss)(weight))
+        with cn.ops.disabled("cpu"):
+            plain = np.array(mx.grad(loss)(weight))
+    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+
+
+def test_convs_stay_on_mlx_without_an_optimized_sgemm() -> None:
+    """No optimized BLAS (blas.py found none) and no packed GEMM (off, or a CPU without
+    AVX-512F): the compiled im2col conv has no sgemm and is not used. (A 3x3 stride-1 conv
+    takes Winograd, which has its own GEMM: a stride-2 conv here.)"""
+    if not NATIVE:
+        assert not cpu_native.has_sgemm()
+        return
+    kernels = cpu_native.module()
+    assert cpu_native.has_sgemm() is cn.blas.status().optimized
+    x = mx.zeros((1, 5, 5, 3))
+    w = mx.ones((4, 3, 3, 3))
+
+    def available() -> dict[str, bool]:
+        return {r["name"]: r["available"] for r in cn.ops.status() if r["op"] == "conv2d"}
+
+    try:
+        kernels.set_sgemm(0)
+        cn.ops.refresh()
+        assert available()["im2col"] is False
+        assert available()["winograd"] is True  # Winograd has its own GEMM
+        with mx.stream(mx.cpu), pytest.raises(RuntimeError, match="no sgemm"):
+            kernels.conv2d_fused(x, w, None, None, (1, 1), (1, 1))
+    finally:
+        kernels.set_sgemm(cpu_native.sgemm_address())
+        cn.ops.refresh()
+    assert available()["im2col"] is (cn.blas.status().optimized and sys.platform == "linux")
+
+
+def test_the_conv_sgemm_is_the_optimized_blas() -> None:
+    """The address handed to the kernels lies in the optimized library blas.py bound to MLX (for
+    OpenBLAS: a library with ``openblas_get_config``), not in MLX's bundled reference BLAS."""
+    address = cpu_native.sgemm_address()
+    status = cn.blas.status()
+    if not status.optimized or sys.platform != "linux":
+        assert address == 0
+        return
+
+    class DlInfo(ctypes.Structure):
+        _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                    ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+    info = DlInfo()
+    assert address and ctypes.CDLL(None).dladdr(ctypes.c_void_p(address), ctypes.byref(info))
+    assert info.dli_sname == b"cblas_sgemm"
+    library = ctypes.CDLL(os.fsdecode(info.dli_fname), mode=os.RTLD_NOLOAD)
+    if status.name.startswith("OpenBLAS"):
+        assert hasattr(library, "openblas_get_config"), info.dli_fname
+    assert not hasattr(library, "xerbla_array_") or hasattr(library, "openblas_get_config")
+
+
+def test_gradients_flow_through_the_fused_layers(path) -> None:
+    """Under mx.grad the kernels build MLX's own ops (the primitives have no vjp): training
+    through ``activation=``/``residual=``, GELU and softmax gives the plain ops' gradients."""
+    rng = np.random.default_rng(21)
+    tensors = {"weight": rng.standard_normal((6, 4, 3, 3), dtype=np.float32) * 0.3,
+               "bias": rng.standard_normal(6, dtype=np.float32)}
+    conv = cn.Conv2d.load(cn.VarBuilder.from_tensors(tensors, device=cn.Device.cpu()), 4, 6, 3,
+                          cn.Conv2dConfig(padding=1))
+    x = mx.array(rng.standard_normal((2, 7, 7, 4), dtype=np.float32))
+    residual = mx.array(rng.standard_normal((2, 7, 7, 6), dtype=np.float32))
+
+    def loss(weight: mx.array) -> mx.array:
+        conv.weight = weight
+        y = conv(x, activation="gelu", residual=residual)
+        return (cn.softmax(cn.gelu(y)) * y).sum()
+
+    with mx.stream(mx.cpu):
+        weight = conv.weight
+        ours = np.array(mx.grad(loss)(weight))
+        with cn.ops.disabled("cpu"):
+            plain = np.array(mx.grad(loss)(weight))
+    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path

@@ -1,0 +1,215 @@
+"""NaN and +-Inf through every fast path: the op's output must be NaN / +-Inf exactly where the
+plain-MLX reference (``cn.ops.disabled("cpu")``, what ``CANDLE_NN_CPU_FAST=0`` runs) gives
+NaN / +-Inf, and close to it elsewhere.
+
+Each case runs through the compiled kernels (where built) and the pure-MLX fallbacks (``path``
+fixture, as tests/candle_nn/backends/test_cpu_native.py) on the CPU, and on every other device the
+reference layers run on; the input has a NaN, a +Inf and a -Inf in different places (and a case with
+a NaN weight), so a ReLU that maps NaN to 0 or a Winograd tile that smears one NaN over 16 outputs
+fails.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import candle_nn as cn
+from candle_nn.backends.cpu import kernels
+
+NATIVE = kernels.module() is not None
+ACTS = [None, "relu", "silu", "gelu"]
+
+
+@pytest.fixture(params=["native", "fallback"] if NATIVE else ["fallback"])
+def path(request):
+    """The compiled kernels (where built), or only the pure-MLX CPU implementations."""
+    assert cn.ops.is_enabled("cpu")
+    if request.param == "fallback":
+        with cn.ops.only("silu_poly", "gelu_poly", "depthwise_shifted", backend="cpu"):
+            yield request.param
+    else:
+        yield request.param
+
+
+def poisoned(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """Random float32 with a NaN, a +Inf and a -Inf at spread-out positions."""
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    flat = x.reshape(-1)
+    n = flat.size
+    flat[n // 7] = np.nan
+    flat[(3 * n) // 5] = np.inf
+    flat[(5 * n) // 6] = -np.inf
+    return x
+
+
+def same_nonfinite(fast_fn, *args) -> None:
+    """``fast_fn(*args)`` with the fast paths on vs off: NaN/+-Inf at the same places, finite
+    values within float32 rounding."""
+    fast = np.array(fast_fn(*args))
+    with cn.ops.disabled("cpu"):
+        ref = np.array(fast_fn(*args))
+    assert fast.shape == ref.shape
+    assert np.isnan(ref).any() or np.isinf(ref).any(), "the case must produce non-finite values"
+    np.testing.assert_array_equal(np.isnan(fast), np.isnan(ref), err_msg="NaN positions differ")
+    np.testing.assert_array_equal(np.isposinf(fast), np.isposinf(ref), err_msg="+Inf differs")
+    np.testing.assert_array_equal(np.isneginf(fast), np.isneginf(ref), err_msg="-Inf differs")
+    finite = np.isfinite(ref)
+    scale = max(float(np.abs(ref[finite]).max()), 1.0) if finite.any() else 1.0
+    assert float(np.abs(fast[finite] - ref[finite]).max(initial=0.0)) <= 1e-4 * scale
+
+
+def conv(x, w, b, stride, padding, activation, residual=None, groups=1):
+    layer = cn.Conv2d(mx.array(w), mx.array(b),
+                      cn.Conv2dConfig(stride=stride, padding=padding, groups=groups),
+                      device=cn.Device.cpu())
+    r = None if residual is None else mx.array(residual)
+    return layer(mx.array(x), activation=activation, residual=r)
+
+
+# (kernel, stride, padding, H): 3x3 stride 1 is the Winograd path, the others the packed GEMM /
+# im2col + sgemm, 1x1 the matmul.
+CONV_CASES = {"3x3s1": (3, 1, 1, 13), "3x3s2": (3, 2, 1, 13), "1x1": (1, 1, 0, 9),
+              "7x7s2": (7, 2, 3, 17)}
+
+
+@pytest.mark.parametrize("activation", ACTS, ids=str)
+@pytest.mark.parametrize("case", list(CONV_CASES))
+def test_conv_propagates_nonfinite_inputs(path, case, activation):
+    k, stride, padding, h = CONV_CASES[case]
+    r = np.random.default_rng(1)
+    x = poisoned((2, h, h + 2, 16))
+    w = r.standard_normal((24, k, k, 16)).astype(np.float32) * 0.2
+    b = r.standard_normal(24).astype(np.float32)
+    same_nonfinite(conv, x, w, b, stride, padding, activation)
+
+
+@pytest.mark.parametrize("activation", ACTS, ids=str)
+@pytest.mark.parametrize("case", list(CONV_CASES))
+def test_conv_propagates_a_nan_weight_and_residual(path, case, activation):
+    k, stride, padding, h = CONV_CASES[case]
+    r = np.random.default_rng(2)
+    x = r.standard_normal((1, h, h, 8)).astype(np.float32)
+    w = r.standard_normal((16, k, k, 8)).astype(np.float32) * 0.2
+    w[5, k // 2, k // 2, 3] = np.nan
+    b = r.standard_normal(16).astype(np.float32)
+    oh = (h + 2 * padding - k) // stride + 1
+    residual = poisoned((1, oh, oh, 16), seed=3)
+    same_nonfinite(conv, x, w, b, stride, padding, activation, residual)
+
+
+def test_all_nan_image_gives_nan_relu_conv(path):
+    """The issue's case: an all-NaN input through conv + ReLU must not come out finite."""
+    x = np.full((1, 12, 12, 8), np.nan, np.float32)
+    w = np.ones((8, 3, 3, 8), np.float32)
+    for stride in (1, 2):
+        y = np.array(conv(x, w, np.zeros(8, np.float32), stride, 1, "relu"))
+        assert np.isnan(y).all()
+
+
+@pytest.mark.parametrize("activation", ACTS, ids=str)
+def test_depthwise_conv_propagates_nonfinite(path, activation):
+    r = np.random.default_rng(4)
+    x = poisoned((2, 11, 9, 32))
+    w = r.standard_normal((32, 3, 3, 1)).astype(np.float32)
+    b = r.standard_normal(32).astype(np.float32)
+    same_nonfinite(conv, x, w, b, 1, 1, activation, None, 32)
+
+
+@pytest.mark.parametrize("activation", ACTS, ids=str)
+@pytest.mark.parametrize("rows", [1, 3, 300])
+def test_linear_propagates_nonfinite(path, activation, rows):
+    r = np.random.default_rng(5)
+    x = poisoned((rows, 64))
+    w = mx.array(r.standard_normal((48, 64)).astype(np.float32))
+    b = mx.array(r.standard_normal(48).astype(np.float32))
+    layer = cn.Linear(w, b, device=cn.Device.cpu())
+    same_nonfinite(lambda a: layer(mx.array(a), activation=activation), x)
+
+
+@pytest.mark.parametrize("name", ["relu", "silu", "gelu", "sigmoid"])
+def test_activations_propagate_nonfinite(path, name):
+    x = poisoned((3, 70, 33))
+    same_nonfinite(lambda a: getattr(cn, name)(mx.array(a)), x)
+
+
+def test_softmax_propagates_nonfinite(path):
+    x = poisoned((6, 4, 50))
+    same_nonfinite(lambda a: cn.softmax(mx.array(a), axis=-1), x)
+
+
+def test_layer_norm_propagates_nonfinite(path):
+    x = poisoned((4, 9, 128))
+    r = np.random.default_rng(6)
+    norm = cn.LayerNorm(mx.array(r.standard_normal(128).astype(np.float32)),
+                        mx.array(r.standard_normal(128).astype(np.float32)),
+                        device=cn.Device.cpu())
+    same_nonfinite(lambda a: norm(mx.array(a)), x)
+
+
+def test_attention_propagates_nonfinite(path):
+    qkv = poisoned((2, 40, 2 * 3 * 16))
+    same_nonfinite(lambda a: cn.packed_qkv_attention(mx.array(a), 2), qkv)
+    q, k, v = (poisoned((1, 30, 32), seed=s) for s in (7, 8, 9))
+    same_nonfinite(lambda a, b, c: cn.multi_head_attention(mx.array(a), mx.array(b),
+                                                           mx.array(c), 2), q, k, v)
+
+
+def test_resnet_with_a_nan_weight_gives_nan_logits_and_the_cli_refuses(tmp_path, capsys):
+    """The issue's case end to end: one NaN in a ResNet-18 file makes its logits NaN (as in
+    PyTorch) through the fast paths, so candle-resnet's non-finite check fails the run."""
+    from conftest import FIXTURES, fixture_dir, one_error_line
+
+    from candle_nn_models.resnet import ResNet
+    from candle_nn_models.scripts.resnet import main
+
+    tensors = dict(mx.load(str(fixture_dir("resnet18") / "weights.safetensors")))
+    w = np.array(tensors["layer1.0.conv1.weight"])
+    w[3, 5, 1, 1] = np.nan
+    tensors["layer1.0.conv1.weight"] = mx.array(w)
+    path = tmp_path / "nan.safetensors"
+    mx.save_safetensors(str(path), tensors)
+    model = ResNet.load(cn.VarBuilder.from_safetensors(path), "resnet18")
+    logits = np.array(model(mx.zeros((1, 64, 64, 3))))
+    assert np.isnan(logits).all()
+    nan_image = np.array(model(mx.full((1, 64, 64, 3), np.nan)))
+    assert np.isnan(nan_image).all()
+    assert main(["--image", str(FIXTURES / "images" / "bike.jpg"), "--weights", str(path)]) == 1
+    one_error_line(capsys, "non-finite outputs")
+
+
+# -- the same on every device (the CUDA kernels on a CUDA build) ----------------------------------
+def _nan_windows(mask: np.ndarray, k: int, stride: int, padding: int) -> np.ndarray:
+    """Output positions of a k x k window op whose window holds a NaN (NHWC mask, any channel
+    for a full conv)."""
+    m = np.pad(mask, [(0, 0), (padding, padding), (padding, padding), (0, 0)])
+    oh = (m.shape[1] - k) // stride + 1
+    ow = (m.shape[2] - k) // stride + 1
+    out = np.zeros((m.shape[0], oh, ow, m.shape[3]), bool)
+    for i in range(k):
+        for j in range(k):
+            out |= m[:, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
+    return out
+
+
+@pytest.mark.parametrize("op", ["conv_relu", "depthwise_relu", "max_pool"])
+def test_nan_positions_on_every_device(device, op):
+    x = np.random.default_rng(11).standard_normal((1, 12, 12, 8)).astype(np.float32)
+    x[0, 2, 3, 1] = np.nan
+    x[0, 8, 9, 6] = np.nan
+    with mx.stream(device.stream):
+        if op == "max_pool":
+            y = cn.max_pool2d(mx.array(x), 3, 2, 1)
+            want = _nan_windows(np.isnan(x), 3, 2, 1)
+        else:
+            groups = 8 if op == "depthwise_relu" else 1
+            w = np.ones((8, 3, 3, 8 // groups), np.float32)
+            layer = cn.Conv2d(mx.array(w), mx.zeros(8), cn.Conv2dConfig(padding=1, groups=groups),
+                              device=device)
+            y = layer(mx.array(x), activation="relu")
+            nan = np.isnan(x)
+            want = _nan_windows(nan if groups > 1 else nan.any(-1, keepdims=True), 3, 1, 1)
+            want = np.broadcast_to(want, y.shape)
+        got = np.isnan(np.array(y))
+    np.testing.assert_array_equal(got, want)
