@@ -192,11 +192,9 @@ def test_torch_resnet_stand_in_is_torchvisions_network() -> None:
 def test_docs_training_table_is_generated_from_its_results_file() -> None:
     """docs/benchmarks.md's training table is ``bench_report.markdown`` of
     benchmarks/results/cpu-train.json, which names its machine and command."""
-    from pathlib import Path
-
     from benchmarks import bench_report
+    from conftest import ROOT as root
 
-    root = Path(__file__).resolve().parent.parent
     report = bench_report.read_saved_run(str(root / "benchmarks" / "results" / "cpu-train.json"))
     assert report["meta"]["command"].startswith("python -m benchmarks --models resnet50-train")
     assert report["meta"]["machine"]
