@@ -97,25 +97,12 @@ def run_ours_train(model: BenchModel, device: str, opts: Options, compiled: bool
 
     import candle_nn as cn
     import mlx.core as mx
-    import mlx.nn as nn
-    import mlx.optimizers as optim
 
     start = time.perf_counter()
     net = model.build_ours(cn.VarBuilder.from_varmap(cn.VarMap(), seed=opts.seed, device=device))
     mx.eval(net.parameters())
     load_s = time.perf_counter() - start
-    net.train()
-    opt = optim.SGD(learning_rate=SGD["lr"], momentum=SGD["momentum"],
-                    weight_decay=SGD["weight_decay"])
-    x_np, y_np = _labels(model, batch, hw, opts.seed)
-    x, y = mx.array(x_np), mx.array(y_np)
-    value_and_grad = nn.value_and_grad(net, _loss(model))
-
-    def step_fn(x, y):
-        loss, grads = value_and_grad(net, x, y)
-        opt.update(net, grads)
-        return loss
-
+    opt, step_fn, (x, y) = _sgd_step(model, net, batch, hw, opts.seed)
     if compiled:
         state = [net.state, opt.state]
         step_fn = partial(mx.compile, inputs=state, outputs=state)(step_fn)
@@ -263,21 +250,9 @@ def _ours_steps(model: BenchModel, batch: int, hw: tuple[int, int],
 
     import candle_nn as cn
     import mlx.core as mx
-    import mlx.nn as nn
-    import mlx.optimizers as optim
 
     net = model.build_ours(cn.VarBuilder.from_varmap(cn.VarMap(), seed=0, device="cpu"))
-    net.train()
-    opt = optim.SGD(learning_rate=SGD["lr"], momentum=SGD["momentum"],
-                    weight_decay=SGD["weight_decay"])
-    x_np, y_np = _labels(model, batch, hw, 0)
-    x, y = mx.array(x_np), mx.array(y_np)
-    value_and_grad = nn.value_and_grad(net, _loss(model))
-
-    def step_fn(x, y):
-        loss, grads = value_and_grad(net, x, y)
-        opt.update(net, grads)
-        return loss
+    opt, step_fn, (x, y) = _sgd_step(model, net, batch, hw, 0)
 
     def run(fn: Callable) -> Callable[[], None]:
         return lambda: mx.eval(fn(x, y), net.state, opt.state)
@@ -291,6 +266,27 @@ def _ours_steps(model: BenchModel, batch: int, hw: tuple[int, int],
             steps[f"{setting}+mx.compile"] = run(partial(mx.compile, inputs=state,
                                                          outputs=state)(lambda x, y: step_fn(x, y)))
     return steps
+
+
+def _sgd_step(model: BenchModel, net, batch: int, hw: tuple[int, int], seed: int):
+    """``(optimizer, step(x, y) -> loss, (x, y))``: one SGD step (``SGD``'s settings) of ``net``
+    in train mode on a seeded batch of ``model``'s inputs and labels."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    net.train()
+    opt = optim.SGD(learning_rate=SGD["lr"], momentum=SGD["momentum"],
+                    weight_decay=SGD["weight_decay"])
+    x_np, y_np = _labels(model, batch, hw, seed)
+    value_and_grad = nn.value_and_grad(net, _loss(model))
+
+    def step_fn(x, y):
+        loss, grads = value_and_grad(net, x, y)
+        opt.update(net, grads)
+        return loss
+
+    return opt, step_fn, (mx.array(x_np), mx.array(y_np))
 
 
 if __name__ == "__main__":

@@ -88,6 +88,27 @@ def number_arg(text: str, kind: type = float) -> "int | float":
     return value
 
 
+def resumable_parser(prog: str, description: str, suppress: bool = False):
+    """A training command's ``(parser, d)``: ``d(value)`` gives an option's ``default=`` keyword;
+    with ``suppress`` no option has a default, so the parsed namespace holds only the options the
+    command line gave (what ``--resume`` checks against the run's settings)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, argument_default=argparse.SUPPRESS if suppress else None,
+        description=description)
+    d = (lambda value: {}) if suppress else (lambda value: {"default": value})
+    return parser, d
+
+
+def positive(kind: type = float):
+    """An argparse ``type=`` for a number above 0 of ``kind`` (see :func:`number_arg`)."""
+    def check(text: str) -> "int | float":
+        value = number_arg(text, kind)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+        return value
+    return check
+
+
 def _pixel_count(text: str) -> int:
     value = number_arg(text)
     if value < 1:

@@ -28,7 +28,8 @@ from candle_nn_models.classify_trainer import (BEST, CHECKPOINT, LABELS, OPTIMIZ
 from candle_nn_models.image_folder import ImageFolder
 from candle_nn_models.resnet import VARIANTS, ResNet
 from candle_nn_models.scripts import interrupt
-from candle_nn_models.scripts.common import number_arg, parse_device, shown
+from candle_nn_models.scripts.common import (number_arg, parse_device, positive, resumable_parser,
+                                             shown)
 from candle_nn_models.scripts.resnet_weights import open_resnet_weights
 from candle_nn_models.weights.metadata import WeightsMetadata
 
@@ -37,15 +38,6 @@ IMGSZ_KEY = "candle_nn.imgsz"
 MIN_IMGSZ = 32
 # what a resumed run may change: where it runs, not what it computes
 RESUME_MAY_SET = {"resume", "out", "data", "device", "workers", "verbose", "no_progress"}
-
-
-def _positive(kind: type):
-    def check(text: str):
-        value = number_arg(text, kind)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text} is not a positive number")
-        return value
-    return check
 
 
 def _fraction(text: str) -> float:
@@ -57,11 +49,10 @@ def _fraction(text: str) -> float:
 
 def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     """The ``train`` options (``suppress``: no defaults, to see which options were given)."""
-    parser = argparse.ArgumentParser(
-        prog="candle-resnet train", argument_default=argparse.SUPPRESS if suppress else None,
-        description="Fine-tune a ResNet classifier on a folder of images, one subfolder per "
-                    "class (or train/ and val/ folders of those).")
-    d = (lambda value: {}) if suppress else (lambda value: {"default": value})
+    parser, d = resumable_parser(
+        "candle-resnet train",
+        "Fine-tune a ResNet classifier on a folder of images, one subfolder per "
+        "class (or train/ and val/ folders of those).", suppress)
     parser.add_argument("--data", metavar="DIR", help="the image folder (required unless --resume)")
     parser.add_argument("--out", metavar="DIR", **d("runs/train"),
                         help="the run folder: best.safetensors, labels.txt, checkpoint, "
@@ -74,10 +65,10 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
                         "backbone (default: candle's published ImageNet weights of --variant)")
     parser.add_argument("--no-pretrained", action="store_true", **d(False),
                         help="start from seeded random (Kaiming) weights instead")
-    parser.add_argument("--epochs", type=_positive(int), metavar="N", **d(10), help="default 10")
-    parser.add_argument("--batch-size", type=_positive(int), metavar="N", **d(32),
+    parser.add_argument("--epochs", type=positive(int), metavar="N", **d(10), help="default 10")
+    parser.add_argument("--batch-size", type=positive(int), metavar="N", **d(32),
                         help="images per step, over all processes (default 32)")
-    parser.add_argument("--lr", type=_positive(float), metavar="LR",
+    parser.add_argument("--lr", type=positive(float), metavar="LR",
                         help="initial learning rate, cosine-decayed to 0 (default 0.01 for SGD, "
                              "0.001 for AdamW)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, **d("sgd"),
@@ -88,7 +79,7 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
                         help="train the new head only (backbone weights and BatchNorm frozen)")
     parser.add_argument("--freeze-bn", action="store_true", **d(False),
                         help="keep BatchNorm running statistics fixed (their scale/shift learn)")
-    parser.add_argument("--imgsz", type=_positive(int), metavar="PIXELS", **d(224),
+    parser.add_argument("--imgsz", type=positive(int), metavar="PIXELS", **d(224),
                         help="training crop size; evaluation resizes to imgsz*256/224 and crops "
                              "imgsz (default 224)")
     parser.add_argument("--val-fraction", type=_fraction, metavar="F", **d(0.2),
@@ -97,7 +88,7 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=lambda t: number_arg(t, int), metavar="N", **d(0),
                         help="seeds the head, the split, the order and the augmentation "
                              "(default 0)")
-    parser.add_argument("--workers", type=_positive(int), metavar="N",
+    parser.add_argument("--workers", type=positive(int), metavar="N",
                         **d(min(8, os.cpu_count() or 1)),
                         help="image decoding threads (default: CPU count, at most 8)")
     parser.add_argument("--no-progress", action="store_true", **d(False),

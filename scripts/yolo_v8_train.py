@@ -33,22 +33,13 @@ from candle_nn_models.yolo_v8_dataset import DetectionDataset
 from candle_nn_models.yolo_v8_trainer import (BEST, CHECKPOINT, DetectionTrainer, TrainConfig,
                                               new_class_head, read_checkpoint)
 from candle_nn_models.scripts.common import (add_device_argument, number_arg, parse_device,
-                                             run_main, shown)
+                                             positive, resumable_parser, run_main, shown)
 from candle_nn_models.weights.metadata import WeightsMetadata
 from candle_nn_models.weights.registry import resolve_weights
 
 # what a resumed run may change: where it runs, not what it computes
 RESUME_MAY_SET = {"resume", "out", "project", "name", "device", "workers", "verbose", "compile",
                   "stop_after", "no_progress"}
-
-
-def _positive(kind: type):
-    def check(text: str):
-        value = number_arg(text, kind)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text} is not a positive number")
-        return value
-    return check
 
 
 def _non_negative(text: str) -> int:
@@ -59,7 +50,7 @@ def _non_negative(text: str) -> int:
 
 
 def _imgsz(text: str) -> int:
-    value = _positive(int)(text)
+    value = positive(int)(text)
     if value % 32 or value > 4096:
         raise argparse.ArgumentTypeError(f"{text} is not a multiple of 32 up to 4096")
     return value
@@ -74,33 +65,32 @@ def _optimizer(text: str) -> str:
 
 def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     """The ``train`` options (``suppress``: no defaults, to see which options were given)."""
-    parser = argparse.ArgumentParser(
-        prog="candle-yolo-v8 train", argument_default=argparse.SUPPRESS if suppress else None,
-        description="Fine-tune a YOLOv8 detector on a data.yaml (ultralytics' recipe and "
-                    "augmentations); writes <run>/weights/best.safetensors.")
-    d = (lambda value: {}) if suppress else (lambda value: {"default": value})
+    parser, d = resumable_parser(
+        "candle-yolo-v8 train",
+        "Fine-tune a YOLOv8 detector on a data.yaml (ultralytics' recipe and "
+        "augmentations); writes <run>/weights/best.safetensors.", suppress)
     parser.add_argument("--data", metavar="YAML", help="data.yaml: path, train, val, names "
                         "(required unless --resume)")
     parser.add_argument("--weights", metavar="FILE", help="YOLOv8 detector safetensors to start "
                         "from (default: candle's published yolov8{variant})")
     parser.add_argument("--variant", choices=tuple(MULTIPLES),
                         help="model size (default: what --weights holds, else n)")
-    parser.add_argument("--epochs", type=_positive(int), metavar="N", **d(100),
+    parser.add_argument("--epochs", type=positive(int), metavar="N", **d(100),
                         help="default 100")
     parser.add_argument("--imgsz", type=_imgsz, metavar="PX", **d(640),
                         help="square training input side, a multiple of 32 (default 640)")
-    parser.add_argument("--batch", type=_positive(int), metavar="N", **d(16),
+    parser.add_argument("--batch", type=positive(int), metavar="N", **d(16),
                         help="images per batch (default 16; gradients are summed to 64)")
     parser.add_argument("--optimizer", type=_optimizer, metavar="NAME", **d("auto"),
                         help="auto (ultralytics': AdamW for short runs, else SGD), SGD or AdamW")
-    parser.add_argument("--lr0", type=_positive(float), metavar="LR", **d(0.01),
+    parser.add_argument("--lr0", type=positive(float), metavar="LR", **d(0.01),
                         help="initial learning rate for SGD/AdamW (auto picks its own; "
                              "default 0.01)")
     parser.add_argument("--close-mosaic", type=_non_negative, metavar="N", **d(10),
                         help="epochs at the end without mosaic (default 10)")
     parser.add_argument("--warmup-epochs", type=_non_negative, metavar="N", **d(3),
                         help="warm-up epochs (at least 100 iterations; 0: none; default 3)")
-    parser.add_argument("--nbs", type=_positive(int), metavar="N", **d(64),
+    parser.add_argument("--nbs", type=positive(int), metavar="N", **d(64),
                         help="nominal batch: gradients of round(N / --batch) batches are summed "
                              "into one step, weight decay scaled to it (default 64)")
     parser.add_argument("--freeze-bn", action="store_true", **d(False),
@@ -116,9 +106,9 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--resume", action="store_true", **d(False),
                         help="continue the run in --out (or --project/--name) from its last "
                              "finished epoch")
-    parser.add_argument("--workers", type=_positive(int), metavar="N", **d(4),
+    parser.add_argument("--workers", type=positive(int), metavar="N", **d(4),
                         help="threads preparing the images (default 4)")
-    parser.add_argument("--stop-after", type=_positive(int), metavar="N",
+    parser.add_argument("--stop-after", type=positive(int), metavar="N",
                         help="stop after N epochs of this invocation (continue with --resume)")
     parser.add_argument("--no-progress", action="store_true", **d(False),
                         help="no progress bar")
