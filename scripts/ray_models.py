@@ -231,11 +231,11 @@ class SamBatch(BatchModel):
     def _load(self, device):
         from candle_nn_models.scripts.segment_anything import MODELS, load_sam
 
-        variant = self.options.variant or MODELS[0]
-        if variant not in MODELS:
+        variant = self.options.variant
+        if variant is not None and variant not in MODELS:
             raise CandleNNError(f"--variant {variant}: segment_anything is one of "
                                 f"{', '.join(MODELS)}")
-        sam, path = load_sam(variant, self.options.weights, device)
+        sam, path, variant = load_sam(variant, self.options.weights, device)
         self.predictor = SamPredictor(sam)
         return path, variant
 

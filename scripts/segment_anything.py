@@ -40,7 +40,7 @@ import numpy as np
 from PIL import Image
 
 from candle_nn import CandleNNError, Device, VarBuilder
-from candle_nn_models.segment_anything import Sam, SamPredictor
+from candle_nn_models.segment_anything import Sam, SamPredictor, infer_encoder
 from candle_nn_models.segment_anything.embedding_file import (read_image_embedding,
                                                               save_image_embedding)
 from candle_nn_models.segment_anything.transforms import preprocess_shape
@@ -64,12 +64,24 @@ MODELS = tuple(variant for family in FAMILIES for variant in SPECS[family].varia
 DEFAULT_OUT = "runs/segment/predict"
 
 
-def load_sam(variant: str, weights: "str | None", device: Device) -> tuple[Sam, Path]:
-    """SAM with the ``variant`` encoder (one of :data:`MODELS`) from ``weights`` (default: the
-    published file), built through the registry; and the weights file."""
-    family = next(f for f in FAMILIES if variant in SPECS[f].variants)
-    path = resolve_weights(family, variant, weights)
-    return build_model(family, variant, VarBuilder.from_safetensors(path, device=device)), path
+def load_sam(variant: "str | None", weights: "str | None",
+             device: Device) -> tuple[Sam, Path, str]:
+    """SAM with the ``variant`` encoder (one of :data:`MODELS`; ``None``: what ``weights`` holds,
+    else MobileSAM's) from ``weights`` (default: the published file), built through the
+    registry; the weights file and the encoder."""
+    if variant is None and weights is not None:
+        path = resolve_weights(FAMILIES[0], MODELS[0], weights)
+        vb = VarBuilder.from_safetensors(path, device=device)
+        variant = infer_encoder(vb, name=str(path))
+    else:
+        variant = variant or MODELS[0]
+        path = resolve_weights(_family(variant), variant, weights)
+        vb = VarBuilder.from_safetensors(path, device=device)
+    return build_model(_family(variant), variant, vb), path, variant
+
+
+def _family(variant: str) -> str:
+    return next(f for f in FAMILIES if variant in SPECS[f].variants)
 
 
 class PromptError(CandleNNError):
@@ -200,10 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--embedding", default=None, metavar="FILE",
                        help="use the encoder output saved with --save-embedding for this image "
                             "(no encoder run; one image)")
-    parser.add_argument("--model", default=MODELS[0], choices=MODELS,
-                        help=f"{'/'.join(SPECS['mobile_sam'].variants)}: MobileSAM's TinyViT-5M "
-                             f"(default); {'/'.join(SPECS['sam'].variants)}: the original SAM's "
-                             "ViT encoder")
+    parser.add_argument("--model", default=None, choices=MODELS,
+                        help=f"{'/'.join(SPECS['mobile_sam'].variants)}: MobileSAM's TinyViT-5M; "
+                             f"{'/'.join(SPECS['sam'].variants)}: the original SAM's ViT encoder "
+                             "(default: what --weights holds, else MobileSAM)")
     parser.add_argument("--weights", default=None,
                         help="safetensors file with candle's tensor names (default: candle's "
                              "published file for --model from the Hugging Face hub: "
@@ -249,7 +261,7 @@ def _main(argv: Sequence[str] | None) -> int:
                                 f"but {len(paths)} images were given")
         if paths:
             device = parse_device(args.device, args.verbose)
-            sam, weights = load_sam(args.model, args.weights, device)
+            sam, weights, args.model = load_sam(args.model, args.weights, device)
             sam.image_encoder.set_compiled(compile_choice(args.compile))
             sam.mask_threshold = args.threshold
             batch.doc["model"] = args.model

@@ -261,3 +261,29 @@ def test_everything_writes_overlay_pngs_and_coco_json(capsys, tmp_path, monkeypa
                  "--points-per-side", "6", "--out", str(tmp_path / "out2")])
     out = capsys.readouterr().out
     assert code == 0 and out.count("\nmask ") == len(masks) and out.count("wrote ") == 3
+
+
+@pytest.mark.parametrize("encoder", ["vit_b", "vit_l"])
+def test_the_encoder_is_read_from_the_weights_without_model(encoder, monkeypatch, tmp_path):
+    """Without --model the SAM CLI builds the encoder the file holds (as the other CLIs read
+    their variants), instead of MobileSAM's; the file's tensors are stood in by a VarBuilder of
+    that checkpoint's shapes (a real ViT-B file is 360 MB)."""
+    import candle_nn as cn
+    import mlx.core as mx
+    from candle_nn_models.scripts import segment_anything as cli
+    from candle_nn_models.segment_anything import Sam
+    from candle_nn_models.weights.spec import RecordingSource
+
+    source = RecordingSource()
+    Sam.load(cn.VarBuilder(source, dtype=mx.float32, device=cn.Device.cpu()), encoder)
+    zero = np.zeros((), np.float32)
+    shapes = cn.VarBuilder.from_tensors({k: np.broadcast_to(zero, s)
+                                         for k, s in source.requested.items()})
+    built = []
+    monkeypatch.setattr(cli.VarBuilder, "from_safetensors", lambda *a, **k: shapes)
+    monkeypatch.setattr(cli, "build_model", lambda family, variant, vb: built.append(
+        (family, variant)) or "model")
+    weights = tmp_path / "sam.safetensors"
+    weights.write_bytes(b"stand-in")
+    _, _, variant = cli.load_sam(None, str(weights), cn.Device.cpu())
+    assert variant == encoder and built == [("sam", encoder)]
