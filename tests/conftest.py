@@ -16,6 +16,7 @@ import pytest
 
 import candle_nn as cn
 from candle_nn import device as cn_device
+from candle_nn.backends.cpu import kernels as cpu_kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = cn.config.fixtures_dir(ROOT.parent / "shared" / "fixtures")
@@ -133,6 +134,23 @@ def op_paths(request):
     ops' plain-MLX references), switched through the registry (``cn.ops.disabled``)."""
     if request.param == "reference":
         with cn.ops.disabled("cpu", "cuda"):
+            yield request.param
+    else:
+        yield request.param
+
+
+# The CPU implementations that are plain MLX (used where the C++ kernels are not built).
+PURE_MLX_CPU = ("silu_poly", "gelu_poly", "depthwise_shifted")
+
+
+@pytest.fixture(params=["native", "fallback"] if cpu_kernels.module() is not None
+                else ["fallback"])
+def path(request):
+    """Run a test through the compiled CPU kernels (where built) and through the pure-MLX
+    fallback (every CPU implementation but the pure-MLX ones switched off)."""
+    assert cn.ops.is_enabled("cpu")
+    if request.param == "fallback":
+        with cn.ops.only(*PURE_MLX_CPU, backend="cpu"):
             yield request.param
     else:
         yield request.param

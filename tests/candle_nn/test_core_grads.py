@@ -22,6 +22,7 @@ import torch.nn.functional as F
 import candle_nn as cn
 import mlx.core as mx
 from candle_nn.checkpoint import state_dict
+from conftest import PURE_MLX_CPU
 
 TOL_OUT = 1e-5  # max|err| / max|ref|, float32 against float64
 TOL_GRAD = 5e-5
@@ -35,7 +36,7 @@ def fast(request):
         with cn.ops.disabled("cpu"):
             yield request.param
     elif request.param == "mlx_paths":
-        with cn.ops.only("silu_poly", "gelu_poly", "depthwise_shifted", backend="cpu"):
+        with cn.ops.only(*PURE_MLX_CPU, backend="cpu"):
             yield request.param
     else:
         yield request.param

@@ -68,18 +68,6 @@ def test_kernels_are_loaded_when_installed() -> None:
         assert "CPU kernels (C++)" in str(cn.info())
 
 
-@pytest.fixture(params=["native", "fallback"] if NATIVE else ["fallback"])
-def path(request):
-    """Run a test through the compiled kernels (where built) and through the pure-MLX fallback
-    (every CPU implementation but the pure-MLX ones switched off)."""
-    assert cn.ops.is_enabled("cpu")
-    if request.param == "fallback":
-        with cn.ops.only("silu_poly", "gelu_poly", "depthwise_shifted", backend="cpu"):
-            yield request.param
-    else:
-        yield request.param
-
-
 def _reference(v: np.ndarray, act: str) -> np.ndarray:
     v = v.astype(np.float64)
     if act == "relu":

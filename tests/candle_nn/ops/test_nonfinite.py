@@ -22,17 +22,6 @@ NATIVE = kernels.module() is not None
 ACTS = [None, "relu", "silu", "gelu"]
 
 
-@pytest.fixture(params=["native", "fallback"] if NATIVE else ["fallback"])
-def path(request):
-    """The compiled kernels (where built), or only the pure-MLX CPU implementations."""
-    assert cn.ops.is_enabled("cpu")
-    if request.param == "fallback":
-        with cn.ops.only("silu_poly", "gelu_poly", "depthwise_shifted", backend="cpu"):
-            yield request.param
-    else:
-        yield request.param
-
-
 def poisoned(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     """Random float32 with a NaN, a +Inf and a -Inf at spread-out positions."""
     x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
