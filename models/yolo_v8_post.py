@@ -45,8 +45,9 @@ class Detection:
     mask: np.ndarray | None = field(default=None, repr=False)
 
     def to_dict(self, names: Sequence[str] | None = None) -> dict:
-        """JSON-ready: ``class_id``, ``class_name`` (when ``names``), ``score``, ``box_xyxy`` and
-        ``keypoints`` (pose only), rounded to 0.01 pixel / 1e-4."""
+        """JSON-ready: ``class_id``, ``class_name`` (when ``names``), ``score``, ``box_xyxy``,
+        ``keypoints`` (pose only) and ``segmentation`` (with a mask: its COCO RLE on the
+        original image), rounded to 0.01 pixel / 1e-4."""
         out = {"class_id": self.class_id}
         if names is not None:
             known = self.class_id < len(names)
@@ -56,6 +57,8 @@ class Detection:
         if self.keypoints is not None:
             out["keypoints"] = [[round(float(x), 2), round(float(y), 2), round(float(v), 4)]
                                 for x, y, v in self.keypoints]
+        if self.mask is not None:
+            out["segmentation"] = coco_rle(self.mask)
         return out
 
 
@@ -227,6 +230,31 @@ def yolo_label_lines(detections: Sequence[Detection], orig_hw: tuple[int, int],
             line.append(float(det.score))
         lines.append(" ".join("%g" % v for v in line))
     return lines
+
+
+def segment_label_lines(detections: Sequence[Detection], segments: Sequence[np.ndarray],
+                        save_conf: bool = False) -> list[str]:
+    """ultralytics' segment ``save_txt`` lines: ``class x1 y1 x2 y2 …`` (the detection's mask
+    outline, ``segments[i]`` ``(K, 2)`` normalised to [0, 1]), then the score when ``save_conf``;
+    a detection whose outline has fewer than 3 points (no polygon) gets no line."""
+    lines = []
+    for det, seg in zip(detections, segments):
+        if len(seg) < 3:
+            continue
+        line = [det.class_id, *np.asarray(seg, np.float32).reshape(-1).tolist()]
+        if save_conf:
+            line.append(float(det.score))
+        lines.append(" ".join("%g" % v for v in line))
+    return lines
+
+
+def coco_rle(mask: np.ndarray) -> dict:
+    """COCO's compressed run-length encoding of an ``(H, W)`` bool mask, JSON-ready:
+    ``{"size": [H, W], "counts": str}`` (pycocotools, so every COCO tool reads it)."""
+    from pycocotools import mask as mask_utils
+
+    rle = mask_utils.encode(np.asfortranarray(np.asarray(mask, np.uint8)))
+    return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
 
 
 def crop_box(box_xyxy: np.ndarray, orig_hw: tuple[int, int], gain: float = 1.02,
