@@ -41,6 +41,18 @@ def _resize(masks: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray
                      optimize=True)
 
 
+_CHUNK_PIXELS = 16_000_000  # float32 mask pixels upsampled at once (64 MB), as ultralytics
+
+
+def _binary_chunks(masks: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``_resize(masks, rows, cols) > 0`` as uint8, a bounded number of masks at a time."""
+    out = np.empty((len(masks), len(rows), len(cols)), np.uint8)
+    step = max(1, _CHUNK_PIXELS // (len(rows) * len(cols)))
+    for i in range(0, len(masks), step):
+        out[i:i + step] = _resize(masks[i:i + step], rows, cols) > 0
+    return out
+
+
 def crop_mask(masks: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     """Zero ``masks`` ``(N, H, W)`` outside each ``(N, 4)`` xyxy box (pixel ``(r, c)`` is kept when
     ``x1 <= c < x2`` and ``y1 <= r < y2``, as ultralytics)."""
@@ -68,12 +80,10 @@ def process_mask(protos: np.ndarray, coefficients: np.ndarray, boxes: np.ndarray
     masks = _combine(protos, coefficients)
     boxes = np.asarray(boxes, np.float32)
     if upsample:
-        masks = _resize(masks, bilinear_resize_matrix(mh, shape[0]),
-                        bilinear_resize_matrix(mw, shape[1]))
-    else:
-        ratios = np.float32([mw / shape[1], mh / shape[0], mw / shape[1], mh / shape[0]])
-        boxes = boxes * ratios
-    return crop_mask((masks > 0).astype(np.uint8), boxes)
+        return crop_mask(_binary_chunks(masks, bilinear_resize_matrix(mh, shape[0]),
+                                        bilinear_resize_matrix(mw, shape[1])), boxes)
+    ratios = np.float32([mw / shape[1], mh / shape[0], mw / shape[1], mh / shape[0]])
+    return crop_mask((masks > 0).astype(np.uint8), boxes * ratios)
 
 
 def _content(size_in: tuple[int, int], shape: tuple[int, int]) -> tuple[int, int, int, int]:
@@ -127,8 +137,7 @@ def process_mask_native(protos: np.ndarray, coefficients: np.ndarray, boxes: np.
     else:
         rows = _scale_matrix(f * mh, top, bottom, h, pre_h)
         cols = _scale_matrix(f * mw, left, right, w, pre_w)
-    masks = _resize(_combine(protos, coefficients), rows, cols)
-    return crop_mask((masks > 0).astype(np.uint8), boxes)
+    return crop_mask(_binary_chunks(_combine(protos, coefficients), rows, cols), boxes)
 
 
 def masks2segments(masks: np.ndarray) -> list[np.ndarray]:
@@ -200,10 +209,32 @@ class InstanceMasks:
 
     def original(self, i: int) -> np.ndarray:
         """Mask ``i`` as ``(H, W)`` bool on the original image (``scale_masks`` of the 0/1 mask,
-        ``> 0.5``)."""
-        if self.data.shape[1:] == tuple(self.orig_hw):
-            return self.data[i].astype(bool)
-        return scale_masks(self.data[i:i + 1], self.orig_hw)[0] > 0.5
+        ``> 0.5``). Only the output rows and columns that read the mask's pixels are computed
+        (the rest are exactly 0), so the cost follows the object's size, not the image's."""
+        mask = self.data[i]
+        if mask.shape == tuple(self.orig_hw):
+            return mask.astype(bool)
+        out = np.zeros(self.orig_hw, bool)
+        ys, xs = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+        if not len(ys):
+            return out
+        rows, cols = self._scale_matrices()
+        (a, b), (c, d) = (ys[0], ys[-1] + 1), (xs[0], xs[-1] + 1)
+        r = np.flatnonzero(rows[:, a:b].any(axis=1))
+        k = np.flatnonzero(cols[:, c:d].any(axis=1))
+        r0, r1, k0, k1 = r[0], r[-1] + 1, k[0], k[-1] + 1
+        sub = rows[r0:r1, a:b] @ mask[a:b, c:d].astype(np.float32) @ cols[k0:k1, c:d].T
+        out[r0:r1, k0:k1] = sub > 0.5
+        return out
+
+    def _scale_matrices(self) -> tuple[np.ndarray, np.ndarray]:
+        """``scale_masks``' row and column matrices from the mask size to the original image."""
+        if not hasattr(self, "_matrices"):
+            (h, w), (h0, w0) = self.data.shape[1:], self.orig_hw
+            top, bottom, left, right = _content((h, w), self.orig_hw)
+            self._matrices = (_scale_matrix(h, top, bottom, h0).astype(np.float32),
+                              _scale_matrix(w, left, right, w0).astype(np.float32))
+        return self._matrices
 
     def segments(self) -> list[np.ndarray]:
         """ultralytics' ``masks.xyn``: per mask its polygon ``(K, 2)``, x, y normalised to
