@@ -94,8 +94,10 @@ class DetectionHead(cn.Module):
         cv3 = [_branch(vb.pp(f"cv3.{i}"), f, c3, num_classes, fold_bn)
                for i, f in enumerate(filters)]
         head = cls(Dfl.load(vb.pp("dfl")), cv2, cv3, num_classes)
-        # a pose head's detection part loads as a detection head: its cv4 is left unread
-        vb.check_all_read(f"a YOLOv8 detection head ({num_classes} classes)", unused=("cv4.*",))
+        # a pose or segmentation head's detection part loads as a detection head: its cv4 (and
+        # proto) are left unread
+        vb.check_all_read(f"a YOLOv8 detection head ({num_classes} classes)",
+                          unused=("cv4.*", "proto.*"))
         return head
 
     def raw(self, feats: list[mx.array]) -> list[mx.array]:

@@ -5,9 +5,12 @@ Sources (``--from``):
 * ``torchvision`` / ``timm``: ResNet-18/34/50/101/152 ``state_dict``s. Their names already are
   candle's; a wrapping prefix (``module.``, ``backbone.``, ``model.`` …) is stripped, BatchNorm's
   ``num_batches_tracked`` dropped, any head size kept.
-* ``ultralytics``: YOLOv8 detection and pose ``.pt`` files (any class count). Layer ``model.N``
-  becomes candle's ``net.*`` / ``fpn.*`` / ``head`` (:data:`YOLO_LAYER_NAMES`), a C2f's ``m.K`` its
-  ``bottleneck.K``; the checkpoint's class names are kept in the metadata.
+* ``ultralytics``: YOLOv8 detection, pose, segmentation and classification ``.pt`` files (any
+  class count). Layer ``model.N`` becomes candle's ``net.*`` / ``fpn.*`` / ``head``
+  (:data:`YOLO_LAYER_NAMES`; a classifier's: :data:`YOLO_CLS_LAYER_NAMES`), a C2f's ``m.K`` its
+  ``bottleneck.K``; inside the head, whose segmentation and classification parts candle does
+  not have, ultralytics' module names stay (``cv4``, ``proto``, ``conv``, ``linear``). The
+  checkpoint's class names are kept in the metadata.
 * ``mobile_sam``: MobileSAM's ``mobile_sam.pt`` ``state_dict``; names are candle's already,
   the ``attention_bias_idxs`` index buffers (candle recomputes them) are dropped.
 
@@ -48,6 +51,11 @@ YOLO_LAYER_NAMES: dict[int, str] = {
     16: "fpn.n3", 18: "fpn.n4", 19: "fpn.n5", 21: "fpn.n6", 22: "head",
 }
 YOLO_HEAD_INDEX = 22
+# yolov8-cls.yaml: the backbone's first nine layers (as above), then the Classify head.
+YOLO_CLS_LAYER_NAMES: dict[int, str] = {**{i: YOLO_LAYER_NAMES[i] for i in range(9)}, 9: "head"}
+YOLO_CLS_HEAD_INDEX = 9
+# ultralytics' model classes this converter takes; any other names what it is in the error
+YOLO_MODEL_CLASSES = ("DetectionModel", "PoseModel", "SegmentationModel", "ClassificationModel")
 
 _DROPPED_SUFFIXES = ("num_batches_tracked", "attention_bias_idxs")
 
@@ -189,19 +197,22 @@ def _unwrap_fc(sd: dict[str, Any], where: str) -> tuple[dict[str, Any], str | No
 
 
 # -- ultralytics YOLOv8 ----------------------------------------------------------------------------
-def _yolo_name(key: str, where: str) -> str:
+def _yolo_name(key: str, where: str, classifier: bool = False) -> str:
     parts = key.split(".")
     if len(parts) < 3 or parts[0] != "model" or not parts[1].isdigit():
         raise ConversionError(f"{where}: tensor '{key}' is not an ultralytics 'model.N.*' name")
     index = int(parts[1])
-    if index not in YOLO_LAYER_NAMES:
+    names, head = ((YOLO_CLS_LAYER_NAMES, YOLO_CLS_HEAD_INDEX) if classifier
+                   else (YOLO_LAYER_NAMES, YOLO_HEAD_INDEX))
+    if index not in names:
+        what = "YOLOv8-cls" if classifier else "YOLOv8 detect/pose/segment"
         raise ConversionError(
-            f"{where}: layer {index} ('{key}') has weights, which a YOLOv8 detect/pose model "
-            "does not: this is another architecture (YOLOv5/YOLO11/a custom yaml?)")
+            f"{where}: layer {index} ('{key}') has weights, which a {what} model does not: this "
+            "is another architecture (YOLOv5u/YOLO11/YOLO26/a custom yaml?)")
     rest = parts[2:]
-    if index != YOLO_HEAD_INDEX and rest[0] == "m":  # C2f.m[k] -> candle's bottleneck.k
+    if index != head and rest[0] == "m":  # C2f.m[k] -> candle's bottleneck.k
         rest = ["bottleneck", *rest[1:]]
-    return ".".join([YOLO_LAYER_NAMES[index], *rest])
+    return ".".join([names[index], *rest])
 
 
 def _ultralytics_model(ckpt: Any, where: str) -> tuple[dict[str, Any], Any, Any]:
@@ -220,10 +231,10 @@ def _ultralytics_model(ckpt: Any, where: str) -> tuple[dict[str, Any], Any, Any]
     if not isinstance(model, StandIn):
         raise ConversionError(f"{where}: 'model' is a {type(model).__name__}, not a model")
     cls = model.qualname.rsplit(".", 1)[-1]
-    if cls not in ("DetectionModel", "PoseModel"):
+    if cls not in YOLO_MODEL_CLASSES:
         raise ConversionError(
-            f"{where} holds an ultralytics {cls}; only DetectionModel and PoseModel (YOLOv8 "
-            "detect and pose) are supported")
+            f"{where} holds an ultralytics {cls}; only {', '.join(YOLO_MODEL_CLASSES)} (YOLOv8 "
+            "detect, pose, segment and classify) are supported")
     layers = (model.__dict__.get("_modules") or {}).get("model")
     children = list((getattr(layers, "__dict__", {}).get("_modules") or {}).values())
     head = children[-1] if children else None
@@ -237,7 +248,8 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
     sd, ckpt_names, head = _ultralytics_model(ckpt, source)
     sd, dropped = _drop_buffers(sd)
     _check_ultralytics_kind(sd, source)
-    tensors = {_yolo_name(k, source): v for k, v in sd.items()}
+    classifier = any(k.startswith(f"model.{YOLO_CLS_HEAD_INDEX}.linear.") for k in sd)
+    tensors = {_yolo_name(k, source, classifier): v for k, v in sd.items()}
     kpt = _kpt_shape(ckpt, head)
     if kpt is not None and len(kpt) == 2 and int(kpt[1]) != 3:
         raise ConversionError(
@@ -256,7 +268,8 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
     _check_count(spec.num_classes, num_classes, "classes")
     if names is None and ckpt_names is not None:
         names = names_from(ckpt_names, source)
-    model = "yolo_v8_pose" if spec.task == "pose" else "yolo_v8"
+    model = {"pose": "yolo_v8_pose", "segment": "yolo_v8_seg",
+             "classify": "yolo_v8_cls"}.get(spec.task, "yolo_v8")
     meta = WeightsMetadata(
         model=model, variant=spec.variant, task=TASKS[model], num_classes=spec.num_classes,
         num_keypoints=spec.num_keypoints if spec.task == "pose" else None,
@@ -265,19 +278,21 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
 
 
 def _check_ultralytics_kind(sd: Mapping[str, Any], where: str) -> None:
-    """ConversionError naming what a ``model.N.*`` state_dict is when it is no YOLOv8 detect or
-    pose model (its weights say so even without the model object): a classifier, an OBB
-    model, or a model whose BatchNorms were fused into its convs."""
+    """ConversionError naming what a ``model.N.*`` state_dict is when it is no YOLOv8 detect,
+    pose, segment or classify model (its weights say so even without the model object): an OBB
+    model, a YOLO26 (end-to-end ``one2one`` head), or a model whose BatchNorms were fused into
+    its convs."""
     head = f"model.{YOLO_HEAD_INDEX}."
-    if any(".linear." in k for k in sd):
+    supported = "only YOLOv8 detect, pose, segment and classify models are supported"
+    if any(".one2one_" in k for k in sd):
         raise ConversionError(
-            f"{where} holds an ultralytics classification model (a Classify head with a "
-            "Linear, as yolov8-cls); only YOLOv8 detect and pose models are supported")
+            f"{where} holds an ultralytics end-to-end model (its head has one2one_* branches, as "
+            f"YOLO26 and YOLOv10); {supported}")
     angle = sd.get(f"{head}cv4.0.2.weight")
     if angle is not None and int(angle.shape[0]) == 1:
         raise ConversionError(
             f"{where} holds an ultralytics OBB model (its head's cv4 predicts one rotation "
-            "angle); only YOLOv8 detect and pose models are supported")
+            f"angle); {supported}")
     if "model.0.conv.bias" in sd and "model.0.bn.weight" not in sd:
         raise ConversionError(
             f"{where} holds a fused ultralytics model (model.fuse() merged each BatchNorm into "
