@@ -217,13 +217,10 @@ def detect(args: argparse.Namespace, batch: Batch) -> None:
     for image in batch.progress(paths):
         with batch.image(image):
             rgb = load_rgb(image, args.max_pixels)
-            lb = letterbox(rgb, args.size, auto=not args.square)
-            pred = model(mx.array(lb.as_input()).astype(model_dtype(model)))
-            check_finite(np.array(pred.astype(mx.float32)), weights)
-            detections = postprocess(pred, [lb], num_classes=spec.num_classes, conf=args.conf,
-                                     num_keypoints=spec.num_keypoints,
-                                     iou=args.iou, max_det=args.max_det,
-                                     agnostic=args.agnostic_nms, classes=args.classes)[0]
+            detections = detect_image(model, spec, rgb, weights, size=args.size,
+                                      square=args.square, conf=args.conf, iou=args.iou,
+                                      max_det=args.max_det, agnostic=args.agnostic_nms,
+                                      classes=args.classes)
             drawing = draw_detections(rgb, detections, names, skeleton,
                                       line_width=args.line_width, labels=not args.hide_labels,
                                       scores=not args.hide_conf)
@@ -232,6 +229,21 @@ def detect(args: argparse.Namespace, batch: Batch) -> None:
             save_labels_and_crops(args, output, stem, rgb, detections, names, image)
             result = ImageResult(image, out, rgb.shape[:2], detections)
             batch.done(result.to_dict(names), _result_lines(result, names))
+
+
+def detect_image(model: YoloV8 | YoloV8Pose, spec: YoloV8Spec, rgb: np.ndarray,
+                 weights: "str | Path", *, size: int = 640, square: bool = False,
+                 conf: float = 0.25, iou: float = 0.7, max_det: int = 300, agnostic: bool = False,
+                 classes: Sequence[int] | None = None) -> list[Detection]:
+    """The detections in one ``(H, W, 3)`` uint8 RGB image, in its pixels: letterboxed to
+    ``size`` (``square``: padded to ``size x size``), the model's output checked finite (else an
+    error naming ``weights``), then confidence filter and NMS as ultralytics' ``yolo predict``."""
+    lb = letterbox(rgb, size, auto=not square)
+    pred = model(mx.array(lb.as_input()).astype(model_dtype(model)))
+    check_finite(np.array(pred.astype(mx.float32)), weights)
+    return postprocess(pred, [lb], num_classes=spec.num_classes, conf=conf,
+                       num_keypoints=spec.num_keypoints, iou=iou, max_det=max_det,
+                       agnostic=agnostic, classes=classes)[0]
 
 
 def save_labels_and_crops(args: argparse.Namespace, output: OutputFolder, stem: str, rgb,
