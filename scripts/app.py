@@ -16,7 +16,6 @@ then serves ``http://HOST:PORT/`` until Ctrl-C. The page, the API and the limits
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Sequence
 
 from candle_nn import CandleNNError
@@ -42,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "0.0.0.0 lets other computers in)")
     net.add_argument("--port", type=_port, default=DEFAULT_PORT,
                      help=f"port (default {DEFAULT_PORT}; 0: any free port)")
+    net.add_argument("--sample", default=None, metavar="FILE",
+                     help="the image the Sample button shows (default: a drawn scene)")
     models = parser.add_argument_group("models (default: candle's published checkpoints)")
     models.add_argument("--sam-model", default=None, choices=MODELS,
                         help="SAM encoder (default: what --sam-weights holds, else MobileSAM)")
@@ -56,8 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ResNet safetensors (as candle-resnet --weights; default resnet18)")
     add_device_argument(parser)
     limits = parser.add_argument_group("limits (memory and work per visitor)")
-    limits.add_argument("--sample", default=None, metavar="FILE",
-                        help="the image the Sample button shows (default: a drawn scene)")
     limits.add_argument("--max-pixels", type=pixel_count, default=APP_MAX_PIXELS, metavar="N",
                         help=f"refuse images with more pixels (default {APP_MAX_PIXELS}; the "
                              f"CLIs' is {DEFAULT_MAX_PIXELS}, but the app keeps images decoded)")
@@ -88,33 +87,29 @@ def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     from candle_nn_models.scripts.app_models import AppModels
     from candle_nn_models.scripts.app_sample import sample_image
-    from candle_nn_models.scripts.app_server import App, make_server
+    from candle_nn_models.scripts.app_server import App, make_server, serve
     from candle_nn_models.scripts.app_sessions import Sessions
     from candle_nn_models.scripts.app_worker import ModelWorker
 
     sample = load_rgb(args.sample, args.max_pixels) if args.sample else sample_image()
+    try:
+        server = make_server(args.host, args.port)
+    except OSError as exc:
+        raise CandleNNError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
+                            "pass another --port (0: any free one)") from None
     sessions = Sessions(args.max_sessions, args.max_images, args.max_embeddings)
     worker = ModelWorker(args.max_queue)
     try:
-        print("candle-nn-app: loading models ...", file=sys.stderr, flush=True)
         models = worker.run(AppModels, args, sessions)  # on the thread that will run them
         app = App(models, worker, sessions, sample, args.max_pixels,
                   int(args.max_upload_mb * 2**20))
-        try:
-            server = make_server(app, args.host, args.port)
-        except OSError as exc:
-            raise CandleNNError(f"cannot listen on {args.host}:{args.port}: "
-                                f"{exc.strerror or exc}; pass another --port (0: any free "
-                                "one)") from None
         host, port = server.server_address[:2]
         shown_host = f"[{host}]" if ":" in host else host
         print(f"candle-nn-app: serving on http://{shown_host}:{port}/ (Ctrl-C to stop)",
               flush=True)
-        try:
-            server.serve_forever()
-        finally:
-            server.server_close()
+        serve(server, app)
     finally:
+        server.server_close()
         worker.shutdown()
     return 0
 

@@ -11,13 +11,15 @@ import base64
 import io
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from PIL import Image
 
+from candle_nn import CandleNNError
 from candle_nn_models.coco import COCO_SKELETON
 from candle_nn_models.imagenet import preprocess
 from candle_nn_models.segment_anything import SamAutomaticMaskGenerator, SamPredictor
@@ -52,17 +54,20 @@ class AppModels:
         device = parse_device(args.device, args.verbose)
         compiled = compile_choice(args.compile)
         self.sessions = sessions
-        self.sam, self.sam_weights, self.sam_variant = load_sam(args.sam_model, args.sam_weights,
-                                                                device)
+        with _option("--sam-weights"):
+            self.sam, self.sam_weights, self.sam_variant = load_sam(args.sam_model,
+                                                                    args.sam_weights, device)
         self.sam.image_encoder.set_compiled(compiled)
         self.predictor = SamPredictor(self.sam)
         self.detectors: dict[str, Detector] = {}
         for task, weights in (("detect", args.detect_weights), ("pose", args.pose_weights)):
-            model, spec, names, path = load_detector(weights, task, None, device)
+            with _option(f"--{task}-weights"):
+                model, spec, names, path = load_detector(weights, task, None, device)
             model.set_compiled(compiled)
             self.detectors[task] = Detector(model, spec, names, path)
-        self.classifier, self.labels, self.classify_weights = load_classifier(
-            args.classify_weights, None, device)
+        with _option("--classify-weights"):
+            self.classifier, self.labels, self.classify_weights = load_classifier(
+                args.classify_weights, None, device)
         self.classifier.set_compiled(compiled)
         self.classify_size = image_size(self.classify_weights)
 
@@ -170,6 +175,16 @@ class AppModels:
         return {"model": self.classifier.variant,
                 "top_k": [{"index": i, "label": self.labels[i], "probability": round(p, 6)}
                           for i, p in top], "ms": _ms(start)}
+
+
+@contextmanager
+def _option(flag: str) -> Iterator[None]:
+    """Name the option whose weights failed to load (the loaders speak of the CLIs' --weights)."""
+    try:
+        yield
+    except CandleNNError as exc:
+        text = str(exc).replace("--weights", flag)
+        raise CandleNNError(text if flag in text else f"{flag}: {text}") from None
 
 
 def _prompts(request: dict[str, Any], height: int, width: int,

@@ -40,6 +40,7 @@ from candle_nn_models.scripts.common import ImageInputError, load_rgb
 
 PAGE = Path(__file__).with_name("app_page.html")
 MAX_JSON_BYTES = 1 << 20
+MAX_DISCARD_BYTES = 256 << 20  # a refused upload up to this size is read, so its sender sees why
 SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
@@ -93,12 +94,18 @@ class App:
         return {**self.sessions.counts(), "queued": self.worker.pending, "limits": limits}
 
 
-def make_server(app: App, host: str, port: int) -> ThreadingHTTPServer:
-    """A server for ``app`` on ``host:port`` (port 0: a free one), not yet serving."""
-    handler = type("Handler", (Handler,), {"app": app})
-    server = ThreadingHTTPServer((host, port), handler)
+def make_server(host: str, port: int) -> ThreadingHTTPServer:
+    """A server bound to ``host:port`` (port 0: a free one), not yet serving: bind first, so a
+    taken port is an error before the models load."""
+    server = ThreadingHTTPServer((host, port), type("Handler", (Handler,), {}))
     server.daemon_threads = True
     return server
+
+
+def serve(server: ThreadingHTTPServer, app: App) -> None:
+    """Answer requests with ``app`` until interrupted."""
+    server.RequestHandlerClass.app = app
+    server.serve_forever()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -144,12 +151,24 @@ class Handler(BaseHTTPRequestHandler):
         if length is None or not length.isdigit():
             raise RequestError(HTTPStatus.LENGTH_REQUIRED, f"{what} needs a Content-Length")
         if int(length) > limit:
-            self.close_connection = True  # the body stays unread
+            self._discard(int(length))
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                f"{what} is {_size(int(length))}, above the {_size(limit)} limit"
                                + ("; start the app with a larger --max-upload-mb"
                                   if what == "the upload" else ""))
         return self.rfile.read(int(length))
+
+    def _discard(self, length: int) -> None:
+        """Read and drop a refused body, so the client gets to read the answer (one that sends
+        more than :data:`MAX_DISCARD_BYTES` is cut off instead)."""
+        self.close_connection = True
+        if length > MAX_DISCARD_BYTES:
+            return
+        while length > 0:
+            chunk = self.rfile.read(min(length, 1 << 20))
+            if not chunk:
+                break
+            length -= len(chunk)
 
     def _json(self) -> dict[str, Any]:
         try:
