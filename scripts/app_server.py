@@ -94,15 +94,19 @@ class App:
         return {**self.sessions.counts(), "queued": self.worker.pending, "limits": limits}
 
 
-def make_server(host: str, port: int) -> ThreadingHTTPServer:
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # socketserver's default backlog is 5: a burst of visitors' requests beyond it would be reset
+    request_queue_size = 128
+
+
+def make_server(host: str, port: int) -> Server:
     """A server bound to ``host:port`` (port 0: a free one), not yet serving: bind first, so a
     taken port is an error before the models load."""
-    server = ThreadingHTTPServer((host, port), type("Handler", (Handler,), {}))
-    server.daemon_threads = True
-    return server
+    return Server((host, port), type("Handler", (Handler,), {}))
 
 
-def serve(server: ThreadingHTTPServer, app: App) -> None:
+def serve(server: Server, app: App) -> None:
     """Answer requests with ``app`` until interrupted."""
     server.RequestHandlerClass.app = app
     server.serve_forever()

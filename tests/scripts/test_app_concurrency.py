@@ -75,7 +75,7 @@ def expected_masks(predictor, rgb: np.ndarray, points) -> list[tuple[np.ndarray,
 
 def check_answer(answer: dict, mask: np.ndarray, scores: np.ndarray) -> None:
     best = answer["masks"][answer["best"]]
-    page = np.asarray(Image.open(io.BytesIO(base64.b64decode(best["png"])))) > 127
+    page = np.asarray(Image.open(io.BytesIO(base64.b64decode(best["png"]))).convert("L")) > 127
     assert page.shape == mask.shape
     assert int((page != mask).sum()) <= MASK_MISMATCH * mask.size
     assert best["area"] == int(page.sum())
