@@ -11,6 +11,8 @@ one slow step). Then ``--clicks`` single-point prompts at seeded random places, 
 - ``browser`` (when Debian's ``chromium`` and ``chromedriver`` and Selenium are installed): a
   headless Chromium clicks the page and the page measures from sending the prompt to the mask
   drawn on its canvas — what a user waits for after a click.
+- ``predictor`` (CPU): the same clicks through ``SamPredictor.predict`` in this process, the
+  model's share of the rows above.
 
 Prints median, p90 and min per row; ``--json FILE`` keeps them.
 """
@@ -103,7 +105,7 @@ def bench_browser(url: str, n: int) -> dict | None:
         return None
     options = webdriver.ChromeOptions()
     options.binary_location = browser
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1100,900"):
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1100,1100"):
         options.add_argument(flag)
     chrome = webdriver.Chrome(options=options, service=Service(executable_path=driver))
     try:
@@ -126,8 +128,12 @@ def bench_browser(url: str, n: int) -> dict | None:
         until("document.getElementById('message').textContent.includes('embedding ready')")
         marks = chrome.find_element(By.ID, "marks")
         size = marks.size
-        width, height = chrome.execute_script(
-            "return [window.candleApp.width, window.candleApp.height]")
+        width, height, bottom, view = chrome.execute_script(
+            "const r = document.getElementById('marks').getBoundingClientRect(); "
+            "return [window.candleApp.width, window.candleApp.height, r.bottom, "
+            "window.innerHeight]")
+        if bottom > view:  # the driver would scroll, and the clicks land off their pixels
+            raise SystemExit(f"the image does not fit the browser window ({bottom} > {view} px)")
         times = []
         for k, (x, y) in enumerate(clicks(width, height, n), 1):
             ActionChains(chrome).move_to_element_with_offset(
@@ -138,6 +144,30 @@ def bench_browser(url: str, n: int) -> dict | None:
         return summary(times)
     finally:
         chrome.quit()
+
+
+def bench_predictor(n: int) -> dict:
+    """The same clicks through :meth:`SamPredictor.predict` in this process (no HTTP, no mask
+    encoding): the model's share, to read the app's overhead off the rows above it."""
+    from candle_nn import Device
+    from candle_nn_models.scripts.app_sample import sample_image
+    from candle_nn_models.scripts.common import load_rgb
+    from candle_nn_models.scripts.segment_anything import load_sam
+    from candle_nn_models.segment_anything import SamPredictor
+
+    sam, _, _ = load_sam(None, fixtures() / "mobile_sam" / "weights.safetensors",
+                         Device.parse("cpu"))
+    predictor = SamPredictor(sam)
+    path = image_file()
+    rgb = load_rgb(path) if path is not None else sample_image()
+    predictor.set_image(rgb)
+    times = []
+    for point in clicks(rgb.shape[1], rgb.shape[0], n):
+        start = time.perf_counter()
+        predictor.predict(point_coords=np.array([point], np.float32),
+                          point_labels=np.array([1], np.int32), multimask_output=True)
+        times.append(1e3 * (time.perf_counter() - start))
+    return summary(times)
 
 
 def summary(ms: list[float]) -> dict:
@@ -162,15 +192,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.wait()
+    if args.device == "cpu":
+        result["predictor"] = bench_predictor(args.clicks)
     print(f"candle-nn-app on {args.device}, image {result['image']}: first embedding "
           f"{result['first_embedding_s']:.2f} s")
     rows = [("http (client POST -> JSON)", result["http"]),
             ("model (server's own time)", result["model"]),
-            ("browser (prompt -> mask drawn)", result["browser"])]
+            ("browser (prompt -> mask drawn)", result["browser"]),
+            ("SamPredictor.predict alone", result.get("predictor"))]
     print(f"{'click -> mask':32} {'median ms':>10} {'p90 ms':>8} {'min ms':>8}")
     for name, row in rows:
         if row is None:
-            print(f"{name:32} {'(no chromium/selenium)':>28}")
+            print(f"{name:32} {'(not measured)':>28}")
         else:
             print(f"{name:32} {row['median_ms']:10.1f} {row['p90_ms']:8.1f} {row['min_ms']:8.1f}")
     if args.json:
