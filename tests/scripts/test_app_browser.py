@@ -156,6 +156,64 @@ def test_clicks_and_box_show_the_predictors_mask(app_url, browser, models, tmp_p
         if n == 1:
             browser.save_screenshot(str(screenshot_dir(tmp_path) / "app-segment.png"))
     assert js(browser, "return document.querySelectorAll('#candidates button').length") == 3
+    check_downloads(browser, expected, sample_image())
+
+
+def check_downloads(driver, mask: np.ndarray, rgb: np.ndarray) -> None:
+    """The three download buttons give the shown mask as a PNG, the overlay (image, mask, prompts)
+    as a PNG and the masks as COCO RLE that decode to the same mask."""
+    import base64
+    import io
+    import json
+
+    from PIL import Image
+    from pycocotools import mask as mask_utils
+
+    # catch what the buttons hand to the browser's download: data: URLs and Blobs
+    js(driver, "window.downloads = {}; window.blobs = {}; "
+               "HTMLAnchorElement.prototype.click = function () { "
+               "  window.downloads[this.download] = this.href; }; "
+               "const make = URL.createObjectURL; "
+               "URL.createObjectURL = (b) => { const u = make(b); window.blobs[u] = b; "
+               "  return u; };")
+    for button in ("dl-mask", "dl-overlay", "dl-json"):
+        driver.find_element(By.ID, button).click()
+    files = driver.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        Promise.all(Object.entries(window.downloads).map(async ([name, href]) =>
+          [name, href.startsWith('blob:') ? 'text:' + await window.blobs[href].text() : href]
+        )).then((pairs) => done(Object.fromEntries(pairs)), (e) => done(String(e)));""")
+    assert isinstance(files, dict) and sorted(files) == ["mask.png", "masks.json",
+                                                          "overlay.png"], files
+    data = {name: (href[5:].encode() if href.startswith("text:")
+                   else base64.b64decode(href.split("base64,", 1)[1]))
+            for name, href in files.items()}
+    png = np.asarray(Image.open(io.BytesIO(data["mask.png"])).convert("L")) > 127
+    assert_same_mask(png, mask)
+    overlay = np.asarray(Image.open(io.BytesIO(data["overlay.png"])).convert("RGB"))
+    assert overlay.shape == rgb.shape
+    shown = page_mask(driver)
+    outside = ~shown & ~page_marks(driver)  # neither mask nor prompts: the image as shown (JPEG)
+    diff = np.abs(overlay[outside].astype(int) - rgb[outside]).max(axis=1)
+    # JPEG's 4:2:0 chroma blurs the sample's sharp colour edges: a few pixels differ a lot
+    assert np.median(diff) <= 2 and diff.mean() <= 6, (np.median(diff), diff.mean())
+    assert np.abs(overlay[shown].astype(int) - rgb[shown]).mean() > 20  # tinted
+    doc = json.loads(data["masks.json"])
+    best = next(m for m in doc["masks"] if m["best"])
+    rle = {"size": best["segmentation"]["size"], "counts": best["segmentation"]["counts"].encode()}
+    assert_same_mask(mask_utils.decode(rle).astype(bool), mask)
+    assert doc["prompts"]["points"] and doc["prompts"]["box"]
+
+
+def page_marks(driver) -> np.ndarray:
+    """The prompt layer's drawn pixels, ``(H, W)`` bool."""
+    h, w, s = js(driver, """
+        const c = document.getElementById('marks');
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let s = '';
+        for (let i = 3; i < d.length; i += 4) s += d[i] > 0 ? '1' : '0';
+        return [c.height, c.width, s];""")
+    return (np.frombuffer(s.encode(), dtype=np.uint8) == ord("1")).reshape(h, w)
 
 
 def test_corrupt_upload_is_a_message_in_the_page(app_url, browser, tmp_path):
