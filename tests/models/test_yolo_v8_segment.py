@@ -127,3 +127,24 @@ def test_polygons_match_ultralytics_masks_xyn(setup):
     assert len(got) == len(want) > 0
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, atol=1e-6)
+
+
+def test_prototype_resolution_masks_match_ultralytics(setup):
+    """``process_mask(..., upsample=False)``: the masks at the prototypes' resolution, boxes
+    scaled down to it."""
+    import candle_nn as cn
+    from ultralytics.utils import ops
+    from ultralytics.utils.nms import non_max_suppression
+
+    from candle_nn_models.yolo_v8_masks import process_mask
+
+    _, ours, lb = setup
+    pred, protos = ours(cn.Device.cpu())
+    kept = non_max_suppression(torch.from_numpy(pred), 0.25, 0.7, nc=80)[0]
+    assert len(kept) >= 3
+    proto = torch.from_numpy(protos[0]).permute(2, 0, 1)
+    want = ops.process_mask(proto, kept[:, 6:], kept[:, :4], lb.input_hw, upsample=False).numpy()
+    got = process_mask(protos[0], kept[:, 6:].numpy(), kept[:, :4].numpy(), lb.input_hw,
+                       upsample=False)
+    assert got.shape == want.shape == (len(kept), *protos.shape[1:3])
+    assert min(_iou(g, w) for g, w in zip(got, want)) >= 0.999
