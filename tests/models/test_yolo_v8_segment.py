@@ -110,7 +110,8 @@ def test_masks_match_ultralytics_process_mask(setup, retina, device):
 
 def _iou(a, b) -> float:
     a, b = a.astype(bool), b.astype(bool)
-    return float((a & b).sum() / max((a | b).sum(), 1))
+    union = (a | b).sum()
+    return float((a & b).sum() / union) if union else 1.0  # two empty masks agree
 
 
 def test_polygons_match_ultralytics_masks_xyn(setup):
