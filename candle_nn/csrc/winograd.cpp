@@ -191,7 +191,7 @@ std::atomic<bool> g_winograd_avx512{true};
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
 // The same with AVX-512 (16-lane vectors, a 6 x 32 register tile): twice the multiply-adds per
-// instruction where the CPU has it (Zen 4/5, Xeons). CANDLE_NN_WINOGRAD_AVX512=0 turns it off.
+// instruction where the CPU has it (Zen 4/5, Xeons); backends/cpu/cpu_model.py picks per CPU.
 __attribute__((target("arch=x86-64-v4"))) void batched_gemm_avx512(const float* v,
                                                                     const float* u, float* m,
                                                                     int64_t nt,

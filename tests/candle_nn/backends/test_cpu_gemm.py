@@ -19,20 +19,20 @@ KERNELS = cpu_native.module()
 PACKED = KERNELS is not None and KERNELS.packed_gemm_available()
 needs_packed = pytest.mark.skipif(not PACKED,
                                   reason="packed GEMM needs the kernels + AVX-512F or AVX2/FMA")
-# the micro-kernels this CPU runs
-ISAS = [isa for isa in ("avx512", "avx2")
-        if PACKED and KERNELS.set_packed_gemm_isa(isa) and KERNELS.set_packed_gemm_isa("best")]
+# the micro-kernels this CPU runs (probed, then the plan for this CPU restored)
+ISAS = [isa for isa in ("avx512", "avx2") if PACKED and KERNELS.set_packed_gemm_isa(isa)]
+cpu_native.apply_plan(cpu_native.plan())
 
 
 @pytest.fixture(params=ISAS or ["none"])
 def isa(request):
-    """Runs the test with one micro-kernel, then restores the best one."""
+    """Runs the test with one micro-kernel, then restores this CPU's (cpu_model.py)."""
     if request.param != "none":
         assert KERNELS.set_packed_gemm_isa(request.param)
         assert KERNELS.packed_gemm_isa() == request.param
     yield request.param
     if request.param != "none":
-        KERNELS.set_packed_gemm_isa("best")
+        cpu_native.apply_plan(cpu_native.plan())
 ACTS = {0: "identity", 1: "relu", 2: "silu", 3: "gelu"}
 
 
@@ -209,13 +209,14 @@ def test_linear_gradients_match_the_plain_ops() -> None:
         assert np.abs(a - p).max() <= 1e-4 * np.abs(p).max()
 
 
-def test_the_best_micro_kernel_is_the_default() -> None:
-    """AVX-512F where the CPU has it, else AVX2 + FMA, else none (and the layers use BLAS)."""
+def test_the_micro_kernel_is_this_cpus() -> None:
+    """The one cpu_model.py plans for this CPU (AVX-512F or AVX2 + FMA), else none (and the
+    layers use BLAS)."""
     if not PACKED:
         assert KERNELS is None or KERNELS.packed_gemm_isa() == "none"
         assert not packed_gemm.available()
         return
-    assert KERNELS.packed_gemm_isa() == ISAS[0]
+    assert KERNELS.packed_gemm_isa() == cpu_native.plan().gemm in ISAS
     assert not KERNELS.set_packed_gemm_isa("sse2")
 
 
