@@ -222,6 +222,7 @@ CANDLE_NN_INLINE float activate(float v) {
   if constexpr (A == Act::Relu) return v < 0.0f ? 0.0f : v;  // NaN stays NaN
   if constexpr (A == Act::Silu) return silu_f32(v);
   if constexpr (A == Act::Gelu) return gelu_f32(v);
+  if constexpr (A == Act::Sigmoid) return sigmoid_f32(v);
   return v;
 }
 
@@ -302,6 +303,8 @@ float activate_any(Act act, float v) {
       return activate<Act::Silu>(v);
     case Act::Gelu:
       return activate<Act::Gelu>(v);
+    case Act::Sigmoid:
+      return activate<Act::Sigmoid>(v);
     default:
       return v;
   }

@@ -33,7 +33,7 @@ def isa(request):
     yield request.param
     if request.param != "none":
         cpu_native.apply_plan(cpu_native.plan())
-ACTS = {0: "identity", 1: "relu", 2: "silu", 3: "gelu"}
+ACTS = {0: "identity", 1: "relu", 2: "silu", 3: "gelu", 4: "sigmoid"}
 
 
 def _conv64(x: np.ndarray, w: np.ndarray, stride: tuple[int, int],
@@ -61,6 +61,8 @@ def _act64(v: np.ndarray, act: int) -> np.ndarray:
         return v / (1.0 + np.exp(-v))
     if act == 3:
         return 0.5 * v * (1.0 + erf(v / np.sqrt(2.0)))
+    if act == 4:
+        return 1.0 / (1.0 + np.exp(-v))
     return v
 
 
@@ -91,7 +93,7 @@ SHAPES = [
 
 @needs_packed
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("act,mode", [(0, 0), (1, 1), (2, 0), (3, 2), (2, 1)])
+@pytest.mark.parametrize("act,mode", [(0, 0), (1, 1), (2, 0), (3, 2), (2, 1), (4, 1)])
 def test_conv2d_packed_against_float64(isa, shape, act, mode) -> None:
     """Every output within 1e-5 of the output's max of a float64 conv + epilogue."""
     n, h, wd, c, o, kh, kw, stride, pad = shape
