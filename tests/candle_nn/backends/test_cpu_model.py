@@ -105,6 +105,11 @@ def test_the_plan_is_what_the_kernels_run_and_what_info_says() -> None:
         assert kernels.apply_plan(cpu_model.Plan("x", "avx2", "avx2", "test")).gemm == "avx2"
         if plan.gemm != "none":
             assert kernels.module().packed_gemm_isa() == "avx2"
+            # the first-use timing (Zen 4's plan) runs both kernels this CPU has, keeps one
+            measured = kernels.apply_plan(cpu_model.Plan("x", "measure", "measure", "test"))
+            assert {measured.gemm, measured.winograd} <= {"avx512", "avx2"}
+            assert kernels.module().packed_gemm_isa() == measured.gemm
+            assert "gemm avx" in measured.why and "winograd avx" in measured.why
     finally:
         kernels.apply_plan(plan)
     assert kernels.module().packed_gemm_isa() in (plan.gemm, "none")
