@@ -1,11 +1,12 @@
-"""candle_nn's packed-weight GEMM (csrc/gemm.cpp, conv_packed.cpp) for convs and Linear layers.
+"""candle_nn's packed-weight GEMM (csrc/gemm.cpp, conv_packed.cpp) for convs, Linear layers and
+stride = kernel transposed convs.
 
 MLX limitation: the CPU conv and matmul call OpenBLAS's sgemm, which re-packs the weights on every
 call and may run a generic kernel on AVX-512 CPUs. Here the weights are packed once per array
 (weight_cache.py) and AVX-512 (12x32) or AVX2 (6x16) micro-kernels gather the im2col blocks
-themselves and run the epilogue on each tile in cache. CPUs without AVX-512F or AVX2 + FMA keep
-the BLAS (``available`` is false there). ``CANDLE_NN_CPU_GEMM=blas`` or
-``candle_nn.ops.disable("packed_gemm")`` turns it off.
+themselves and run the epilogue on each tile in cache (which micro-kernel: cpu_model.py). CPUs
+without AVX-512F or AVX2 + FMA keep the BLAS (``available`` is false there).
+``CANDLE_NN_CPU_GEMM=blas`` or ``candle_nn.ops.disable("packed_gemm")`` turns it off.
 """
 
 from __future__ import annotations
@@ -64,7 +65,6 @@ def linear(x, weight, bias=None, activation=None, residual=None):
                                        (1, 1), out, (1, 1), (0, 0), act_code(activation),
                                        residual_mode(res, True))
     return y.reshape(*x.shape[:-1], out)
-
 
 
 def _blocks_weight(weight: mx.array) -> mx.array:
