@@ -6,9 +6,10 @@
   Three parameter groups as ultralytics: convolution weights (decay ``5e-4 * batch * accumulate
   / 64``), BatchNorm weights and all biases (no decay); the DFL projection is frozen.
 * Gradients of ``accumulate = round(64 / batch)`` batches are summed before a step (clipped to
-  norm 10). Warm-up over ``max(3 epochs, 100 iterations)``: learning rates rise linearly from 0
-  (biases: from 0.1) and SGD's momentum from 0.8, the accumulation from 1 batch; after it, the
-  learning rate decays linearly to ``lrf = 0.01`` of ``lr0`` over the epochs.
+  norm 10), ``accumulate`` capped at the run's batch count. Warm-up over ``round(3 epochs)`` of
+  iterations (at most all epochs but the last): learning rates rise linearly from 0 (biases: from
+  0.1) and SGD's momentum from 0.8, the accumulation from 1 batch; after it, the learning rate
+  decays linearly to ``lrf = 0.01`` of ``lr0`` over the epochs.
 * An exponential moving average of the weights (ultralytics' ``ModelEMA``: decay
   ``0.9999 * (1 - exp(-updates / 2000))``, BatchNorm statistics included) is what is validated
   and saved.
@@ -64,7 +65,7 @@ __all__ = ["TrainConfig", "DetectionTrainer", "fitness", "new_class_head", "reso
 
 CHECKPOINT, LAST, BEST = "checkpoint.safetensors", "last.safetensors", "best.safetensors"
 STATE_KEY = "candle_nn.yolo_train_state"
-GROUPS = ("bias", "weight", "bn")  # ultralytics' param_groups order: g[2], g[0], g[1]
+GROUPS = ("weight", "bn", "bias")  # ultralytics' param_groups order (lr/pg0, pg1, pg2)
 RESULTS_COLUMNS = ("epoch", "time", "train/box_loss", "train/cls_loss", "train/dfl_loss",
                    "metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)",
                    "metrics/mAP50-95(B)", "val/box_loss", "val/cls_loss", "val/dfl_loss",
@@ -193,14 +194,16 @@ class DetectionTrainer:
             config, self.nc, len(train))
         self.momentum = momentum
         self.nb = math.ceil(len(train) / config.batch)
-        self.accumulate = max(round(config.nbs / config.batch), 1)
-        decay = config.weight_decay * config.batch * self.accumulate / config.nbs
+        accumulate = max(round(config.nbs / config.batch), 1)
+        decay = config.weight_decay * config.batch * accumulate / config.nbs
+        self.acc0 = min(accumulate, self.nb * config.epochs)  # the nominal, capped to the run
+        self.accumulate = self.acc0
         self.optimizers = {g: self._make_optimizer(decay if g == "weight" else 0.0)
                            for g in GROUPS}
         names = [k for k, _ in tree_flatten(model.trainable_parameters())]
         self.groups = {g: [n for n in names if _group_of(n) == g] for g in GROUPS}
-        self.nw = (max(round(config.warmup_epochs * self.nb), 100)
-                   if config.warmup_epochs > 0 else -1)
+        warmup = min(config.warmup_epochs, max(config.epochs - 1, 0))  # the last epoch is not
+        self.nw = round(warmup * self.nb) if warmup > 0 else 0
         self.epoch = 0  # finished epochs
         self.updates = 0  # EMA updates (= optimizer steps)
         self.last_opt_step = -1
@@ -228,12 +231,12 @@ class DetectionTrainer:
     def _set_hyper(self, ni: int, epoch: int) -> None:
         """ultralytics' warm-up: learning rates, momentum and accumulation at iteration ``ni``."""
         c = self.config
-        if ni > self.nw:
+        if not (self.nw and ni <= self.nw):
             for opt in self.optimizers.values():
                 opt.learning_rate = self.lr0 * self.lf(epoch)
             return
         xi = [0, self.nw]
-        self.accumulate = max(1, int(np.interp(ni, xi, [1, c.nbs / c.batch]).round()))
+        self.accumulate = max(1, int(np.interp(ni, xi, [1, self.acc0]).round()))
         for g, opt in self.optimizers.items():
             start = self.warmup_bias_lr if g == "bias" else 0.0
             opt.learning_rate = float(np.interp(ni, xi, [start, self.lr0 * self.lf(epoch)]))

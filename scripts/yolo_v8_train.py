@@ -89,7 +89,7 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--close-mosaic", type=_non_negative, metavar="N", **d(10),
                         help="epochs at the end without mosaic (default 10)")
     parser.add_argument("--warmup-epochs", type=_non_negative, metavar="N", **d(3),
-                        help="warm-up epochs (at least 100 iterations; 0: none; default 3)")
+                        help="warm-up epochs (never the last epoch; 0: none; default 3)")
     parser.add_argument("--nbs", type=positive(int), metavar="N", **d(64),
                         help="nominal batch: gradients of round(N / --batch) batches are summed "
                              "into one step, weight decay scaled to it (default 64)")
