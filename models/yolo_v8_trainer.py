@@ -27,6 +27,15 @@ or not at all; the checkpoint last, so an interrupted run resumes from its last 
 and ends bit-identical to an uninterrupted run (every random draw comes from generators seeded by
 ``(seed, epoch[, image])``; the gradient norm is summed in an order that does not depend on how
 an array lies in memory, see :func:`clip_grad_norm`).
+
+Data parallelism (``mlx.launch``, ``models/data_parallel.py``, as the classifier trainer): each
+batch is ``config.batch`` images of the shuffled order (the same on every rank); rank ``r`` of
+``W`` prepares and runs its ``batch / W`` of them. The loss divides by the whole batch's total
+target score (one small all-reduce) and scales by the whole batch's size, the gradients are
+summed over the ranks every batch, so every rank holds the same gradient sum, takes the same
+step and keeps the same EMA. With BatchNorm statistics frozen (``freeze_bn``) this is the
+one-process run on the whole batch; in train mode each rank normalises with its own batch
+statistics (as ultralytics' DDP). Rank 0 alone validates, writes the files and logs.
 """
 
 from __future__ import annotations
@@ -52,8 +61,11 @@ import numpy as np
 from candle_nn.atomic_write import atomic_write
 from candle_nn.checkpoint import write_safetensors
 
+from . import train_checkpoint
+from .data_parallel import DataParallel
+from .image_loader import BatchLoader
 from .yolo_v8 import YoloV8
-from .yolo_v8_dataset import BatchLoader, DetectionDataset
+from .yolo_v8_dataset import DetectionDataset, collate
 from .yolo_v8_head import STRIDES
 from .yolo_v8_loss import DetectionLoss
 from .yolo_v8_metrics import DetectionMetrics, DetectionResults
@@ -177,19 +189,25 @@ class DetectionTrainer:
         metadata: safetensors metadata of the saved weights (class names, variant).
         workers: sample-preparing threads. log: where the per-epoch lines go.
         run_info: what else the checkpoint records (the CLI's data file and variant).
+        group: the ``mx.distributed`` group (``None``: ``mx.distributed.init()``; see the
+            module docstring's data parallelism).
     """
 
     def __init__(self, model: YoloV8, ema: YoloV8, config: TrainConfig, train: DetectionDataset,
                  val: DetectionDataset, out: Path, *, metadata: Mapping[str, str] | None = None,
                  workers: int = 4, log: Callable[[str], None] = print,
-                 progress: bool = False, run_info: Mapping[str, Any] | None = None) -> None:
+                 progress: bool = False, run_info: Mapping[str, Any] | None = None,
+                 group: "mx.distributed.Group | None" = None) -> None:
         self.model, self.ema, self.config = model, ema, config
+        self.dp = DataParallel(group)
+        self.dp.check_batch(config.batch, "--batch")
         self.train_set, self.val_set, self.out = train, val, Path(out)
         self.metadata = dict(metadata or {})
         self.run_info = dict(run_info or {})
         self.workers, self.log, self.progress = max(1, workers), log, progress
         self.nc = model.spec.num_classes
-        self.criterion = DetectionLoss(self.nc)
+        self.criterion = DetectionLoss(self.nc, group=self.dp.group)  # over the global batch
+        self.val_criterion = DetectionLoss(self.nc)  # rank 0 validates alone
         model.head.dfl.freeze()  # ultralytics never trains the DFL projection
         if config.freeze_bn:
             cn.freeze_bn_stats(model)
@@ -197,7 +215,8 @@ class DetectionTrainer:
         self.name, self.lr0, momentum, self.warmup_bias_lr = resolve_optimizer(
             config, self.nc, len(train))
         self.momentum = momentum
-        self.nb = math.ceil(len(train) / config.batch)
+        full, rest = divmod(len(train), config.batch)
+        self.nb = full + (rest >= self.dp.world)  # batches an epoch (see batches())
         accumulate = max(round(config.nbs / config.batch), 1)
         decay = config.weight_decay * config.batch * accumulate / config.nbs
         self.acc0 = min(accumulate, self.nb * config.epochs)  # the nominal, capped to the run
@@ -229,8 +248,9 @@ class DetectionTrainer:
 
     # -- one iteration ------------------------------------------------------------------------
 
-    def _loss(self, model: YoloV8, x: mx.array, targets: np.ndarray) -> tuple[mx.array, mx.array]:
-        return self.criterion(model(x), targets)
+    def _loss(self, model: YoloV8, x: mx.array, targets: np.ndarray,
+              batch_size: int) -> tuple[mx.array, mx.array]:
+        return self.criterion(model(x), targets, batch_size=batch_size)
 
     def _set_hyper(self, ni: int, epoch: int) -> None:
         """ultralytics' warm-up: learning rates, momentum and accumulation at iteration ``ni``."""
@@ -247,13 +267,17 @@ class DetectionTrainer:
             if self.name == "SGD":
                 opt.momentum = float(np.interp(ni, xi, [c.warmup_momentum, self.momentum]))
 
-    def iteration(self, ni: int, epoch: int, x: mx.array, targets: np.ndarray) -> mx.array:
-        """Forward/backward one batch, step when ``accumulate`` batches are summed; returns the
-        loss items ``(3,)``."""
+    def iteration(self, ni: int, epoch: int, x: mx.array, targets: np.ndarray,
+                  batch_size: int | None = None) -> mx.array:
+        """Forward/backward one batch (this rank's part ``x`` of a global batch of
+        ``batch_size`` images, default ``len(x)``), step when ``accumulate`` batches are summed;
+        returns the global batch's loss items ``(3,)``."""
         self._set_hyper(ni, epoch)
         self.model.train()
-        (_, items), grads = self._loss_and_grad(self.model, x, targets)
-        grads = _flat(grads)
+        b = x.shape[0] if batch_size is None else batch_size
+        (_, items), grads = self._loss_and_grad(self.model, x, targets, b)
+        grads = self.dp.sum_gradients(_flat(grads))
+        items = self.dp.all_sum(items)
         self.grads = grads if self.grads is None else {k: self.grads[k] + v
                                                        for k, v in grads.items()}
         if ni - self.last_opt_step >= self.accumulate:
@@ -284,9 +308,17 @@ class DetectionTrainer:
     # -- epochs -------------------------------------------------------------------------------
 
     def batches(self, epoch: int) -> list[np.ndarray]:
+        """This rank's image indices of each batch of ``epoch``: a seeded shuffle cut into
+        global batches of ``config.batch`` (the last one partial; dropped when it has fewer
+        images than there are ranks), each split over the ranks."""
         order = np.random.default_rng([self.config.seed, epoch]).permutation(len(self.train_set))
         b = self.config.batch
-        return [order[i:i + b] for i in range(0, len(order), b)]
+        return [self.dp.share(order[i:i + b]) for i in range(0, len(order), b)][:self.nb]
+
+    def batch_sizes(self) -> list[int]:
+        """The global size of each batch of an epoch."""
+        b = self.config.batch
+        return [min(b, len(self.train_set) - i * b) for i in range(self.nb)]
 
     def train_epoch(self, epoch: int, pool: ThreadPoolExecutor) -> np.ndarray:
         """One epoch; returns the mean (box, cls, dfl) loss items."""
@@ -295,13 +327,15 @@ class DetectionTrainer:
         c = self.config
         mosaic = epoch < c.epochs - c.close_mosaic
         loader = BatchLoader(self.batches(epoch),
-                             lambda i: self.train_set.sample(i, epoch, mosaic), pool)
+                             lambda i: self.train_set.sample(i, epoch, mosaic), collate, pool)
         mx.random.seed(int(np.random.default_rng([c.seed, epoch]).integers(2 ** 63)))
         total, seen = np.zeros(3), 0
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{c.epochs}", unit="batch",
-                   disable=not self.progress, dynamic_ncols=True, leave=False)
+                   disable=not (self.progress and self.dp.is_main), dynamic_ncols=True,
+                   leave=False)
+        sizes = self.batch_sizes()
         for i, (x, targets) in enumerate(bar):
-            items = self.iteration(i + self.nb * epoch, epoch, mx.array(x), targets)
+            items = self.iteration(i + self.nb * epoch, epoch, mx.array(x), targets, sizes[i])
             total += np.asarray(items, dtype=np.float64)
             seen += 1
             bar.set_postfix(box=f"{total[0] / seen:.3f}", cls=f"{total[1] / seen:.3f}",
@@ -319,11 +353,12 @@ class DetectionTrainer:
         indices = np.arange(len(self.val_set))
         batches = [indices[i:i + b] for i in range(0, len(indices), b)]
         s = self.config.imgsz
-        for x, targets in BatchLoader(batches, lambda i: self.val_set.sample(i, 0, False), pool):
+        for x, targets in BatchLoader(batches, lambda i: self.val_set.sample(i, 0, False),
+                                      collate, pool):
             feats = list(ema.fpn(*ema.net(mx.array(x))))
             raw = ema.head.raw(feats)
             pred = ema.head(feats).transpose(0, 2, 1)
-            _, items = self.criterion(raw, targets)
+            _, items = self.val_criterion(raw, targets)
             total += np.asarray(items, dtype=np.float64)
             seen += 1
             pred = np.asarray(pred)
@@ -335,8 +370,10 @@ class DetectionTrainer:
         return metrics.results(), total / max(seen, 1)
 
     def fit(self, stop_after: int | None = None) -> list[dict[str, float]]:
-        """Train from the current epoch to ``config.epochs`` (or ``stop_after`` more epochs)."""
-        (self.out / "weights").mkdir(parents=True, exist_ok=True)
+        """Train from the current epoch to ``config.epochs`` (or ``stop_after`` more epochs).
+        Rank 0 validates, writes and logs; the other ranks train only."""
+        if self.dp.is_main:
+            (self.out / "weights").mkdir(parents=True, exist_ok=True)
         last = self.config.epochs if stop_after is None else min(self.config.epochs,
                                                                   self.epoch + stop_after)
         with ThreadPoolExecutor(self.workers, thread_name_prefix="candle-nn-yolo-data") as pool, \
@@ -344,32 +381,38 @@ class DetectionTrainer:
             for epoch in range(self.epoch, last):
                 start = time.perf_counter()
                 train_items = self.train_epoch(epoch, pool)
-                lrs = [float(self.optimizers[g].learning_rate) for g in GROUPS]
-                results, val_items = self.validate(pool)
-                score = results.fitness
-                row = {"epoch": epoch + 1, "time": 0.0,
-                       "train/box_loss": train_items[0], "train/cls_loss": train_items[1],
-                       "train/dfl_loss": train_items[2],
-                       "metrics/precision(B)": results.all.p, "metrics/recall(B)": results.all.r,
-                       "metrics/mAP50(B)": results.all.map50,
-                       "metrics/mAP50-95(B)": results.all.map50_95,
-                       "val/box_loss": val_items[0], "val/cls_loss": val_items[1],
-                       "val/dfl_loss": val_items[2],
-                       "lr/pg0": lrs[0], "lr/pg1": lrs[1], "lr/pg2": lrs[2]}
-                seconds = time.perf_counter() - start
-                row["time"] = (self.history[-1]["time"] if self.history else 0.0) + seconds
-                self.history.append({k: float(v) for k, v in row.items()})
                 self.epoch = epoch + 1
-                improved = self.best_fitness is None or score > self.best_fitness
-                if improved:
-                    self.best_fitness = score
-                self.save(improved)
-                self.log(f"epoch {epoch + 1}/{self.config.epochs}: loss box "
-                         f"{train_items[0]:.3f} cls {train_items[1]:.3f} dfl "
-                         f"{train_items[2]:.3f} | P {results.all.p:.3f} R {results.all.r:.3f} "
-                         f"mAP50 {results.all.map50:.3f} mAP50-95 {results.all.map50_95:.3f}"
-                         f"{' (best)' if improved else ''} | {seconds:.1f} s")
+                if self.dp.is_main:
+                    self._end_epoch(epoch, train_items, start, pool)
         return self.history
+
+    def _end_epoch(self, epoch: int, train_items: np.ndarray, start: float,
+                   pool: ThreadPoolExecutor) -> None:
+        """Validate the EMA, record the epoch, write the files, log the line."""
+        lrs = [float(self.optimizers[g].learning_rate) for g in GROUPS]
+        results, val_items = self.validate(pool)
+        score = results.fitness
+        row = {"epoch": epoch + 1, "time": 0.0,
+               "train/box_loss": train_items[0], "train/cls_loss": train_items[1],
+               "train/dfl_loss": train_items[2],
+               "metrics/precision(B)": results.all.p, "metrics/recall(B)": results.all.r,
+               "metrics/mAP50(B)": results.all.map50,
+               "metrics/mAP50-95(B)": results.all.map50_95,
+               "val/box_loss": val_items[0], "val/cls_loss": val_items[1],
+               "val/dfl_loss": val_items[2],
+               "lr/pg0": lrs[0], "lr/pg1": lrs[1], "lr/pg2": lrs[2]}
+        seconds = time.perf_counter() - start
+        row["time"] = (self.history[-1]["time"] if self.history else 0.0) + seconds
+        self.history.append({k: float(v) for k, v in row.items()})
+        improved = self.best_fitness is None or score > self.best_fitness
+        if improved:
+            self.best_fitness = score
+        self.save(improved)
+        self.log(f"epoch {epoch + 1}/{self.config.epochs}: loss box "
+                 f"{train_items[0]:.3f} cls {train_items[1]:.3f} dfl "
+                 f"{train_items[2]:.3f} | P {results.all.p:.3f} R {results.all.r:.3f} "
+                 f"mAP50 {results.all.map50:.3f} mAP50-95 {results.all.map50_95:.3f}"
+                 f"{' (best)' if improved else ''} | {seconds:.1f} s")
 
     # -- files --------------------------------------------------------------------------------
 
@@ -450,20 +493,9 @@ class DetectionTrainer:
 
 
 def read_checkpoint(path: "str | os.PathLike") -> tuple[dict[str, mx.array], dict[str, Any]]:
-    """A training checkpoint's tensors and state (CandleNNError when absent or unreadable)."""
-    path = Path(path)
-    if not path.is_file():
-        raise cn.CandleNNError(f"no checkpoint to resume at {path}: start the run without "
-                               "--resume")
-    try:
-        tensors, metadata = mx.load(os.fspath(path), return_metadata=True)
-        meta = json.loads(metadata[STATE_KEY])
-    except (KeyError, ValueError, RuntimeError, OSError) as exc:
-        raise cn.WeightsFileError(f"{path} is not a readable training checkpoint ({exc}); "
-                                  "start the run again without --resume") from exc
-    if not isinstance(meta, dict) or meta.get("format") != 1:
-        raise cn.WeightsFileError(f"{path} is not a YOLOv8 training checkpoint of this version")
-    return tensors, meta
+    """A YOLOv8 training checkpoint's tensors and state (CandleNNError when absent or
+    unreadable)."""
+    return train_checkpoint.read_checkpoint(path, STATE_KEY, "YOLOv8 training")
 
 
 def _results_csv(history: list[dict[str, float]]) -> str:

@@ -168,10 +168,17 @@ def _main(argv: Sequence[str] | None) -> int:
                              close_mosaic=args.close_mosaic, warmup_epochs=args.warmup_epochs,
                              nbs=args.nbs, freeze_bn=args.freeze_bn, seed=args.seed)
         data_path, variant = str(Path(args.data).resolve()), None
-    device = parse_device(args.device, args.verbose)
+    group = mx.distributed.init()
+    main_rank = group.rank() == 0
+    if not config.freeze_bn and config.batch < 2 * group.size():
+        raise CandleNNError(f"--batch {config.batch} gives a process fewer than 2 images a "
+                            "batch, too few for BatchNorm's batch statistics; pass --batch "
+                            f"{2 * group.size()} or more, or --freeze-bn")
+    device = parse_device(args.device, args.verbose and main_rank)
 
     def warn(message: str) -> None:
-        print(f"warning: {message}", file=sys.stderr)
+        if main_rank:
+            print(f"warning: {message}", file=sys.stderr)
 
     try:
         data = DataConfig.load(data_path)
@@ -195,19 +202,25 @@ def _main(argv: Sequence[str] | None) -> int:
     trainer = DetectionTrainer(model, ema, config, train, val, out, metadata=metadata,
                                workers=args.workers, progress=not args.no_progress,
                                run_info={"data": data_path, "variant": variant},
-                               log=lambda line: print(line, file=sys.stderr))
+                               log=lambda line: print(line, file=sys.stderr, flush=True),
+                               group=group)
     if args.resume:
         trainer.resume(out / "weights" / CHECKPOINT)
         if trainer.epoch >= config.epochs:
-            print(f"{out}: all {config.epochs} epochs are done; best weights in "
-                  f"{out / 'weights' / BEST}")
+            if main_rank:
+                print(f"{out}: all {config.epochs} epochs are done; best weights in "
+                      f"{out / 'weights' / BEST}")
             return 0
-    print(f"training {model.spec} on {len(train)} images ({len(val)} to validate), "
-          f"{trainer.name} lr0 {trainer.lr0:g}, run folder {out}", file=sys.stderr)
+    if main_rank:
+        print(f"training {model.spec} on {len(train)} images ({len(val)} to validate), "
+              f"{trainer.name} lr0 {trainer.lr0:g}"
+              + (f", {group.size()} processes" if group.size() > 1 else "")
+              + f", run folder {out}", file=sys.stderr, flush=True)
     trainer.fit(stop_after=args.stop_after)
-    print(json.dumps({"run": str(out), "epochs_done": trainer.epoch,
-                      "best": str(out / "weights" / BEST),
-                      "best_fitness": trainer.best_fitness}))
+    if main_rank:
+        print(json.dumps({"run": str(out), "epochs_done": trainer.epoch,
+                          "best": str(out / "weights" / BEST),
+                          "best_fitness": trainer.best_fitness}))
     return 0
 
 
