@@ -32,8 +32,9 @@ from candle_nn_models.yolo_v8_data import DataConfig, DataError
 from candle_nn_models.yolo_v8_dataset import DetectionDataset
 from candle_nn_models.yolo_v8_trainer import (BEST, CHECKPOINT, DetectionTrainer, TrainConfig,
                                               new_class_head, read_checkpoint)
-from candle_nn_models.scripts.common import (add_device_argument, number_arg, parse_device,
-                                             positive, resumable_parser, run_main, shown)
+from candle_nn_models.scripts.common import (add_device_argument, compile_choice, number_arg,
+                                             parse_device, positive, resumable_parser, run_main,
+                                             shown)
 from candle_nn_models.weights.metadata import WeightsMetadata
 from candle_nn_models.weights.registry import resolve_weights
 
@@ -203,7 +204,7 @@ def _main(argv: Sequence[str] | None) -> int:
                                workers=args.workers, progress=not args.no_progress,
                                run_info={"data": data_path, "variant": variant},
                                log=lambda line: print(line, file=sys.stderr, flush=True),
-                               group=group)
+                               group=group, compile=_compiled(args.compile, device))
     if args.resume:
         trainer.resume(out / "weights" / CHECKPOINT)
         if trainer.epoch >= config.epochs:
@@ -222,6 +223,12 @@ def _main(argv: Sequence[str] | None) -> int:
                           "best": str(out / "weights" / BEST),
                           "best_fitness": trainer.best_fitness}))
     return 0
+
+
+def _compiled(choice: str, device) -> bool:
+    """``--compile``: ``auto`` compiles the training step on GPUs only."""
+    enabled = compile_choice(choice)
+    return device.kind == "gpu" if enabled is None else enabled
 
 
 def _build(tensors: dict | None, variant: str, nc: int, device) -> YoloV8:
