@@ -81,7 +81,8 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--imgsz", type=_imgsz, metavar="PX", **d(640),
                         help="square training input side, a multiple of 32 (default 640)")
     parser.add_argument("--batch", type=positive(int), metavar="N", **d(16),
-                        help="images per batch (default 16; gradients are summed to 64)")
+                        help="images per batch (default 16; gradients are summed to 64; under "
+                             "mlx.launch the batch of all processes together)")
     parser.add_argument("--optimizer", type=_optimizer, metavar="NAME", **d("auto"),
                         help="auto (ultralytics': AdamW for short runs, else SGD), SGD or AdamW")
     parser.add_argument("--lr0", type=positive(float), metavar="LR", **d(0.01),
@@ -216,7 +217,9 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"training {model.spec} on {len(train)} images ({len(val)} to validate), "
               f"{trainer.name} lr0 {trainer.lr0:g}"
               + (f", {group.size()} processes" if group.size() > 1 else "")
-              + f", run folder {out}", file=sys.stderr, flush=True)
+              + f", run folder {out}"
+              + (f"; resuming after epoch {trainer.epoch}" if args.resume else ""),
+              file=sys.stderr, flush=True)
     trainer.fit(stop_after=args.stop_after)
     if main_rank:
         print(json.dumps({"run": str(out), "epochs_done": trainer.epoch,
