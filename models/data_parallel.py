@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from candle_nn import CandleNNError  # first: candle_nn sets MLX's CPU BLAS up before it loads
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-
-from candle_nn import CandleNNError
 
 __all__ = ["DataParallel", "local_slice"]
 

@@ -9,9 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from candle_nn import CandleNNError, WeightsFileError  # first: sets MLX's CPU BLAS up
 import mlx.core as mx
-
-from candle_nn import CandleNNError, WeightsFileError
 
 __all__ = ["read_checkpoint"]
 
