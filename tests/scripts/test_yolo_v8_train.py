@@ -27,7 +27,7 @@ from helpers.shapes_dataset import make_shapes
 from conftest import FIXTURES
 
 WEIGHTS = FIXTURES / "yolov8n" / "weights.safetensors"
-MIN_MAP50 = 0.1  # the run reaches 0.185 (epoch 8); 0.000 before training
+MIN_MAP50 = 0.1  # the run reaches 0.242 (epoch 10); 0.000 before training
 
 
 def _train(data, out, *extra, timeout=900):
