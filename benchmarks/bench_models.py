@@ -131,6 +131,22 @@ def _yolo_train_ours(size: str) -> Callable[["VarBuilder"], Forward]:
     return build
 
 
+def _yolo_train_torch(size: str) -> Callable[[], Any]:
+    """ultralytics' ``DetectionModel`` (80 classes) with its default hyperparameters as
+    ``args``, which its ``loss(batch, preds)`` (``v8DetectionLoss``) reads, as its trainer sets."""
+    def build() -> Any:
+        import os
+
+        os.environ.setdefault("YOLO_OFFLINE", "1")
+        from ultralytics.cfg import get_cfg
+        from ultralytics.nn.tasks import DetectionModel
+
+        model = DetectionModel(f"yolov8{size}.yaml", nc=80, verbose=False)
+        model.args = get_cfg()
+        return model
+    return build
+
+
 def _yolo_torch(size: str, task: str = "detect") -> Callable[[], Any]:
     def build() -> Any:
         import os
@@ -263,9 +279,8 @@ def _registry() -> dict[str, BenchModel]:
         BenchModel("resnet50-train", (224, 224), 16, None,
                    _resnet_train_ours("resnet50"), _resnet_train_torch("resnet50"),
                    train="classify"),
-        # Ours only: PyTorch's side would need ultralytics' v8DetectionLoss wired in.
         BenchModel("yolov8n-train", (640, 640), 16, None,
-                   _yolo_train_ours("n"), _no_torch_module, ul, train="detect"),
+                   _yolo_train_ours("n"), _yolo_train_torch("n"), ul, train="detect"),
     ]
     return {m.name: m for m in models}
 

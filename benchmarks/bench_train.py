@@ -80,7 +80,8 @@ def _loss(model: BenchModel) -> Callable:
         from candle_nn_models.yolo_v8_loss import DetectionLoss
 
         criterion = DetectionLoss(num_classes=80)
-        return lambda m, x, y: criterion(m(x), y)[0]
+        # 4 boxes an image (_labels): 8 ground-truth slots, as the trainer pads them
+        return lambda m, x, y: criterion(m(x), y, max_boxes=8)[0]
     return lambda m, x, y: nn.losses.cross_entropy(m(x), y, reduction="mean")
 
 
@@ -129,8 +130,6 @@ def run_torch_train(model: BenchModel, device: str, opts: Options,
     batch, hw = train_shape(model, device, opts)
     reason = bench_peers._torch_unavailable(
         model, "torch not installed (pip install 'candle-nn-mlx[bench]')", "reference needs")
-    if model.train == "detect" and reason is None:
-        reason = "no PyTorch training step here for YOLOv8 (ultralytics' loss is not wired in)"
     if reason:
         return result(impl, model, device, "float32", status="unavailable", reason=reason)
     import torch
@@ -154,7 +153,8 @@ def run_torch_train(model: BenchModel, device: str, opts: Options,
 
 def _torch_step(model: BenchModel, device: str, batch: int, hw: tuple[int, int], opts: Options,
                 compile_mode: str | None = None) -> Callable[[], None]:
-    """One PyTorch SGD step of ``model`` (train mode), synchronised."""
+    """One PyTorch SGD step of ``model`` (train mode), synchronised; ``step.model`` is the
+    module it steps."""
     import torch
 
     from benchmarks import bench_peers
@@ -167,18 +167,29 @@ def _torch_step(model: BenchModel, device: str, batch: int, hw: tuple[int, int],
     if opts.channels_last and device != "cpu":
         net = net.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
-    y = torch.from_numpy(y_np.astype(np.int64)).to(dev)
     opt = torch.optim.SGD(net.parameters(), **SGD)
     forward = torch.compile(net, mode=compile_mode) if compile_mode else net
-    criterion = torch.nn.CrossEntropyLoss()
+    if model.train == "detect":  # ultralytics' v8DetectionLoss, as its trainer calls it
+        y = torch.from_numpy(y_np).to(dev)
+        batch_dict = {"img": x, "batch_idx": y[:, 0], "cls": y[:, 1:2], "bboxes": y[:, 2:6]}
+
+        def loss() -> Any:
+            return net.loss(batch_dict, forward(x))[0].sum()
+    else:
+        y = torch.from_numpy(y_np.astype(np.int64)).to(dev)
+        criterion = torch.nn.CrossEntropyLoss()
+
+        def loss() -> Any:
+            return criterion(forward(x), y)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        criterion(forward(x), y).backward()
+        loss().backward()
         opt.step()
         if device != "cpu":
             torch.cuda.synchronize()
 
+    step.model = net  # type: ignore[attr-defined]  # the stepped module, for tests
     return step
 
 

@@ -49,7 +49,9 @@ from candle_nn.atomic_write import atomic_write
 from candle_nn.checkpoint import write_safetensors
 from candle_nn_models.classify_transforms import eval_transform, train_transform
 from candle_nn_models.image_folder import ImageFolder, Split
-from candle_nn_models.image_loader import BatchLoader
+from candle_nn_models.data_parallel import DataParallel
+from candle_nn_models.image_loader import BatchLoader, labelled_images, stack_labelled
+from candle_nn_models import train_checkpoint
 
 CHECKPOINT = "checkpoint.safetensors"
 BEST = "best.safetensors"
@@ -109,13 +111,6 @@ def make_optimizer(config: TrainConfig, total_steps: int) -> optim.Optimizer:
     raise CandleNNError(f"unknown optimizer {config.optimizer!r}; choose one of {OPTIMIZERS}")
 
 
-def _local_slice(count: int, rank: int, world: int) -> slice:
-    """Rank ``rank``'s contiguous share of ``count`` items (the first ranks take one more)."""
-    base, extra = divmod(count, world)
-    start = rank * base + min(rank, extra)
-    return slice(start, start + base + (rank < extra))
-
-
 class ClassifierTrainer:
     """Train ``model`` (NHWC images → logits) on ``data`` with ``config``.
 
@@ -141,11 +136,9 @@ class ClassifierTrainer:
                  frozen: "tuple[Callable[[mx.array], mx.array], nn.Module] | None" = None,
                  log: Callable[[str], None] = print) -> None:
         self.model, self.config, self.data, self.out = model, config, data, Path(out)
-        self.group = group if group is not None else mx.distributed.init()
-        self.rank, self.world = self.group.rank(), self.group.size()
-        if config.batch_size % self.world:
-            raise CandleNNError(f"--batch-size {config.batch_size} does not split evenly over "
-                                f"{self.world} processes; pass a multiple of {self.world}")
+        self.dp = DataParallel(group)
+        self.rank, self.world = self.dp.rank, self.dp.world
+        self.dp.check_batch(config.batch_size, "--batch-size")
         self.steps_per_epoch = len(data.train) // config.batch_size
         if self.steps_per_epoch == 0:
             raise CandleNNError(f"--batch-size {config.batch_size} is larger than the "
@@ -162,7 +155,7 @@ class ClassifierTrainer:
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        return self.dp.is_main
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -176,18 +169,11 @@ class ClassifierTrainer:
         if self.features is not None:
             x = self.features(x)
         (loss, logits), grads = self._loss_and_grad(self.learner, x, y)
-        if self.world > 1:
-            grads = nn.average_gradients(grads, group=self.group)
+        grads = self.dp.average_gradients(grads)
         self.optimizer.update(self.learner, grads)
         correct = (mx.argmax(logits, axis=-1) == y).sum()
         mx.eval(loss, correct, self.model.parameters(), self.optimizer.state)
         return loss, correct
-
-    def _all_sum(self, values: list[float]) -> np.ndarray:
-        array = mx.array(np.asarray(values, dtype=np.float32))
-        if self.world > 1:
-            array = mx.distributed.all_sum(array, group=self.group)
-        return np.asarray(array)
 
     # -- epochs ------------------------------------------------------------------------------
 
@@ -196,8 +182,7 @@ class ClassifierTrainer:
         shuffle, cut into global batches (the last partial one dropped), each split over ranks."""
         c = self.config
         order = np.random.default_rng([c.seed, epoch]).permutation(len(self.data.train))
-        share = _local_slice(c.batch_size, self.rank, self.world)
-        return [order[s * c.batch_size:(s + 1) * c.batch_size][share]
+        return [self.dp.share(order[s * c.batch_size:(s + 1) * c.batch_size])
                 for s in range(self.steps_per_epoch)]
 
     def train_epoch(self, epoch: int, pool: ThreadPoolExecutor) -> tuple[float, float]:
@@ -209,7 +194,9 @@ class ClassifierTrainer:
         def transform(rgb: np.ndarray, index: int) -> np.ndarray:
             return train_transform(rgb, np.random.default_rng([c.seed, epoch, index]), c.imgsz)
 
-        loader = BatchLoader(split.paths, split.labels, self.batches(epoch), transform, pool)
+        loader = BatchLoader(self.batches(epoch), labelled_images(split.paths, split.labels,
+                                                                  transform),
+                             stack_labelled, pool)
         mx.random.seed(int(np.random.default_rng([c.seed, epoch]).integers(2 ** 63)))
         self.model.train()
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{c.epochs}", unit="batch", leave=True,
@@ -217,7 +204,7 @@ class ClassifierTrainer:
         totals = np.zeros(3)  # loss * images, correct, images
         for x, y in bar:
             loss, correct = self.step(mx.array(x), mx.array(y))
-            totals += self._all_sum([float(loss) * len(y), float(correct), len(y)])
+            totals += self.dp.sum_values([float(loss) * len(y), float(correct), len(y)])
             bar.set_postfix(loss=f"{totals[0] / totals[2]:.4f}",
                             acc=f"{100 * totals[1] / totals[2]:.1f}%")
         bar.close()
@@ -226,10 +213,11 @@ class ClassifierTrainer:
     def evaluate(self, split: Split, pool: ThreadPoolExecutor) -> tuple[float, float]:
         """Mean ``(loss, accuracy)`` on ``split`` (eval transform, eval mode), over all ranks."""
         c = self.config
-        mine = np.arange(len(split))[_local_slice(len(split), self.rank, self.world)]
+        mine = self.dp.share(np.arange(len(split)))
         batches = [mine[i:i + c.batch_size] for i in range(0, len(mine), c.batch_size)]
-        loader = BatchLoader(split.paths, split.labels, batches,
-                             lambda rgb, _: eval_transform(rgb, c.imgsz), pool)
+        loader = BatchLoader(batches, labelled_images(split.paths, split.labels,
+                                                      lambda rgb, _: eval_transform(rgb, c.imgsz)),
+                             stack_labelled, pool)
         self.model.eval()
         totals = np.zeros(3)
         for x, y in loader:
@@ -238,7 +226,7 @@ class ClassifierTrainer:
             loss = nn.losses.cross_entropy(logits, labels, reduction="sum")
             correct = (mx.argmax(logits, axis=-1) == labels).sum()
             totals += [float(loss), float(correct), len(y)]
-        totals = self._all_sum(list(totals))
+        totals = self.dp.sum_values(list(totals))
         return float(totals[0] / max(totals[2], 1)), float(totals[1] / max(totals[2], 1))
 
     def fit(self) -> list[EpochResult]:
@@ -326,16 +314,5 @@ class ClassifierTrainer:
 
 def read_checkpoint(path: "str | os.PathLike") -> tuple[dict[str, mx.array], dict[str, Any]]:
     """A training checkpoint's tensors and its state (config, epoch, classes, history)."""
-    path = Path(path)
-    if not path.is_file():
-        raise CandleNNError(f"no checkpoint to resume at {path}: start the run without --resume")
-    try:
-        tensors, metadata = mx.load(os.fspath(path), return_metadata=True)
-        meta = json.loads(metadata[STATE_KEY])
-    except (KeyError, ValueError, RuntimeError, OSError) as exc:
-        raise WeightsFileError(f"{path} is not a readable training checkpoint ({exc}); start "
-                               "the run again without --resume") from exc
-    if not isinstance(meta, dict) or meta.get("format") != 1:
-        raise WeightsFileError(f"{path} is not a training checkpoint of this version")
-    return tensors, meta
+    return train_checkpoint.read_checkpoint(path, STATE_KEY)
 

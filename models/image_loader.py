@@ -1,10 +1,11 @@
-"""Batches of decoded, transformed images, prepared by a thread pool ahead of the model.
+"""Batches prepared by a thread pool ahead of the model, for every trainer.
 
-Pillow releases the GIL while it decodes and resizes, and NumPy while it normalises, so plain
-threads (``concurrent.futures``) decode in parallel with each other and with MLX's compute, with
-none of a process pool's start-up, pickling or copying of every batch. :class:`BatchLoader`
-keeps ``prefetch`` batches in flight; their images are returned in order, whichever thread
-finishes first.
+Threads, not processes: Pillow's decode, resize and warps and NumPy release the GIL, so plain
+threads (``concurrent.futures``) prepare samples in parallel with each other and with MLX's
+compute (which runs outside the GIL too), with none of a process pool's start-up, pickling of
+every batch or copies. :class:`BatchLoader` keeps ``prefetch`` batches in flight; samples come
+back in order whichever thread finishes first, so a seeded run is the same with any number of
+workers.
 """
 
 from __future__ import annotations
@@ -12,59 +13,70 @@ from __future__ import annotations
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 import numpy as np
 
 from candle_nn import CandleNNError
 from candle_nn_models.image_folder import decode_rgb
 
+__all__ = ["BatchLoader", "labelled_images", "stack_labelled"]
+
+Sample = TypeVar("Sample")
 Transform = Callable[[np.ndarray, int], np.ndarray]  # (uint8 HWC image, its index) -> float HWC
 
 
-class BatchLoader:
-    """Iterate ``(images (B, S, S, 3) float32, labels (B,) int32)`` over ``batches``.
+class BatchLoader(Generic[Sample]):
+    """Iterate ``collate([make(i) for i in batch])`` over ``batches``.
 
     Args:
-        paths, labels: the images and their class indices.
-        batches: each batch's indices into ``paths``, in the order to yield them.
-        transform: ``transform(rgb, index)``: one decoded image to the model's input.
-        pool: the shared worker pool; ``prefetch``: batches decoded ahead.
+        batches: each batch's sample indices, in the order to yield them.
+        make: one sample from its index (runs on a thread of ``pool``).
+        collate: a batch's samples, in order, to what the loop consumes.
+        pool: the shared worker pool; ``prefetch``: batches prepared ahead.
     """
 
-    def __init__(self, paths: Sequence[Path], labels: np.ndarray,
-                 batches: Sequence[Sequence[int]], transform: Transform,
-                 pool: ThreadPoolExecutor, prefetch: int = 2) -> None:
-        self.paths, self.labels, self.batches = paths, labels, batches
-        self.transform, self.pool, self.prefetch = transform, pool, max(1, prefetch)
+    def __init__(self, batches: Sequence[Sequence[int]], make: Callable[[int], Sample],
+                 collate: Callable[[list[Sample]], Any], pool: ThreadPoolExecutor,
+                 prefetch: int = 2) -> None:
+        self.batches, self.make, self.collate = batches, make, collate
+        self.pool, self.prefetch = pool, max(1, prefetch)
 
     def __len__(self) -> int:
         return len(self.batches)
 
-    def _load(self, index: int) -> np.ndarray:
-        path = self.paths[index]
+    def __iter__(self) -> Iterator[Any]:
+        pending: deque[list[Future]] = deque()
+        try:
+            for batch in self.batches:
+                pending.append([self.pool.submit(self.make, int(i)) for i in batch])
+                if len(pending) > self.prefetch:
+                    yield self.collate([f.result() for f in pending.popleft()])
+            while pending:
+                yield self.collate([f.result() for f in pending.popleft()])
+        finally:
+            for futures in pending:
+                for f in futures:
+                    f.cancel()
+
+
+def labelled_images(paths: Sequence[Path], labels: np.ndarray,
+                    transform: Transform) -> Callable[[int], tuple[np.ndarray, int]]:
+    """``make`` for a classifier: image ``i`` decoded and transformed, and its label."""
+
+    def make(index: int) -> tuple[np.ndarray, int]:
+        path = paths[index]
         try:
             rgb = decode_rgb(path)
         except Exception as exc:  # it decoded when the folder was read: changed since
             raise CandleNNError(f"{path}: cannot decode any more ({type(exc).__name__}: "
                                 f"{exc}); fix or remove it and resume") from None
-        return self.transform(rgb, index)
+        return transform(rgb, index), int(labels[index])
 
-    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        pending: deque[tuple[Sequence[int], list[Future]]] = deque()
-        try:
-            for batch in self.batches:
-                pending.append((batch, [self.pool.submit(self._load, i) for i in batch]))
-                if len(pending) >= self.prefetch:
-                    yield self._collect(*pending.popleft())
-            while pending:
-                yield self._collect(*pending.popleft())
-        finally:
-            for _, futures in pending:
-                for f in futures:
-                    f.cancel()
+    return make
 
-    def _collect(self, batch: Sequence[int],
-                 futures: list[Future]) -> tuple[np.ndarray, np.ndarray]:
-        images = np.stack([f.result() for f in futures])
-        return images, np.asarray([self.labels[i] for i in batch], dtype=np.int32)
+
+def stack_labelled(samples: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """``(images (B, S, S, 3), labels (B,) int32)``."""
+    return (np.stack([image for image, _ in samples]),
+            np.asarray([label for _, label in samples], dtype=np.int32))

@@ -1,5 +1,5 @@
 """A YOLO detection split for training: checked images, cached labels, seeded augmented samples
-and a threaded batch loader.
+and the batches' collation.
 
 Building a :class:`DetectionDataset` opens every image (Pillow's header check and ``verify``)
 and reads every label file (``models/yolo_v8_data.py``); an image that does not open or is under
@@ -11,17 +11,15 @@ JSON, not a pickle: a cache file is data, never code.
 
 Samples are drawn from ``numpy.random.default_rng([seed, epoch, index])``: sample ``index`` of
 ``epoch`` is the same on every run, in any thread, in any order — what makes ``--resume`` and
-the threaded loader exact.
+the threaded loader (``models/image_loader.py``) exact.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from PIL import Image
@@ -30,7 +28,7 @@ from .yolo_v8_augment import (AugmentConfig, Labelled, augment_mosaic, augment_s
                               letterbox_labelled, load_resized, to_targets)
 from .yolo_v8_data import label_path, read_labels
 
-__all__ = ["CACHE_VERSION", "DetectionDataset", "BatchLoader", "collate"]
+__all__ = ["CACHE_VERSION", "DetectionDataset", "collate"]
 
 CACHE_VERSION = 1
 MIN_SIDE = 10  # ultralytics' smallest usable image side
@@ -181,37 +179,3 @@ def collate(samples: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarra
             for i, (_, t) in enumerate(samples)]
     targets = np.concatenate(rows) if rows else np.zeros((0, 6), np.float32)
     return images, targets.reshape(-1, 6)
-
-
-class BatchLoader:
-    """Iterate collated batches, each sample made by ``make(index)`` on a thread of ``pool``,
-    ``prefetch`` batches ahead of the consumer.
-
-    Threads, not processes: Pillow's decode/resize/warp and NumPy release the GIL, so threads
-    prepare samples in parallel with each other and with MLX's compute (which runs outside the
-    GIL too), with none of a process pool's start-up, pickling of every batch or copies. Batches
-    come in order whichever thread finishes first, so a seeded run is the same with any
-    ``--workers``.
-    """
-
-    def __init__(self, batches: Sequence[Sequence[int]],
-                 make: Callable[[int], tuple[np.ndarray, np.ndarray]],
-                 pool: ThreadPoolExecutor, prefetch: int = 2) -> None:
-        self.batches, self.make, self.pool, self.prefetch = batches, make, pool, max(1, prefetch)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        pending: deque[list[Future]] = deque()
-        try:
-            for batch in self.batches:
-                pending.append([self.pool.submit(self.make, int(i)) for i in batch])
-                if len(pending) > self.prefetch:
-                    yield collate([f.result() for f in pending.popleft()])
-            while pending:
-                yield collate([f.result() for f in pending.popleft()])
-        finally:
-            for futures in pending:
-                for f in futures:
-                    f.cancel()

@@ -133,19 +133,28 @@ class DetectionLoss(cn.Module):
         reg_max: DFL bins per box side. box, cls, dfl: the gains of the three parts.
         topk, alpha, beta: the :class:`TaskAlignedAssigner`'s (ultralytics' 10, 0.5, 6).
         device: where the loss runs; ``None`` (default): on the caller's stream.
+        group: an ``mx.distributed`` group whose processes each hold part of one batch (data
+            parallelism): the total target score that divides the three sums is the whole
+            batch's (an all-reduce), so the processes' items add up to the whole batch's and
+            their gradients sum to the one-process gradient (ultralytics' DDP divides by each
+            process's own total instead). ``None``: one process.
 
     Call ``criterion(feats, targets) -> (loss, items)``: ``feats`` the head's per-level raw maps
     ``(B, H_i, W_i, 4 * reg_max + num_classes)`` (NHWC; box logits first, as ultralytics'
     ``Detect`` concatenates them), ``targets`` ``(n, 6)`` (an ``mx.array`` or NumPy; NumPy rows
     are checked first), ``items`` ``(3,)`` box, cls, dfl after the gains (no gradient), ``loss``
-    ``items.sum() * B`` (the scalar to differentiate). ``max_boxes``: ground-truth slots per
-    image (see :meth:`ground_truth`; the assigner's memory is ``B x max_boxes x anchors``).
+    ``items.sum() * batch_size`` (the scalar to differentiate; ``batch_size`` defaults to this
+    batch's ``B``, under data parallelism pass the whole batch's). ``max_boxes``: ground-truth
+    slots per image (see :meth:`ground_truth`; the assigner's memory is ``B x max_boxes x
+    anchors``).
     """
 
     def __init__(self, num_classes: int, strides: Sequence[int] = (8, 16, 32), reg_max: int = 16,
                  box: float = 7.5, cls: float = 0.5, dfl: float = 1.5, *, topk: int = 10,
-                 alpha: float = 0.5, beta: float = 6.0, device: cn.Device | None = None) -> None:
+                 alpha: float = 0.5, beta: float = 6.0, device: cn.Device | None = None,
+                 group: "mx.distributed.Group | None" = None) -> None:
         super().__init__(device)
+        self.group = group if group is not None and group.size() > 1 else None
         self.num_classes, self.strides, self.reg_max = num_classes, tuple(strides), reg_max
         self.gains = (box, cls, dfl)
         # ultralytics widens tiny boxes to the second stride when looking for anchors inside
@@ -153,12 +162,13 @@ class DetectionLoss(cn.Module):
         self.assigner = TaskAlignedAssigner(topk=topk, num_classes=num_classes, alpha=alpha,
                                             beta=beta, min_side=min_side)
 
-    def forward(self, feats: Sequence[mx.array], targets,
-                max_boxes: int | None = None) -> tuple[mx.array, mx.array]:
+    def forward(self, feats: Sequence[mx.array], targets, max_boxes: int | None = None,
+                batch_size: int | None = None) -> tuple[mx.array, mx.array]:
         pred = self.predictions(feats)
         gt = self.ground_truth(pred, targets, max_boxes)
         items = self.detection_items(pred, self.assign(pred, gt))
-        return items.sum() * pred.scores.shape[0], mx.stop_gradient(items)
+        b = pred.scores.shape[0] if batch_size is None else batch_size
+        return items.sum() * b, mx.stop_gradient(items)
 
     # The steps, public for the trainer's logging and the parity tests.
 
@@ -211,7 +221,10 @@ class DetectionLoss(cn.Module):
 
     def detection_items(self, pred: Predictions, t: Assignment) -> mx.array:
         """``(3,)`` box, cls and dfl losses after the gains (differentiable wrt ``pred``)."""
-        scores_sum = mx.maximum(sum_all(t.target_scores), 1)
+        scores_sum = mx.stop_gradient(sum_all(t.target_scores))
+        if self.group is not None:
+            scores_sum = mx.distributed.all_sum(scores_sum, group=self.group)
+        scores_sum = mx.maximum(scores_sum, 1)
         cls = sum_all(nn.losses.binary_cross_entropy(pred.scores, t.target_scores,
                                                     with_logits=True, reduction="none"))
         cls = cls / scores_sum

@@ -6,9 +6,10 @@
   Three parameter groups as ultralytics: convolution weights (decay ``5e-4 * batch * accumulate
   / 64``), BatchNorm weights and all biases (no decay); the DFL projection is frozen.
 * Gradients of ``accumulate = round(64 / batch)`` batches are summed before a step (clipped to
-  norm 10). Warm-up over ``max(3 epochs, 100 iterations)``: learning rates rise linearly from 0
-  (biases: from 0.1) and SGD's momentum from 0.8, the accumulation from 1 batch; after it, the
-  learning rate decays linearly to ``lrf = 0.01`` of ``lr0`` over the epochs.
+  norm 10), ``accumulate`` capped at the run's batch count. Warm-up over ``round(3 epochs)`` of
+  iterations (at most all epochs but the last): learning rates rise linearly from 0 (biases: from
+  0.1) and SGD's momentum from 0.8, the accumulation from 1 batch; after it, the learning rate
+  decays linearly to ``lrf = 0.01`` of ``lr0`` over the epochs.
 * An exponential moving average of the weights (ultralytics' ``ModelEMA``: decay
   ``0.9999 * (1 - exp(-updates / 2000))``, BatchNorm statistics included) is what is validated
   and saved.
@@ -23,10 +24,18 @@ in candle's layout, with the class names, loadable by ``candle-yolo-v8 --weights
 ``weights/checkpoint.safetensors`` (model, EMA, optimizer state, summed gradients and counters to
 resume), ``results.csv`` (ultralytics' columns) and ``results.png``. Each file is written whole
 or not at all; the checkpoint last, so an interrupted run resumes from its last finished epoch
-and ends with the weights an uninterrupted run would have, to float32 rounding (every random
-draw comes from generators seeded by ``(seed, epoch[, image])``; the first optimizer step after a
-restore can round the last bit of SGD's momentum buffers differently, which grows to a relative
-difference of about 1e-5 after a few steps).
+and ends bit-identical to an uninterrupted run (every random draw comes from generators seeded by
+``(seed, epoch[, image])``; the gradient norm is summed in an order that does not depend on how
+an array lies in memory, see :func:`clip_grad_norm`).
+
+Data parallelism (``mlx.launch``, ``models/data_parallel.py``, as the classifier trainer): each
+batch is ``config.batch`` images of the shuffled order (the same on every rank); rank ``r`` of
+``W`` prepares and runs its ``batch / W`` of them. The loss divides by the whole batch's total
+target score (one small all-reduce) and scales by the whole batch's size, the gradients are
+summed over the ranks every batch, so every rank holds the same gradient sum, takes the same
+step and keeps the same EMA. With BatchNorm statistics frozen (``freeze_bn``) this is the
+one-process run on the whole batch; in train mode each rank normalises with its own batch
+statistics (as ultralytics' DDP). Rank 0 alone validates, writes the files and logs.
 """
 
 from __future__ import annotations
@@ -52,19 +61,23 @@ import numpy as np
 from candle_nn.atomic_write import atomic_write
 from candle_nn.checkpoint import write_safetensors
 
+from . import train_checkpoint
+from .data_parallel import DataParallel
+from .image_loader import BatchLoader
 from .yolo_v8 import YoloV8
-from .yolo_v8_dataset import BatchLoader, DetectionDataset
+from .yolo_v8_dataset import DetectionDataset, collate
 from .yolo_v8_head import STRIDES
-from .yolo_v8_loss import DetectionLoss
+from .yolo_v8_loss import DetectionLoss, check_targets
 from .yolo_v8_metrics import DetectionMetrics, DetectionResults
 from .yolo_v8_post import validation_detections, xywh_to_xyxy
 
-__all__ = ["TrainConfig", "DetectionTrainer", "fitness", "new_class_head", "resolve_optimizer",
-           "RESULTS_COLUMNS"]
+__all__ = ["TrainConfig", "DetectionTrainer", "clip_grad_norm", "new_class_head",
+           "resolve_optimizer", "RESULTS_COLUMNS"]
 
 CHECKPOINT, LAST, BEST = "checkpoint.safetensors", "last.safetensors", "best.safetensors"
+TARGET_ROWS = 64  # the compiled step's ground-truth rows come in multiples of this
 STATE_KEY = "candle_nn.yolo_train_state"
-GROUPS = ("bias", "weight", "bn")  # ultralytics' param_groups order: g[2], g[0], g[1]
+GROUPS = ("weight", "bn", "bias")  # ultralytics' param_groups order (lr/pg0, pg1, pg2)
 RESULTS_COLUMNS = ("epoch", "time", "train/box_loss", "train/cls_loss", "train/dfl_loss",
                    "metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)",
                    "metrics/mAP50-95(B)", "val/box_loss", "val/cls_loss", "val/dfl_loss",
@@ -96,11 +109,6 @@ class TrainConfig:
     def from_dict(cls, values: Mapping[str, Any]) -> "TrainConfig":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})
-
-
-def fitness(results: DetectionResults) -> float:
-    """ultralytics' model-selection score: ``0.1 * mAP50 + 0.9 * mAP50-95``."""
-    return 0.1 * results.all.map50 + 0.9 * results.all.map50_95
 
 
 def resolve_optimizer(config: TrainConfig, num_classes: int,
@@ -153,6 +161,16 @@ def new_class_head(tensors: Mapping[str, mx.array], num_classes: int,
     return out
 
 
+def clip_grad_norm(grads: Mapping[str, mx.array], max_norm: float) -> dict[str, mx.array]:
+    """``grads`` scaled by ``min(1, max_norm / (norm + 1e-6))`` (PyTorch's ``clip_grad_norm_``),
+    the norm summed over each array in row-major order: MLX sums an array in its memory order,
+    which differs between a computed gradient (often a transposed view) and the same values read
+    back from a checkpoint, and a resumed run must round as the uninterrupted one."""
+    total = mx.sqrt(sum(mx.square(mx.contiguous(g).reshape(-1)).sum() for g in grads.values()))
+    scale = mx.minimum(max_norm / (total + 1e-6), 1.0)
+    return {k: g * scale for k, g in grads.items()}
+
+
 def _group_of(name: str) -> str:
     if name.endswith(".bias"):
         return "bias"
@@ -172,19 +190,30 @@ class DetectionTrainer:
         metadata: safetensors metadata of the saved weights (class names, variant).
         workers: sample-preparing threads. log: where the per-epoch lines go.
         run_info: what else the checkpoint records (the CLI's data file and variant).
+        group: the ``mx.distributed`` group (``None``: ``mx.distributed.init()``; see the
+            module docstring's data parallelism).
+        compile: run each batch's forward and backward under ``mx.compile`` (the model's
+            parameters and BatchNorm statistics as its state; ground truth padded to
+            :data:`TARGET_ROWS`-row and 8-slot multiples so that few shapes are traced). The
+            same numbers as eager; faster on GPUs, where the fused kernels win, while the CPU
+            builds C++ for minutes on the first batch of each shape.
     """
 
     def __init__(self, model: YoloV8, ema: YoloV8, config: TrainConfig, train: DetectionDataset,
                  val: DetectionDataset, out: Path, *, metadata: Mapping[str, str] | None = None,
                  workers: int = 4, log: Callable[[str], None] = print,
-                 progress: bool = False, run_info: Mapping[str, Any] | None = None) -> None:
+                 progress: bool = False, run_info: Mapping[str, Any] | None = None,
+                 group: "mx.distributed.Group | None" = None, compile: bool = False) -> None:
         self.model, self.ema, self.config = model, ema, config
+        self.dp = DataParallel(group)
+        self.dp.check_batch(config.batch, "--batch")
         self.train_set, self.val_set, self.out = train, val, Path(out)
         self.metadata = dict(metadata or {})
         self.run_info = dict(run_info or {})
         self.workers, self.log, self.progress = max(1, workers), log, progress
         self.nc = model.spec.num_classes
-        self.criterion = DetectionLoss(self.nc)
+        self.criterion = DetectionLoss(self.nc, group=self.dp.group)  # over the global batch
+        self.val_criterion = DetectionLoss(self.nc)  # rank 0 validates alone
         model.head.dfl.freeze()  # ultralytics never trains the DFL projection
         if config.freeze_bn:
             cn.freeze_bn_stats(model)
@@ -192,15 +221,18 @@ class DetectionTrainer:
         self.name, self.lr0, momentum, self.warmup_bias_lr = resolve_optimizer(
             config, self.nc, len(train))
         self.momentum = momentum
-        self.nb = math.ceil(len(train) / config.batch)
-        self.accumulate = max(round(config.nbs / config.batch), 1)
-        decay = config.weight_decay * config.batch * self.accumulate / config.nbs
+        full, rest = divmod(len(train), config.batch)
+        self.nb = full + (rest >= self.dp.world)  # batches an epoch (see batches())
+        accumulate = max(round(config.nbs / config.batch), 1)
+        decay = config.weight_decay * config.batch * accumulate / config.nbs
+        self.acc0 = min(accumulate, self.nb * config.epochs)  # the nominal, capped to the run
+        self.accumulate = self.acc0
         self.optimizers = {g: self._make_optimizer(decay if g == "weight" else 0.0)
                            for g in GROUPS}
         names = [k for k, _ in tree_flatten(model.trainable_parameters())]
         self.groups = {g: [n for n in names if _group_of(n) == g] for g in GROUPS}
-        self.nw = (max(round(config.warmup_epochs * self.nb), 100)
-                   if config.warmup_epochs > 0 else -1)
+        warmup = min(config.warmup_epochs, max(config.epochs - 1, 0))  # the last epoch is not
+        self.nw = round(warmup * self.nb) if warmup > 0 else 0
         self.epoch = 0  # finished epochs
         self.updates = 0  # EMA updates (= optimizer steps)
         self.last_opt_step = -1
@@ -208,6 +240,11 @@ class DetectionTrainer:
         self.best_fitness: float | None = None
         self.history: list[dict[str, float]] = []
         self._loss_and_grad = nn.value_and_grad(model, self._loss)
+        self.compiled = compile
+        self._step = self._eager_step
+        if compile:
+            self._step = mx.compile(self._eager_step, inputs=[model.state],
+                                    outputs=[model.state])
 
     def _make_optimizer(self, decay: float) -> optim.Optimizer:
         if self.name == "SGD":
@@ -222,31 +259,58 @@ class DetectionTrainer:
 
     # -- one iteration ------------------------------------------------------------------------
 
-    def _loss(self, model: YoloV8, x: mx.array, targets: np.ndarray) -> tuple[mx.array, mx.array]:
-        return self.criterion(model(x), targets)
+    def _loss(self, model: YoloV8, x: mx.array, targets: "np.ndarray | mx.array",
+              batch_size: int, max_boxes: int | None) -> tuple[mx.array, mx.array]:
+        return self.criterion(model(x), targets, max_boxes=max_boxes, batch_size=batch_size)
+
+    def _eager_step(self, x: mx.array, targets: "np.ndarray | mx.array", batch_size: int,
+                    max_boxes: int | None) -> tuple[mx.array, dict]:
+        (_, items), grads = self._loss_and_grad(self.model, x, targets, batch_size, max_boxes)
+        return items, grads
+
+    def _fixed_shapes(self, targets: np.ndarray, batch: int) -> tuple[mx.array, int]:
+        """``targets`` checked, padded with rows of image -1 to a multiple of
+        :data:`TARGET_ROWS`, and the slots per image (the fullest image's count rounded up to
+        8): the compiled step's inputs."""
+        check_targets(targets, batch, self.nc)
+        rows = -(-max(len(targets), 1) // TARGET_ROWS) * TARGET_ROWS
+        padded = np.zeros((rows, 6), np.float32)
+        padded[:, 0] = -1
+        padded[:len(targets)] = targets
+        image = targets[:, 0].astype(np.int64)
+        fullest = int(np.bincount(image, minlength=1).max()) if len(image) else 0
+        return mx.array(padded), max(-(-fullest // 8) * 8, 8)
 
     def _set_hyper(self, ni: int, epoch: int) -> None:
         """ultralytics' warm-up: learning rates, momentum and accumulation at iteration ``ni``."""
         c = self.config
-        if ni > self.nw:
+        if not (self.nw and ni <= self.nw):
             for opt in self.optimizers.values():
                 opt.learning_rate = self.lr0 * self.lf(epoch)
             return
         xi = [0, self.nw]
-        self.accumulate = max(1, int(np.interp(ni, xi, [1, c.nbs / c.batch]).round()))
+        self.accumulate = max(1, int(np.interp(ni, xi, [1, self.acc0]).round()))
         for g, opt in self.optimizers.items():
             start = self.warmup_bias_lr if g == "bias" else 0.0
             opt.learning_rate = float(np.interp(ni, xi, [start, self.lr0 * self.lf(epoch)]))
             if self.name == "SGD":
                 opt.momentum = float(np.interp(ni, xi, [c.warmup_momentum, self.momentum]))
 
-    def iteration(self, ni: int, epoch: int, x: mx.array, targets: np.ndarray) -> mx.array:
-        """Forward/backward one batch, step when ``accumulate`` batches are summed; returns the
-        loss items ``(3,)``."""
+    def iteration(self, ni: int, epoch: int, x: mx.array, targets: np.ndarray,
+                  batch_size: int | None = None) -> mx.array:
+        """Forward/backward one batch (this rank's part ``x`` of a global batch of
+        ``batch_size`` images, default ``len(x)``), step when ``accumulate`` batches are summed;
+        returns the global batch's loss items ``(3,)``."""
         self._set_hyper(ni, epoch)
         self.model.train()
-        (_, items), grads = self._loss_and_grad(self.model, x, targets)
-        grads = _flat(grads)
+        b = x.shape[0] if batch_size is None else batch_size
+        if self.compiled:
+            padded, max_boxes = self._fixed_shapes(targets, x.shape[0])
+            items, grads = self._step(x, padded, b, max_boxes)
+        else:
+            items, grads = self._step(x, targets, b, None)
+        grads = self.dp.sum_gradients(_flat(grads))
+        items = self.dp.all_sum(items)
         self.grads = grads if self.grads is None else {k: self.grads[k] + v
                                                        for k, v in grads.items()}
         if ni - self.last_opt_step >= self.accumulate:
@@ -257,7 +321,7 @@ class DetectionTrainer:
 
     def optimizer_step(self) -> None:
         """Clip the summed gradients to norm ``max_norm``, update each group, update the EMA."""
-        grads, _ = optim.clip_grad_norm(self.grads, self.config.max_norm)
+        grads = clip_grad_norm(self.grads, self.config.max_norm)
         params = _flat(self.model.parameters())
         new: dict[str, mx.array] = {}
         for g, opt in self.optimizers.items():
@@ -277,9 +341,17 @@ class DetectionTrainer:
     # -- epochs -------------------------------------------------------------------------------
 
     def batches(self, epoch: int) -> list[np.ndarray]:
+        """This rank's image indices of each batch of ``epoch``: a seeded shuffle cut into
+        global batches of ``config.batch`` (the last one partial; dropped when it has fewer
+        images than there are ranks), each split over the ranks."""
         order = np.random.default_rng([self.config.seed, epoch]).permutation(len(self.train_set))
         b = self.config.batch
-        return [order[i:i + b] for i in range(0, len(order), b)]
+        return [self.dp.share(order[i:i + b]) for i in range(0, len(order), b)][:self.nb]
+
+    def batch_sizes(self) -> list[int]:
+        """The global size of each batch of an epoch."""
+        b = self.config.batch
+        return [min(b, len(self.train_set) - i * b) for i in range(self.nb)]
 
     def train_epoch(self, epoch: int, pool: ThreadPoolExecutor) -> np.ndarray:
         """One epoch; returns the mean (box, cls, dfl) loss items."""
@@ -288,13 +360,15 @@ class DetectionTrainer:
         c = self.config
         mosaic = epoch < c.epochs - c.close_mosaic
         loader = BatchLoader(self.batches(epoch),
-                             lambda i: self.train_set.sample(i, epoch, mosaic), pool)
+                             lambda i: self.train_set.sample(i, epoch, mosaic), collate, pool)
         mx.random.seed(int(np.random.default_rng([c.seed, epoch]).integers(2 ** 63)))
         total, seen = np.zeros(3), 0
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{c.epochs}", unit="batch",
-                   disable=not self.progress, dynamic_ncols=True, leave=False)
+                   disable=not (self.progress and self.dp.is_main), dynamic_ncols=True,
+                   leave=False)
+        sizes = self.batch_sizes()
         for i, (x, targets) in enumerate(bar):
-            items = self.iteration(i + self.nb * epoch, epoch, mx.array(x), targets)
+            items = self.iteration(i + self.nb * epoch, epoch, mx.array(x), targets, sizes[i])
             total += np.asarray(items, dtype=np.float64)
             seen += 1
             bar.set_postfix(box=f"{total[0] / seen:.3f}", cls=f"{total[1] / seen:.3f}",
@@ -312,11 +386,12 @@ class DetectionTrainer:
         indices = np.arange(len(self.val_set))
         batches = [indices[i:i + b] for i in range(0, len(indices), b)]
         s = self.config.imgsz
-        for x, targets in BatchLoader(batches, lambda i: self.val_set.sample(i, 0, False), pool):
+        for x, targets in BatchLoader(batches, lambda i: self.val_set.sample(i, 0, False),
+                                      collate, pool):
             feats = list(ema.fpn(*ema.net(mx.array(x))))
             raw = ema.head.raw(feats)
             pred = ema.head(feats).transpose(0, 2, 1)
-            _, items = self.criterion(raw, targets)
+            _, items = self.val_criterion(raw, targets)
             total += np.asarray(items, dtype=np.float64)
             seen += 1
             pred = np.asarray(pred)
@@ -328,8 +403,10 @@ class DetectionTrainer:
         return metrics.results(), total / max(seen, 1)
 
     def fit(self, stop_after: int | None = None) -> list[dict[str, float]]:
-        """Train from the current epoch to ``config.epochs`` (or ``stop_after`` more epochs)."""
-        (self.out / "weights").mkdir(parents=True, exist_ok=True)
+        """Train from the current epoch to ``config.epochs`` (or ``stop_after`` more epochs).
+        Rank 0 validates, writes and logs; the other ranks train only."""
+        if self.dp.is_main:
+            (self.out / "weights").mkdir(parents=True, exist_ok=True)
         last = self.config.epochs if stop_after is None else min(self.config.epochs,
                                                                   self.epoch + stop_after)
         with ThreadPoolExecutor(self.workers, thread_name_prefix="candle-nn-yolo-data") as pool, \
@@ -337,32 +414,38 @@ class DetectionTrainer:
             for epoch in range(self.epoch, last):
                 start = time.perf_counter()
                 train_items = self.train_epoch(epoch, pool)
-                lrs = [float(self.optimizers[g].learning_rate) for g in GROUPS]
-                results, val_items = self.validate(pool)
-                score = fitness(results)
-                row = {"epoch": epoch + 1, "time": 0.0,
-                       "train/box_loss": train_items[0], "train/cls_loss": train_items[1],
-                       "train/dfl_loss": train_items[2],
-                       "metrics/precision(B)": results.all.p, "metrics/recall(B)": results.all.r,
-                       "metrics/mAP50(B)": results.all.map50,
-                       "metrics/mAP50-95(B)": results.all.map50_95,
-                       "val/box_loss": val_items[0], "val/cls_loss": val_items[1],
-                       "val/dfl_loss": val_items[2],
-                       "lr/pg0": lrs[0], "lr/pg1": lrs[1], "lr/pg2": lrs[2]}
-                seconds = time.perf_counter() - start
-                row["time"] = (self.history[-1]["time"] if self.history else 0.0) + seconds
-                self.history.append({k: float(v) for k, v in row.items()})
                 self.epoch = epoch + 1
-                improved = self.best_fitness is None or score > self.best_fitness
-                if improved:
-                    self.best_fitness = score
-                self.save(improved)
-                self.log(f"epoch {epoch + 1}/{self.config.epochs}: loss box "
-                         f"{train_items[0]:.3f} cls {train_items[1]:.3f} dfl "
-                         f"{train_items[2]:.3f} | P {results.all.p:.3f} R {results.all.r:.3f} "
-                         f"mAP50 {results.all.map50:.3f} mAP50-95 {results.all.map50_95:.3f}"
-                         f"{' (best)' if improved else ''} | {seconds:.1f} s")
+                if self.dp.is_main:
+                    self._end_epoch(epoch, train_items, start, pool)
         return self.history
+
+    def _end_epoch(self, epoch: int, train_items: np.ndarray, start: float,
+                   pool: ThreadPoolExecutor) -> None:
+        """Validate the EMA, record the epoch, write the files, log the line."""
+        lrs = [float(self.optimizers[g].learning_rate) for g in GROUPS]
+        results, val_items = self.validate(pool)
+        score = results.fitness
+        row = {"epoch": epoch + 1, "time": 0.0,
+               "train/box_loss": train_items[0], "train/cls_loss": train_items[1],
+               "train/dfl_loss": train_items[2],
+               "metrics/precision(B)": results.all.p, "metrics/recall(B)": results.all.r,
+               "metrics/mAP50(B)": results.all.map50,
+               "metrics/mAP50-95(B)": results.all.map50_95,
+               "val/box_loss": val_items[0], "val/cls_loss": val_items[1],
+               "val/dfl_loss": val_items[2],
+               "lr/pg0": lrs[0], "lr/pg1": lrs[1], "lr/pg2": lrs[2]}
+        seconds = time.perf_counter() - start
+        row["time"] = (self.history[-1]["time"] if self.history else 0.0) + seconds
+        self.history.append({k: float(v) for k, v in row.items()})
+        improved = self.best_fitness is None or score > self.best_fitness
+        if improved:
+            self.best_fitness = score
+        self.save(improved)
+        self.log(f"epoch {epoch + 1}/{self.config.epochs}: loss box "
+                 f"{train_items[0]:.3f} cls {train_items[1]:.3f} dfl "
+                 f"{train_items[2]:.3f} | P {results.all.p:.3f} R {results.all.r:.3f} "
+                 f"mAP50 {results.all.map50:.3f} mAP50-95 {results.all.map50_95:.3f}"
+                 f"{' (best)' if improved else ''} | {seconds:.1f} s")
 
     # -- files --------------------------------------------------------------------------------
 
@@ -443,20 +526,9 @@ class DetectionTrainer:
 
 
 def read_checkpoint(path: "str | os.PathLike") -> tuple[dict[str, mx.array], dict[str, Any]]:
-    """A training checkpoint's tensors and state (CandleNNError when absent or unreadable)."""
-    path = Path(path)
-    if not path.is_file():
-        raise cn.CandleNNError(f"no checkpoint to resume at {path}: start the run without "
-                               "--resume")
-    try:
-        tensors, metadata = mx.load(os.fspath(path), return_metadata=True)
-        meta = json.loads(metadata[STATE_KEY])
-    except (KeyError, ValueError, RuntimeError, OSError) as exc:
-        raise cn.WeightsFileError(f"{path} is not a readable training checkpoint ({exc}); "
-                                  "start the run again without --resume") from exc
-    if not isinstance(meta, dict) or meta.get("format") != 1:
-        raise cn.WeightsFileError(f"{path} is not a YOLOv8 training checkpoint of this version")
-    return tensors, meta
+    """A YOLOv8 training checkpoint's tensors and state (CandleNNError when absent or
+    unreadable)."""
+    return train_checkpoint.read_checkpoint(path, STATE_KEY, "YOLOv8 training")
 
 
 def _results_csv(history: list[dict[str, float]]) -> str:

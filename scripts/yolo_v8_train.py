@@ -32,8 +32,9 @@ from candle_nn_models.yolo_v8_data import DataConfig, DataError
 from candle_nn_models.yolo_v8_dataset import DetectionDataset
 from candle_nn_models.yolo_v8_trainer import (BEST, CHECKPOINT, DetectionTrainer, TrainConfig,
                                               new_class_head, read_checkpoint)
-from candle_nn_models.scripts.common import (add_device_argument, number_arg, parse_device,
-                                             positive, resumable_parser, run_main, shown)
+from candle_nn_models.scripts.common import (add_device_argument, compile_choice, number_arg,
+                                             parse_device, positive, resumable_parser, run_main,
+                                             shown)
 from candle_nn_models.weights.metadata import WeightsMetadata
 from candle_nn_models.weights.registry import resolve_weights
 
@@ -80,7 +81,8 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--imgsz", type=_imgsz, metavar="PX", **d(640),
                         help="square training input side, a multiple of 32 (default 640)")
     parser.add_argument("--batch", type=positive(int), metavar="N", **d(16),
-                        help="images per batch (default 16; gradients are summed to 64)")
+                        help="images per batch (default 16; gradients are summed to 64; under "
+                             "mlx.launch the batch of all processes together)")
     parser.add_argument("--optimizer", type=_optimizer, metavar="NAME", **d("auto"),
                         help="auto (ultralytics': AdamW for short runs, else SGD), SGD or AdamW")
     parser.add_argument("--lr0", type=positive(float), metavar="LR", **d(0.01),
@@ -89,7 +91,7 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--close-mosaic", type=_non_negative, metavar="N", **d(10),
                         help="epochs at the end without mosaic (default 10)")
     parser.add_argument("--warmup-epochs", type=_non_negative, metavar="N", **d(3),
-                        help="warm-up epochs (at least 100 iterations; 0: none; default 3)")
+                        help="warm-up epochs (never the last epoch; 0: none; default 3)")
     parser.add_argument("--nbs", type=positive(int), metavar="N", **d(64),
                         help="nominal batch: gradients of round(N / --batch) batches are summed "
                              "into one step, weight decay scaled to it (default 64)")
@@ -173,10 +175,17 @@ def _main(argv: Sequence[str] | None) -> int:
                              close_mosaic=args.close_mosaic, warmup_epochs=args.warmup_epochs,
                              nbs=args.nbs, freeze_bn=args.freeze_bn, seed=args.seed)
         data_path, variant = str(Path(args.data).resolve()), None
-    device = parse_device(args.device, args.verbose)
+    group = mx.distributed.init()
+    main_rank = group.rank() == 0
+    if not config.freeze_bn and config.batch < 2 * group.size():
+        raise CandleNNError(f"--batch {config.batch} gives a process fewer than 2 images a "
+                            "batch, too few for BatchNorm's batch statistics; pass --batch "
+                            f"{2 * group.size()} or more, or --freeze-bn")
+    device = parse_device(args.device, args.verbose and main_rank)
 
     def warn(message: str) -> None:
-        print(f"warning: {message}", file=sys.stderr)
+        if main_rank:
+            print(f"warning: {message}", file=sys.stderr)
 
     try:
         data = DataConfig.load(data_path)
@@ -200,20 +209,34 @@ def _main(argv: Sequence[str] | None) -> int:
     trainer = DetectionTrainer(model, ema, config, train, val, out, metadata=metadata,
                                workers=args.workers, progress=not args.no_progress,
                                run_info={"data": data_path, "variant": variant},
-                               log=lambda line: print(line, file=sys.stderr))
+                               log=lambda line: print(line, file=sys.stderr, flush=True),
+                               group=group, compile=_compiled(args.compile, device))
     if args.resume:
         trainer.resume(out / "weights" / CHECKPOINT)
         if trainer.epoch >= config.epochs:
-            print(f"{out}: all {config.epochs} epochs are done; best weights in "
-                  f"{out / 'weights' / BEST}")
+            if main_rank:
+                print(f"{out}: all {config.epochs} epochs are done; best weights in "
+                      f"{out / 'weights' / BEST}")
             return 0
-    print(f"training {model.spec} on {len(train)} images ({len(val)} to validate), "
-          f"{trainer.name} lr0 {trainer.lr0:g}, run folder {out}", file=sys.stderr)
+    if main_rank:
+        print(f"training {model.spec} on {len(train)} images ({len(val)} to validate), "
+              f"{trainer.name} lr0 {trainer.lr0:g}"
+              + (f", {group.size()} processes" if group.size() > 1 else "")
+              + f", run folder {out}"
+              + (f"; resuming after epoch {trainer.epoch}" if args.resume else ""),
+              file=sys.stderr, flush=True)
     trainer.fit(stop_after=args.stop_after)
-    print(json.dumps({"run": str(out), "epochs_done": trainer.epoch,
-                      "best": str(out / "weights" / BEST),
-                      "best_fitness": trainer.best_fitness}))
+    if main_rank:
+        print(json.dumps({"run": str(out), "epochs_done": trainer.epoch,
+                          "best": str(out / "weights" / BEST),
+                          "best_fitness": trainer.best_fitness}))
     return 0
+
+
+def _compiled(choice: str, device) -> bool:
+    """``--compile``: ``auto`` compiles the training step on GPUs only."""
+    enabled = compile_choice(choice)
+    return device.kind == "gpu" if enabled is None else enabled
 
 
 def _build(tensors: dict | None, variant: str, nc: int, device) -> YoloV8:

@@ -176,6 +176,43 @@ def test_quick_training_rows_against_torch(tmp_path) -> None:
     assert ratio["bs1"] == pytest.approx(ours / torch_ms)
 
 
+def test_yolo_training_peer_is_ultralytics_loss_on_our_boxes() -> None:
+    """yolov8n-train's PyTorch peer: ultralytics' DetectionModel and v8DetectionLoss on the
+    row's seeded images and boxes; its loss equals ours (DetectionLoss) on the same weights and
+    batch to float32 precision (1e-4 relative), and its SGD step changes the weights."""
+    import candle_nn as cn
+    import mlx.core as mx
+    import torch
+
+    from helpers.ultralytics_reference import import_ultralytics
+
+    import_ultralytics()
+    from benchmarks import bench_train
+    from benchmarks.bench_models import MODELS
+    from benchmarks.bench_timing import Options
+    from candle_nn_models.weights.convert import convert_ultralytics
+    from candle_nn_models.yolo_v8 import YoloV8
+
+    model = MODELS["yolov8n-train"]
+    step = bench_train._torch_step(model, "cpu", 2, (64, 64), Options())
+    net = step.model
+    state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    x, y = bench_train._labels(model, 2, (64, 64), 0)
+    batch = {"img": torch.from_numpy(x.transpose(0, 3, 1, 2).copy()),
+             "batch_idx": torch.from_numpy(y[:, 0]), "cls": torch.from_numpy(y[:, 1:2]),
+             "bboxes": torch.from_numpy(y[:, 2:6])}
+    want = float(net.loss(batch)[0].sum().detach())
+    tensors = convert_ultralytics({k: v.numpy() for k, v in state.items()
+                                   if not k.endswith("num_batches_tracked")},
+                                  source="peer").tensors
+    ours = YoloV8.load(cn.VarBuilder.from_tensors({k: mx.array(v) for k, v in tensors.items()}),
+                       "n", num_classes=80, fold_bn=False).train()
+    got = float(bench_train._loss(model)(ours, mx.array(x), mx.array(y)))
+    assert got == pytest.approx(want, rel=1e-4)
+    step()
+    assert any(not torch.equal(state[k], v) for k, v in net.state_dict().items())
+
+
 def test_torch_resnet_stand_in_is_torchvisions_network() -> None:
     """benchmarks/resnet_reference.py: torchvision's parameter count per variant (11,689,512 and
     25,557,032) and output shape."""

@@ -15,9 +15,12 @@ PREFIX = "CANDLE_NN_"
 
 
 def _sources(suffixes: tuple[str, ...]) -> list[Path]:
-    skip = {".venv", ".git", "build", "node_modules"}
+    """The project's own files: hidden folders (virtualenvs such as .venv-bench, .git) and build
+    outputs are not ours."""
+    skip = {"build", "node_modules"}
     return sorted(p for p in ROOT.rglob("*") if p.suffix in suffixes and p.is_file()
-                  and not skip & set(p.relative_to(ROOT).parts))
+                  and not any(part in skip or part.startswith(".")
+                              for part in p.relative_to(ROOT).parts))
 
 
 def _constants(tree: ast.AST) -> dict[str, str]:

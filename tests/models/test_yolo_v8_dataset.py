@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from candle_nn_models.yolo_v8_data import DataConfig
-from candle_nn_models.yolo_v8_dataset import BatchLoader, DetectionDataset
+from candle_nn_models.image_loader import BatchLoader
+from candle_nn_models.yolo_v8_dataset import DetectionDataset, collate
 
 from helpers.shapes_dataset import make_shapes
 
@@ -67,7 +68,7 @@ def test_samples_are_seeded_and_loader_keeps_order(tmp_path):
     assert not np.array_equal(a, c)
     batches = [[0, 1, 2], [3, 4], [5]]
     with ThreadPoolExecutor(3) as pool:
-        got = list(BatchLoader(batches, lambda i: ds.sample(i, 0, True), pool))
+        got = list(BatchLoader(batches, lambda i: ds.sample(i, 0, True), collate, pool))
     assert [x.shape[0] for x, _ in got] == [3, 2, 1]
     x, t = got[0]
     assert x.dtype == np.float32 and 0 <= x.min() and x.max() <= 1

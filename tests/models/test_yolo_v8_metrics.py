@@ -193,3 +193,54 @@ def test_results_as_json_and_table() -> None:
     lines = res.table().splitlines()
     assert lines[0].split() == ["Class", "Images", "Instances", "Box(P", "R", "mAP50", "mAP50-95)"]
     assert lines[1].split()[0] == "all" and len(lines) == 2 + len(res.classes)
+
+
+def _ultralytics_metrics(data, nc: int):
+    """ultralytics 8.4's own validator matching (``DetectionValidator.match_predictions`` with its
+    ``box_iou``, as ``_process_batch`` calls them) and ``DetMetrics`` on the same detections."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from helpers.ultralytics_reference import import_ultralytics
+
+    import_ultralytics()
+    from ultralytics.models.yolo.detect.val import DetectionValidator
+    from ultralytics.utils.metrics import DetMetrics, box_iou as u_box_iou
+
+    validator = SimpleNamespace(iouv=torch.linspace(0.5, 0.95, 10))
+    metrics = DetMetrics(names={i: f"class{i}" for i in range(nc)})
+    for k, (boxes, conf, cls, gt, gt_cls) in enumerate(data):
+        if len(gt) and len(boxes):
+            iou = u_box_iou(torch.from_numpy(gt), torch.from_numpy(boxes))
+            tp = DetectionValidator.match_predictions(validator, torch.from_numpy(cls),
+                                                      torch.from_numpy(gt_cls), iou).numpy()
+        else:
+            tp = np.zeros((len(boxes), 10), bool)
+        metrics.update_stats({"tp": tp, "conf": conf, "pred_cls": cls, "target_cls": gt_cls,
+                              "target_img": np.unique(gt_cls), "im_name": f"im{k}"})
+    metrics.process()
+    return metrics
+
+
+@pytest.mark.parametrize("seed", [0, 1, 4])
+def test_metrics_equal_ultralytics_detmetrics(seed) -> None:
+    nc = 4
+    data = _random_set(seed, images=40, nc=nc)
+    ours = DetectionMetrics([f"class{i}" for i in range(nc)])
+    for image in data:
+        ours.update(*image)
+    res = ours.results()
+    want = _ultralytics_metrics(data, nc)
+    assert [c.name for c in res.classes] == [f"class{i}" for i in want.ap_class_index]
+    for i, row in enumerate(res.classes):
+        np.testing.assert_allclose([row.p, row.r, row.map50, row.map50_95],
+                                   want.class_result(i), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose([res.all.p, res.all.r, res.all.map50, res.all.map50_95],
+                               want.mean_results(), rtol=1e-12, atol=1e-12)
+    assert res.fitness == pytest.approx(want.fitness, abs=1e-12)
+    assert [c.instances for c in res.classes] == [int(want.nt_per_class[i])
+                                                  for i in want.ap_class_index]
+    assert [c.images for c in res.classes] == [int(want.nt_per_image[i])
+                                               for i in want.ap_class_index]
+    assert 0.05 < res.all.map50 < 0.95
