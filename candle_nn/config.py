@@ -43,6 +43,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CANDLE_NN_FIXTURES", "", "the reference fixtures folder (tests, benchmarks)"),
     Setting("CANDLE_NN_PARITY_REPORT", "", "tests: a file the parity tests append errors to"),
     Setting("CANDLE_NN_REQUIRE_NATIVE", "", "tests: fail (not fall back) without the C++ kernels"),
+    Setting("CANDLE_NN_APP_SCREENSHOTS", "",
+            "tests: the folder the app's browser test saves its screenshots to"),
 )
 _NAMES = {s.name for s in SETTINGS}
 _values: dict[str, str] = {}

@@ -17,6 +17,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from candle_nn import config
+
 from conftest import ROOT, fixture_dir
 from helpers.cli import cli_command, cli_env
 
@@ -110,5 +112,5 @@ def chromium():
 def screenshot_dir(tmp_path: Path) -> Path:
     """Where the browser test saves its screenshots: ``$CANDLE_NN_APP_SCREENSHOTS`` (``docs``
     when refreshing the README's pictures), else ``tmp_path``."""
-    folder = os.environ.get("CANDLE_NN_APP_SCREENSHOTS")
+    folder = config.get("CANDLE_NN_APP_SCREENSHOTS")
     return Path(folder) if folder else tmp_path
