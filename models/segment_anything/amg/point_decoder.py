@@ -54,17 +54,24 @@ class PointGridDecoder:
         with sam.on_device():
             self.dtype = md.iou_token.embeddings.dtype
             dense = pe.no_mask_embed.embeddings.reshape(1, 1, 1, -1)
-            self.keys0 = (image_embeddings + dense).reshape(1, h * w, c)
-            self.key_pe = pe.get_dense_pe().reshape(1, h * w, c).astype(self.keys0.dtype)
+            keys0 = (image_embeddings + dense).reshape(1, h * w, c)
+            key_pe = pe.get_dense_pe().reshape(1, h * w, c).astype(keys0.dtype)
+            self.keys0 = keys0
             self.output_tokens = mx.concatenate([md.iou_token.embeddings,
                                                  md.mask_tokens.embeddings])
-            first = md.transformer.layers[0]
+            (first, second), last = md.transformer.layers, md.transformer.final_attn_token_to_image
             t2i, i2t = first.cross_attn_token_to_image, first.cross_attn_image_to_token
-            keys_pe = self.keys0 + self.key_pe
-            self.t2i_keys = _heads(t2i.k_proj(keys_pe), t2i.num_heads)  # (heads, n, d)
-            self.t2i_values = _heads(t2i.v_proj(self.keys0), t2i.num_heads)
-            self.i2t_queries = _heads(i2t.q_proj(keys_pe), i2t.num_heads)
-            mx.eval(self.keys0, self.key_pe, self.t2i_keys, self.t2i_values, self.i2t_queries)
+            # The first block's image side, whole; later blocks' image tokens change per prompt,
+            # but their positional encoding's share of the scores does not.
+            self.first_keys = _heads(t2i.k_proj(keys0 + key_pe), t2i.num_heads)  # (heads, n, d)
+            self.first_values = _heads(t2i.v_proj(keys0), t2i.num_heads)
+            self.first_queries = _heads(i2t.q_proj(keys0 + key_pe), i2t.num_heads)
+            self.pe_keys = [_heads(key_pe @ attn.k_proj.weight.T, attn.num_heads)
+                            for attn in (second.cross_attn_token_to_image, last)]
+            self.pe_queries = _heads(second.cross_attn_image_to_token.q_proj(key_pe),
+                                     i2t.num_heads)
+            mx.eval(self.keys0, self.first_keys, self.first_values, self.first_queries,
+                    self.pe_keys, self.pe_queries)
         self._upscaling: tuple[tuple[mx.array, mx.array], ...] | None = None
 
     def decode(self, coords: mx.array) -> tuple[mx.array, tuple[mx.array, mx.array]]:
@@ -87,19 +94,19 @@ class PointGridDecoder:
             queries = first.norm2(queries + self._tokens_to_first_image(
                 first.cross_attn_token_to_image, queries + tokens))
             queries = first.norm3(queries + first.mlp(queries))
-            keys = first.norm4(self.keys0 + self._first_image_to_tokens(
+            keys = first.norm4(self._first_image_to_tokens(
                 first.cross_attn_image_to_token, queries + tokens, queries))
 
             q = queries + tokens
             queries = second.norm1(queries + second.self_attn(q, q, queries))
             queries = second.norm2(queries + self._tokens_to_image(
-                second.cross_attn_token_to_image, queries + tokens, keys))
+                second.cross_attn_token_to_image, queries + tokens, keys, self.pe_keys[0]))
             queries = second.norm3(queries + second.mlp(queries))
-            keys = second.norm4(keys + self._image_to_tokens(
+            keys = second.norm4(self._image_to_tokens(
                 second.cross_attn_image_to_token, keys, queries + tokens, queries))
 
             queries = tr.norm_final_attn(queries + self._tokens_to_image(
-                tr.final_attn_token_to_image, queries + tokens, keys))
+                tr.final_attn_token_to_image, queries + tokens, keys, self.pe_keys[1]))
             iou = md.iou_prediction_head(queries[:, 0])[:, MULTIMASK]
             hyper = mx.stack([md.output_hypernetworks_mlps[i](queries[:, 1 + i])
                               for i in range(MULTIMASK.start, MULTIMASK.stop)], axis=1)
@@ -145,42 +152,47 @@ class PointGridDecoder:
         return x.reshape(u, hyper.shape[1], n, 16)
 
     # -- attention between the prompt tokens and the image tokens ----------------------------
+    # Every softmax runs over the last axis (candle_nn's CPU kernel); residuals ride on addmm.
     def _tokens_to_first_image(self, attn: "Attention", q_in: mx.array) -> mx.array:
         """Tokens → image attention of the first block, whose image side is the same for every
         prompt: keys and values come from the constructor."""
         b, t, _ = q_in.shape
-        heads = attn.num_heads
-        q = _heads(attn.q_proj(q_in).reshape(b * t, -1), heads)  # (heads, b t, d)
+        q = _heads(attn.q_proj(q_in), attn.num_heads)  # (heads, b t, d)
         scale = 1.0 / math.sqrt(q.shape[-1])
-        probs = cn.softmax((q * scale) @ self.t2i_keys.swapaxes(1, 2), axis=-1)  # (heads, bt, n)
-        out = probs @ self.t2i_values  # (heads, b t, d)
+        probs = cn.softmax((q * scale) @ self.first_keys.swapaxes(1, 2))  # (heads, b t, n)
+        out = probs @ self.first_values  # (heads, b t, d)
         return attn.out_proj(out.transpose(1, 0, 2).reshape(b, t, -1))
 
     def _first_image_to_tokens(self, attn: "Attention", k_in: mx.array,
                                v_in: mx.array) -> mx.array:
-        """Image → tokens attention of the first block (image-side queries from the
-        constructor): ``(b, n, c)``."""
+        """The first block's image tokens plus its image → tokens attention (image-side queries
+        from the constructor): ``(b, n, c)``, before ``norm4``."""
         b, t, _ = k_in.shape
         heads = attn.num_heads
-        k = _heads(attn.k_proj(k_in).reshape(b * t, -1), heads)  # (heads, b t, d)
+        k = _heads(attn.k_proj(k_in), heads)  # (heads, b t, d)
         scale = 1.0 / math.sqrt(k.shape[-1])
-        scores = (k * scale) @ self.i2t_queries.swapaxes(1, 2)  # (heads, b t, n)
-        probs = cn.softmax(scores.reshape(heads, b, t, -1), axis=2)  # over the tokens
-        probs = probs.transpose(1, 3, 0, 2).reshape(b, -1, heads * t)  # (b, n, heads t)
-        return probs @ self._values_through_output(attn, v_in) + attn.out_proj.bias
+        scores = self.first_queries @ (k * scale).swapaxes(1, 2)  # (heads, n, b t)
+        n = scores.shape[1]
+        probs = cn.softmax(scores.reshape(heads, n, b, t))  # over the tokens
+        probs = probs.transpose(2, 1, 0, 3).reshape(b, n, heads * t)
+        return mx.addmm(self.keys0, probs, self._values_through_output(attn, v_in))
 
-    def _tokens_to_image(self, attn: "Attention", q_in: mx.array, image: mx.array) -> mx.array:
+    def _tokens_to_image(self, attn: "Attention", q_in: mx.array, image: mx.array,
+                         pe_keys: mx.array) -> mx.array:
         """Tokens → image attention, keys ``image + PE`` and values ``image`` ``(b, n, c)``:
-        scores ``(image + PE) (Wk qᵀ)`` (``q``'s dot with ``k``'s bias is the same for every
-        image token, so the softmax drops it) and output ``(A image) Wvᵀ + bv``."""
+        scores ``(Wk qᵀ)ᵀ imageᵀ`` plus the PE's share ``q (PE Wkᵀ)ᵀ`` (``pe_keys``, per image;
+        ``q``'s dot with ``k``'s bias is the same for every image token, so the softmax drops
+        it), output ``(A image) Wvᵀ + bv``."""
         b, t, _ = q_in.shape
         heads = attn.num_heads
         q = _heads(attn.q_proj(q_in), heads)  # (heads, b t, d)
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        folded = _per_prompt((q * scale) @ _head_weights(attn.k_proj.weight, heads), b)
-        scores = (image + self.key_pe) @ folded.swapaxes(1, 2)  # (b, n, heads t)
-        probs = cn.softmax(scores, axis=1)  # over the image tokens
-        pooled = probs.swapaxes(1, 2) @ image  # (b, heads t, c)
+        q = q * (1.0 / math.sqrt(q.shape[-1]))
+        folded = _per_prompt(q @ _head_weights(attn.k_proj.weight, heads), b)  # (b, heads t, c)
+        n = image.shape[1]
+        scores = (folded @ image.swapaxes(1, 2)).reshape(b, heads, t, n)
+        pe_share = (q @ pe_keys.swapaxes(1, 2)).reshape(heads, b, t, n)
+        probs = cn.softmax(scores + pe_share.transpose(1, 0, 2, 3))  # over the image tokens
+        pooled = probs.reshape(b, heads * t, n) @ image  # (b, heads t, c)
         pooled = pooled.reshape(b, heads, t, -1).transpose(1, 0, 2, 3).reshape(heads, b * t, -1)
         out = pooled @ _head_weights(attn.v_proj.weight, heads).swapaxes(1, 2)  # (heads, b t, d)
         out = out + attn.v_proj.bias.reshape(heads, 1, -1)
@@ -188,30 +200,33 @@ class PointGridDecoder:
 
     def _image_to_tokens(self, attn: "Attention", image: mx.array, k_in: mx.array,
                          v_in: mx.array) -> mx.array:
-        """Image → tokens attention, queries ``image + PE`` ``(b, n, c)``: scores
-        ``(image + PE) (Wq kᵀ) + bq kᵀ``, output ``P (V Woᵀ) + bo``."""
+        """``image (b, n, c)`` plus its image → tokens attention (queries ``image + PE``), before
+        the norm: scores ``image (Wq kᵀ)`` plus the PE's and the bias's share ``(PE Wqᵀ + bq)
+        kᵀ`` (``pe_queries``, per image), output ``P (V Woᵀ) + bo``."""
         b, t, _ = k_in.shape
         heads = attn.num_heads
         k = _heads(attn.k_proj(k_in), heads)  # (heads, b t, d)
         k = k * (1.0 / math.sqrt(k.shape[-1]))
         folded = _per_prompt(k @ _head_weights(attn.q_proj.weight, heads), b)  # (b, heads t, c)
-        bias = (k * attn.q_proj.bias.reshape(heads, 1, -1)).sum(-1)  # (heads, b t)
-        bias = bias.reshape(heads, b, t).transpose(1, 0, 2).reshape(b, 1, heads * t)
-        scores = (image + self.key_pe) @ folded.swapaxes(1, 2) + bias  # (b, n, heads t)
-        n = scores.shape[1]
-        probs = cn.softmax(scores.reshape(b, n, heads, t), axis=-1).reshape(b, n, heads * t)
-        return probs @ self._values_through_output(attn, v_in) + attn.out_proj.bias
+        n = image.shape[1]
+        scores = (image @ folded.swapaxes(1, 2)).reshape(b, n, heads, t)
+        pe_share = (self.pe_queries @ k.swapaxes(1, 2)).reshape(heads, n, b, t)
+        probs = cn.softmax(scores + pe_share.transpose(2, 1, 0, 3))  # over the tokens
+        return mx.addmm(image, probs.reshape(b, n, heads * t),
+                        self._values_through_output(attn, v_in))
 
     @staticmethod
     def _values_through_output(attn: "Attention", v_in: mx.array) -> mx.array:
-        """The tokens' values already through the output projection, per head:
-        ``(b, heads t, c)``, row ``h t + j`` = ``v_j`` of head ``h`` @ that head's rows of
-        ``Woᵀ``."""
+        """The tokens' values through the output projection, per head: ``(b, heads t, c)``,
+        row ``h t + j`` = ``v_j`` of head ``h`` @ that head's rows of ``Woᵀ``, plus
+        ``bo / heads`` (each head's attention weights sum to 1, so a product with them adds
+        ``bo`` once)."""
         b, t, _ = v_in.shape
         heads = attn.num_heads
         v = _heads(attn.v_proj(v_in), heads)  # (heads, b t, d)
         wo = attn.out_proj.weight.T  # (heads d, c)
-        return _per_prompt(v @ wo.reshape(heads, -1, wo.shape[-1]), b)
+        out = _per_prompt(v @ wo.reshape(heads, -1, wo.shape[-1]), b)
+        return out + attn.out_proj.bias / heads
 
 
 def _heads(x: mx.array, heads: int) -> mx.array:
