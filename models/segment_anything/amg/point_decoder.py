@@ -42,7 +42,7 @@ MULTIMASK = slice(1, 4)  # SAM's multimask output: mask tokens 1..3 (token 0 is 
 class PointGridDecoder:
     """Single-point prompts against one image embedding ``(1, h, w, c)`` (NHWC)."""
 
-    chunk = 16  # prompts upscaled together by :meth:`masks` (bounds its memory: ~4 MB a prompt)
+    chunk = 16  # prompts upscaled together by :meth:`masks` (its memory: ~25 MB a prompt)
 
     def __init__(self, sam: "Sam", image_embeddings: mx.array) -> None:
         if image_embeddings.shape[0] != 1:
