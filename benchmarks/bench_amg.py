@@ -157,15 +157,19 @@ _STAGES = {  # names in automatic_mask_generator's namespace → what the profil
 
 
 def profile(model: BenchModel, device: str, opts: Options, cache_dir: str) -> str:
-    """Where our generator's time goes, one image: the encoder, the decoder batches, upsampling
-    the kept masks, and each post-processing step. Every stage's MLX output is evaluated before
+    """Where our generator's time goes, one image: the encoder, the point-grid decoder's
+    per-image set-up, its token stage (every prompt) and its mask upscaling (the prompts with a
+    mask that passes the predicted-IoU filter), upsampling the kept masks, and each
+    post-processing step. Every stage's MLX output is evaluated before
     the next starts (as in ``bench_profile``), so lazy work is counted where it is made;
     "other" is the rest (thresholding and host copies of the masks, records)."""
     import mlx.core as mx
+    from mlx.utils import tree_flatten
 
     from benchmarks.ours import load_ours
     from candle_nn_models.segment_anything import SamAutomaticMaskGenerator
     from candle_nn_models.segment_anything import automatic_mask_generator as amg_module
+    from candle_nn_models.segment_anything.amg.point_decoder import PointGridDecoder
 
     sam, _, _ = load_ours(model, device, "float32", cache_dir)
     generator = SamAutomaticMaskGenerator(sam, **_settings(opts))
@@ -178,19 +182,23 @@ def profile(model: BenchModel, device: str, opts: Options, cache_dir: str) -> st
             mx.eval([a for a in (*args, *kwargs.values()) if isinstance(a, mx.array)])
             start = time.perf_counter()
             out = fn(*args, **kwargs)
-            mx.eval([o for o in (out if isinstance(out, tuple) else (out,))
-                     if isinstance(o, mx.array)])
+            mx.eval([o for _, o in tree_flatten(out) if isinstance(o, mx.array)])
             spent.setdefault(name, []).append(time.perf_counter() - start)
             return out
         return call
 
     patched = {name: getattr(amg_module, name) for name in _STAGES}
+    decoder_stages = {"__init__": "decoder: image side, once per crop",
+                      "decode": "decoder: prompt tokens, IoUs (every prompt)",
+                      "masks": "decoder: output upscaling (kept prompts)"}
+    decoder_methods = {name: getattr(PointGridDecoder, name) for name in decoder_stages}
     predictor = generator.predictor
     try:
         for name, label in _STAGES.items():
             setattr(amg_module, name, timed(label, patched[name]))
+        for name, label in decoder_stages.items():
+            setattr(PointGridDecoder, name, timed(label, decoder_methods[name]))
         predictor.set_image = timed("image encoder (+ resize, normalise)", predictor.set_image)
-        sam.forward = timed("prompt encoder + mask decoder", sam.forward)
         sam.postprocess_masks = timed("upsample kept masks to the image", sam.postprocess_masks)
         start = time.perf_counter()
         masks = len(generator.generate(picture))
@@ -198,8 +206,9 @@ def profile(model: BenchModel, device: str, opts: Options, cache_dir: str) -> st
     finally:
         for name, fn in patched.items():
             setattr(amg_module, name, fn)
-        for obj, attr in ((predictor, "set_image"), (sam, "forward"),
-                          (sam, "postprocess_masks")):
+        for name, fn in decoder_methods.items():
+            setattr(PointGridDecoder, name, fn)
+        for obj, attr in ((predictor, "set_image"), (sam, "postprocess_masks")):
             obj.__dict__.pop(attr, None)
     lines = [f"{model.name}: one image {picture.shape[1]}x{picture.shape[0]}, "
              f"{opts.amg_points}x{opts.amg_points} points, {masks} masks: {total:.2f} s",

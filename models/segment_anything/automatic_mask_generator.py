@@ -4,8 +4,10 @@ A grid of single-point prompts covers the image (and, with ``crop_n_layers > 0``
 overlapping crops); every point yields SAM's three masks; masks with a low predicted IoU or an
 unstable threshold are dropped, duplicates are removed by box NMS within and across crops, masks
 cut off by a crop's edge are dropped, and optionally small islands and holes are cleaned up.
-The image encoder runs once per crop; the points go through the prompt encoder and the mask
-decoder ``points_per_batch`` at a time.
+The image encoder runs once per crop, and so does the prompt-independent part of the decoder
+(:meth:`Sam.point_grid_decoder`); the points go through the rest of the prompt encoder and mask
+decoder ``points_per_batch`` at a time, and only the masks that pass the predicted-IoU filter are
+upscaled (the decoder's output upscaling, then to the image's size).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .amg import (MaskData, area_from_rle, batch_iterator, batched_mask_to_box, 
                   coco_encode_rle, generate_crop_boxes, is_box_near_crop_edge, mask_to_rle, nms,
                   remove_small_regions, rle_to_mask, uncrop_boxes_xyxy, uncrop_masks,
                   uncrop_points)
+from .amg.point_decoder import PointGridDecoder
 from .predictor import SamPredictor
 from .sam import Sam
 
@@ -145,10 +148,11 @@ class SamAutomaticMaskGenerator:
         cropped = image[y0:y1, x0:x1, :]
         crop_size = cropped.shape[:2]
         self.predictor.set_image(cropped)  # the encoder: once per crop
+        decoder = self.predictor.model.point_grid_decoder(self.predictor.features)
         points_for_image = self.point_grids[layer_idx] * np.array(crop_size)[None, ::-1]
         data = MaskData()
         for (points,) in batch_iterator(self.points_per_batch, points_for_image):
-            data.cat(self._process_batch(points, crop_size, crop_box, orig_size))
+            data.cat(self._process_batch(decoder, points, crop_size, crop_box, orig_size))
         self.predictor.reset_image()
         data.filter(nms(data["boxes"], data["iou_preds"], self.box_nms_thresh))
         data["boxes"] = uncrop_boxes_xyxy(data["boxes"], crop_box)
@@ -157,29 +161,28 @@ class SamAutomaticMaskGenerator:
         return data
 
     # -- one batch of points ---------------------------------------------------------------------
-    def _process_batch(self, points: np.ndarray, crop_size: tuple[int, int], crop_box: list[int],
+    def _process_batch(self, decoder: PointGridDecoder, points: np.ndarray,
+                       crop_size: tuple[int, int], crop_box: list[int],
                        orig_size: tuple[int, int]) -> MaskData:
         model, predictor = self.predictor.model, self.predictor
         orig_h, orig_w = orig_size
         coords = predictor.transform.apply_coords(points, crop_size)
-        n = len(points)
         with model.on_device():  # every MLX op on the model's stream
-            low_res, iou = model(predictor.features, (mx.array(coords)[:, None, :],
-                                                      mx.ones((n, 1), dtype=mx.float32)),
-                                 multimask_output=True)
-            m = low_res.shape[-1]
-            # (B, 256, 256, M) -> (B*M, 256, 256, 1): row b*M + k is point b's k-th mask.
-            low_res = low_res.transpose(0, 3, 1, 2).reshape(n * m, *low_res.shape[1:3], 1)
+            iou, state = decoder.decode(mx.array(coords, dtype=mx.float32))
+            m = iou.shape[-1]
+            # Row b*M + k is point b's k-th mask.
             iou_preds = np.array(iou.reshape(-1))
             data = MaskData(iou_preds=iou_preds, points=np.repeat(points, m, axis=0))
 
-            # Upsampling is per mask: only for the masks that pass the predicted-IoU filter.
+            # Upscaling is per mask: only for the masks that pass the predicted-IoU filter.
+            keep = np.ones(len(iou_preds), dtype=bool)
             if self.pred_iou_thresh > 0.0:
                 keep = iou_preds > self.pred_iou_thresh
                 data.filter(keep)
                 if not keep.any():
                     return _empty_batch()
-                low_res = low_res[mx.array(np.flatnonzero(keep))]
+            rows = np.flatnonzero(keep)
+            low_res = decoder.masks(state, rows // m, rows % m)[..., None]
             masks = model.postprocess_masks(low_res, predictor.input_size, crop_size)[..., 0]
 
             stability = calculate_stability_score(masks, model.mask_threshold,

@@ -14,6 +14,7 @@ from candle_nn.upsample import bilinear_resize_matrix
 import mlx.core as mx
 import numpy as np
 
+from .amg.point_decoder import PointGridDecoder
 from .image_encoder import VIT_CONFIGS, ImageEncoderViT, ViTConfig
 from .mask_decoder import MaskDecoder
 from .prompt_encoder import PromptEncoder
@@ -127,6 +128,12 @@ class Sam(Module):
         sparse, dense = self.prompt_encoder(points, boxes, masks)
         return self.mask_decoder(image_embeddings, self.prompt_encoder.get_dense_pe(), sparse,
                                  dense, multimask_output)
+
+    def point_grid_decoder(self, image_embeddings: mx.array) -> PointGridDecoder:
+        """:meth:`forward` for many single foreground-point prompts against one ``(1, 64, 64,
+        256)`` embedding (automatic mask generation's prompts), with the image's share of the
+        work done here, once: see :class:`~.amg.point_decoder.PointGridDecoder`."""
+        return PointGridDecoder(self, image_embeddings)
 
     def postprocess_masks(self, masks: mx.array, input_size: tuple[int, int],
                           original_size: tuple[int, int]) -> mx.array:

@@ -37,9 +37,26 @@ def stand_in_outputs(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return logits.astype(np.float32), iou.astype(np.float32)
 
 
+class StandInGridDecoder:
+    """The stand-in behind our generator's two-step decoder (``Sam.point_grid_decoder``):
+    :meth:`decode` gives the IoUs and keeps the logits, :meth:`masks` picks the kept ones."""
+
+    def decode(self, coords):
+        import mlx.core as mx
+
+        logits, iou = stand_in_outputs(np.array(coords))
+        return mx.array(iou), mx.array(logits)
+
+    def masks(self, state, prompts, which):
+        import mlx.core as mx
+
+        return state[mx.array(np.asarray(prompts)), mx.array(np.asarray(which))]
+
+
 def install_on_ours(sam) -> list:
-    """Replace our Sam's encoder (zeros) and decoder (the stand-in); returns the list that
-    records each encoder input shape."""
+    """Replace our Sam's encoder (zeros) and decoder (the stand-in, on both the prompt path
+    and the automatic masks' point-grid decoder); returns the list that records each encoder
+    input shape."""
     import mlx.core as mx
 
     calls, seen = [], {}
@@ -56,6 +73,7 @@ def install_on_ours(sam) -> list:
         return mx.array(logits.transpose(0, 2, 3, 1)), mx.array(iou)
 
     sam.prompt_encoder.forward, sam.mask_decoder.forward = prompt_encoder, mask_decoder
+    sam.point_grid_decoder = lambda image_embeddings: StandInGridDecoder()
     return calls
 
 
