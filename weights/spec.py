@@ -2,6 +2,7 @@
 
 :data:`SPECS` lists every model family with its variants, taken from the models' own config tables
 (``candle_nn_models.resnet.VARIANTS``, ``candle_nn_models.yolo_v8.MULTIPLES``,
+``candle_nn_models.yolo11.SCALES``,
 ``candle_nn_models.segment_anything.TINY_VIT_CONFIGS`` / ``VIT_CONFIGS``), and :func:`build_model`
 builds one from a VarBuilder. The registry of published files
 (``candle_nn_models.weights.registry``), ``inspect``, ``convert`` and the CLIs take their
@@ -25,6 +26,8 @@ import mlx.core as mx
 from candle_nn_models.resnet import VARIANTS as RESNET_VARIANTS
 from candle_nn_models.resnet import ResNet
 from candle_nn_models.segment_anything import MOBILE_SAM_ENCODERS, VIT_CONFIGS, Sam
+from candle_nn_models.yolo11 import SCALES as YOLO11_SCALES
+from candle_nn_models.yolo11 import Yolo11, Yolo11Pose
 from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Pose
 
 Shape = tuple[int, ...]
@@ -94,6 +97,15 @@ def _load_yolo_pose(vb: VarBuilder, variant: str, num_keypoints: int, num_classe
     return YoloV8Pose.load(vb, variant, num_keypoints, num_classes)
 
 
+def _load_yolo11(vb: VarBuilder, variant: str, num_classes: int) -> Module:
+    return Yolo11.load(vb, variant, num_classes)
+
+
+def _load_yolo11_pose(vb: VarBuilder, variant: str, num_keypoints: int,
+                      num_classes: int) -> Module:
+    return Yolo11Pose.load(vb, variant, num_keypoints, num_classes)
+
+
 def _load_sam(vb: VarBuilder, variant: str) -> Module:
     return Sam.load(vb, variant)
 
@@ -108,6 +120,11 @@ SPECS: dict[str, ModelSpec] = {s.model: s for s in (
     ModelSpec("yolo_v8_pose", tuple(MULTIPLES), _load_yolo_pose,
               (Count("num_keypoints", "head.cv4.0.2.weight", 3, 17),
                Count("num_classes", _YOLO_CLASSES, 1, 1))),
+    ModelSpec("yolo11", tuple(YOLO11_SCALES), _load_yolo11,
+              (Count("num_classes", "model.23.cv3.0.2.weight", 1, 80),)),
+    ModelSpec("yolo11_pose", tuple(YOLO11_SCALES), _load_yolo11_pose,
+              (Count("num_keypoints", "model.23.cv4.0.2.weight", 3, 17),
+               Count("num_classes", "model.23.cv3.0.2.weight", 1, 1))),
     ModelSpec("mobile_sam", tuple(MOBILE_SAM_ENCODERS), _load_sam),
     ModelSpec("sam", tuple(VIT_CONFIGS), _load_sam),
 )}
