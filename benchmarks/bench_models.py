@@ -29,7 +29,7 @@ class BenchModel:
     """One benchmarked model.
 
     Attributes:
-        name: ``resnet18``, ``yolov8n``, ``mobilesam-encoder``, ...
+        name: ``resnet18``, ``yolov8n``, ``yolo11n``, ``mobilesam-encoder``, ...
         input_hw: image height, width (inputs are ``(N, H, W, 3)`` NHWC for ours, NCHW for peers).
         batch: the batch for the throughput figure on the CPU (GPUs use ``--batch``, default 32).
         fixture: folder name under the shared fixtures holding candle-named weights, or ``None``.
@@ -131,7 +131,8 @@ def _yolo_train_ours(size: str) -> Callable[["VarBuilder"], Forward]:
     return build
 
 
-def _yolo_torch(size: str) -> Callable[[], Any]:
+def _yolo_torch(size: str, family: str = "yolov8") -> Callable[[], Any]:
+    """ultralytics' ``DetectionModel`` of ``{family}{size}.yaml`` (``yolov8``, ``yolo11``)."""
     def build() -> Any:
         import os
 
@@ -145,7 +146,7 @@ def _yolo_torch(size: str) -> Callable[[], Any]:
             def __init__(self) -> None:
                 super().__init__()
                 # fuse() folds BN into the convs, as ultralytics' own predictor does.
-                self.net = DetectionModel(f"yolov8{size}.yaml", verbose=False).fuse(verbose=False)
+                self.net = DetectionModel(f"{family}{size}.yaml", verbose=False).fuse(verbose=False)
 
             def forward(self, x: torch.Tensor) -> torch.Tensor:
                 out = self.net(x)
@@ -239,6 +240,8 @@ def _registry() -> dict[str, BenchModel]:
                    _yolo_ours("n"), _yolo_torch("n"), ul),
         BenchModel("yolov8s", (640, 640), 4, None,
                    _yolo_ours("s"), _yolo_torch("s"), ul),
+        BenchModel("yolo11n", (640, 640), 4, None,
+                   _ours("yolo11", "n", num_classes=80), _yolo_torch("n", "yolo11"), ul),
         BenchModel("mobilesam-encoder", (1024, 1024), 2, "mobile_sam",
                    _sam_encoder_ours, _sam_encoder_torch, ul),
         # Prompt encoder + mask decoder on one image's embeddings; the batch is of point prompts.

@@ -1,4 +1,4 @@
-"""``candle-yolo-v8``: detect objects (or people's poses) with YOLOv8 and draw them.
+"""``candle-yolo-v8``: detect objects (or people's poses) with YOLOv8 or YOLO11 and draw them.
 
     candle-yolo-v8 --image bike.jpg [DIR 'photos/*.jpg' - ...] [--recursive] [--strict]
                    | --video clip.mp4 [--video FRAMES_DIR ...] [--batch-size 8]
@@ -15,8 +15,9 @@ it is taken, unless ``--exist-ok``; see ``scripts/outputs.py`` and ``docs/output
 with class names and scores, and skeletons for pose. ``<stem>`` is the image's own, numbered
 (``x-2``) when another input of the run has it. Prints the detections (``--json``: one JSON document
 on stdout). Without ``--weights`` the default is candle's published ``yolov8{variant}[-pose]``
-checkpoint (variant ``n``); with ``--weights`` the variant, task and class count are read from the
-file, and a ``--variant``/``--task`` that disagrees is an error. Class names come from the file's
+checkpoint (variant ``n``); with ``--weights`` the version (YOLOv8 or YOLO11, converted from
+ultralytics' ``.pt``: docs/yolo11.md), variant, task and class count are read from the file, and a
+``--variant``/``--task`` that disagrees is an error. Class names come from the file's
 ``candle_nn.names`` metadata when present, else COCO's.
 
 ultralytics' ``yolo predict`` options keep their meanings: ``--classes`` keeps only those class ids,
@@ -48,7 +49,8 @@ import numpy as np
 
 from candle_nn_models.coco import COCO_SKELETON
 from candle_nn_models.letterbox import letterbox
-from candle_nn_models.yolo_v8 import (MULTIPLES, YoloV8, YoloV8Pose, YoloV8Spec)
+from candle_nn_models.yolo_checkpoint import YoloModel
+from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8Spec
 from candle_nn_models.yolo_v8_post import Detection, crop_box, postprocess, yolo_label_lines
 from candle_nn_models.scripts.image_loop import Batch
 from candle_nn.cli import ArgumentParser, print_json_document
@@ -130,8 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--variant", choices=tuple(MULTIPLES), default=None,
                         help="model size; default: what --weights holds, else n")
     parser.add_argument("--weights", default=None,
-                        help="YOLOv8 safetensors file in candle's layout (default: candle's "
-                             "yolov8{variant}[-pose].safetensors from the Hugging Face hub)")
+                        help="YOLOv8 (candle's layout) or YOLO11 safetensors file, e.g. from "
+                             "candle-nn-weights convert --from ultralytics best.pt (default: "
+                             "candle's yolov8{variant}[-pose].safetensors from the Hugging Face "
+                             "hub)")
     parser.add_argument("--conf", type=_fraction, default=0.25,
                         help="minimum class score (default 0.25)")
     parser.add_argument("--iou", type=_fraction, default=0.7,
@@ -178,7 +182,7 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def load_for(args: argparse.Namespace, device: Device,
-             ) -> tuple[YoloV8 | YoloV8Pose, YoloV8Spec, list[str], Path]:
+             ) -> tuple[YoloModel, YoloV8Spec, list[str], Path]:
     """:func:`load_detector` with the command line's weights, task, variant and ``--half``;
     ``--classes`` checked against the model's class count; ``--compile`` applied. Also returns
     the weights file."""

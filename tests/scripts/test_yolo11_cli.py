@@ -104,3 +104,15 @@ def test_a_yolo11_file_with_the_wrong_task_or_variant(tmp_path, capsys):
                               "--out", str(tmp_path / "o"), *flags])
         assert code != 0
         assert fragment in one_error_line(capsys)
+
+    # training is YOLOv8's: a YOLO11 file is named, not misread
+    (tmp_path / "ds" / "images").mkdir(parents=True)
+    (tmp_path / "ds" / "labels").mkdir()
+    (tmp_path / "ds" / "images" / "bike.jpg").write_bytes(image.read_bytes())
+    (tmp_path / "ds" / "labels" / "bike.txt").write_text("0 0.5 0.5 0.3 0.3\n")
+    data = tmp_path / "ds" / "data.yaml"
+    data.write_text(f"path: {tmp_path / 'ds'}\ntrain: images\nval: images\nnames: [a, b, c]\n")
+    capsys.readouterr()
+    assert yolo_cli.main(["train", "--data", str(data), "--weights", str(converted),
+                          "--epochs", "1", "--out", str(tmp_path / "t")]) != 0
+    assert "holds a YOLO11 model; `train` fine-tunes YOLOv8 only" in one_error_line(capsys)
