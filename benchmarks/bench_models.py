@@ -131,22 +131,26 @@ def _yolo_train_ours(size: str) -> Callable[["VarBuilder"], Forward]:
     return build
 
 
-def _yolo_torch(size: str, family: str = "yolov8") -> Callable[[], Any]:
-    """ultralytics' ``DetectionModel`` of ``{family}{size}.yaml`` (``yolov8``, ``yolo11``)."""
+def _yolo_torch(size: str, task: str = "detect", family: str = "yolov8") -> Callable[[], Any]:
+    """ultralytics' model of ``{family}{size}[-seg].yaml`` (``yolov8``, ``yolo11``)."""
     def build() -> Any:
         import os
 
         import torch
         os.environ.setdefault("YOLO_OFFLINE", "1")
-        from ultralytics.nn.tasks import DetectionModel
+        from ultralytics.nn.tasks import DetectionModel, SegmentationModel
+
+        model, suffix = ((SegmentationModel, "-seg") if task == "segment"
+                         else (DetectionModel, ""))
 
         class Pred(torch.nn.Module):
-            """ultralytics' eval forward returns (pred, features): keep pred (N, 84, anchors)."""
+            """ultralytics' eval forward returns (pred, features): keep pred (N, 84, anchors);
+            segmentation's pred is (pred (N, 116, anchors), protos (N, 32, H/4, W/4))."""
 
             def __init__(self) -> None:
                 super().__init__()
                 # fuse() folds BN into the convs, as ultralytics' own predictor does.
-                self.net = DetectionModel(f"{family}{size}.yaml", verbose=False).fuse(verbose=False)
+                self.net = model(f"{family}{size}{suffix}.yaml", verbose=False).fuse(verbose=False)
 
             def forward(self, x: torch.Tensor) -> torch.Tensor:
                 out = self.net(x)
@@ -241,7 +245,12 @@ def _registry() -> dict[str, BenchModel]:
         BenchModel("yolov8s", (640, 640), 4, None,
                    _yolo_ours("s"), _yolo_torch("s"), ul),
         BenchModel("yolo11n", (640, 640), 4, None,
-                   _ours("yolo11", "n", num_classes=80), _yolo_torch("n", "yolo11"), ul),
+                   _ours("yolo11", "n", num_classes=80), _yolo_torch("n", family="yolo11"), ul),
+        # Detection + mask coefficients and prototypes (the masks' NumPy post-processing is not
+        # timed, as NMS is not for yolov8n).
+        BenchModel("yolov8n-seg", (640, 640), 4, None,
+                   _ours("yolo_v8_seg", "n", num_classes=80, num_masks=32),
+                   _yolo_torch("n", "segment"), ul),
         BenchModel("mobilesam-encoder", (1024, 1024), 2, "mobile_sam",
                    _sam_encoder_ours, _sam_encoder_torch, ul),
         # Prompt encoder + mask decoder on one image's embeddings; the batch is of point prompts.

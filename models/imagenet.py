@@ -22,8 +22,10 @@ CROP = 224
 LONG_SIDE_LIMIT = 8  # x resize: beyond, only the centre crop's span is resized (same result)
 
 
-def preprocess(rgb: np.ndarray, resize: int = RESIZE, crop: int = CROP) -> np.ndarray:
-    """One image: uint8 ``(H, W, 3)`` → normalised float32 ``(crop, crop, 3)``."""
+def preprocess(rgb: np.ndarray, resize: int = RESIZE, crop: int = CROP,
+               mean: np.ndarray | None = MEAN, std: np.ndarray | None = STD) -> np.ndarray:
+    """One image: uint8 ``(H, W, 3)`` → normalised float32 ``(crop, crop, 3)`` (``mean`` /
+    ``std`` ``None``: left in [0, 1], as ultralytics' classifiers read it)."""
     rgb = check_rgb_image(rgb, where="imagenet.preprocess")
     h, w = rgb.shape[:2]
     # torchvision's Resize(int): the shorter side becomes `resize`, the longer one is truncated.
@@ -44,7 +46,9 @@ def preprocess(rgb: np.ndarray, resize: int = RESIZE, crop: int = CROP) -> np.nd
     resized = np.asarray(Image.fromarray(rgb).resize(tuple(out), Image.Resampling.BILINEAR,
                                                      box=tuple(box)))
     cropped = resized[top:top + crop, left:left + crop].astype(np.float32) / 255.0
-    return (cropped - MEAN) / STD
+    if mean is not None:
+        cropped = cropped - mean
+    return cropped / std if std is not None else cropped
 
 
 def preprocess_batch(images: Sequence[np.ndarray]) -> np.ndarray:

@@ -8,6 +8,8 @@ Tensor names follow candle's ``candle-examples/examples/yolo-v8/model.rs``::
     net.b4.0  net.b4.1  net.b5.0            stride-2 ConvBlock, C2f, SPPF     → p5 (stride 32)
     fpn.n1 … fpn.n6                         PAN neck: C2f, C2f, ConvBlock, C2f, ConvBlock, C2f
     head.cv2.* head.cv3.* head.dfl.conv     detection head; pose adds head.cv4.*
+                                            segmentation adds head.cv4.*, head.proto.* (the
+                                            names of ultralytics' Segment: candle has none)
 
 Usage::
 
@@ -17,7 +19,8 @@ Usage::
     # pred (N, 4 + 80, anchors): xywh in input pixels, then class scores
 
 :func:`infer_spec` reads the variant, task and class count from a checkpoint's tensor shapes, and
-:func:`load_model` builds the right model from it.
+:func:`load_model` builds the right model from it (detect, pose, segment, or a classifier:
+:mod:`candle_nn_models.yolo_v8_classify`).
 """
 
 from __future__ import annotations
@@ -29,46 +32,13 @@ import candle_nn as cn
 import mlx.core as mx
 
 from .yolo_v8_blocks import C2f, ConvBlock, Sppf
+from .yolo_v8_classify import YoloV8Cls
 from .yolo_v8_head import STRIDES, DetectionHead, PoseHead
+from .yolo_v8_multiples import MULTIPLES, Multiples, multiples, variant_of
+from .yolo_v8_segment_head import SegmentHead, proto_channels
 
-__all__ = ["MULTIPLES", "Multiples", "DarkNet", "YoloV8Neck", "YoloV8", "YoloV8Pose", "YoloV8Spec",
-           "infer_spec", "load_model", "num_anchors"]
-
-
-@dataclass(frozen=True)
-class Multiples:
-    """Depth/width scaling of one size: ultralytics' ``[depth, width, max_channels]`` with
-    ``ratio = min(max_channels, 1024) / 512``, the extra width of the stride-32 stage."""
-
-    depth: float
-    width: float
-    ratio: float
-
-    def channels(self, base: float) -> int:
-        return int(base * self.width)
-
-    def repeats(self, base: int) -> int:
-        return round(base * self.depth)
-
-    def filters(self) -> tuple[int, int, int]:
-        """Channels of the neck's p3, p4, p5 outputs."""
-        return self.channels(256), self.channels(512), self.channels(512 * self.ratio)
-
-
-MULTIPLES: dict[str, Multiples] = {
-    "n": Multiples(depth=0.33, width=0.25, ratio=2.0),
-    "s": Multiples(depth=0.33, width=0.50, ratio=2.0),
-    "m": Multiples(depth=0.67, width=0.75, ratio=1.5),
-    "l": Multiples(depth=1.00, width=1.00, ratio=1.0),
-    "x": Multiples(depth=1.00, width=1.25, ratio=1.0),
-}
-
-
-def multiples(variant: str) -> Multiples:
-    if variant not in MULTIPLES:
-        raise ValueError(
-            f"unknown YOLOv8 variant {variant!r}; choose one of {', '.join(MULTIPLES)}")
-    return MULTIPLES[variant]
+__all__ = ["MULTIPLES", "Multiples", "DarkNet", "YoloV8Neck", "YoloV8", "YoloV8Pose", "YoloV8Seg",
+           "YoloV8Cls", "YoloV8Spec", "infer_spec", "load_model", "num_anchors"]
 
 
 def _upsample2(x: mx.array) -> mx.array:
@@ -183,10 +153,17 @@ class _YoloV8Base(cn.Module):
         with self.on_device():
             backbone = self.net(x)
             neck = self.fpn(*backbone)
-            pred = self.head(list(neck)).transpose(0, 2, 1)
+            pred = self._decode(list(neck))
         names = ("p3", "p4", "p5")
-        return {**{f"backbone_{k}": v for k, v in zip(names, backbone)},
-                **{f"neck_{k}": v for k, v in zip(names, neck)}, "pred": pred}
+        out = {**{f"backbone_{k}": v for k, v in zip(names, backbone)},
+               **{f"neck_{k}": v for k, v in zip(names, neck)}}
+        if isinstance(pred, tuple):
+            pred, out["protos"] = pred
+        return {**out, "pred": pred}
+
+    def _decode(self, feats: list[mx.array]) -> Any:
+        # The heads work anchor-major; the public layout is ultralytics'/candle's (N, C, A).
+        return self.head(feats).transpose(0, 2, 1)
 
     def forward(self, x: mx.array) -> Any:
         """``eval()``: the decoded prediction (see the subclass). ``train()``: the head's raw
@@ -195,8 +172,7 @@ class _YoloV8Base(cn.Module):
         feats = list(self.fpn(*self.net(x)))
         if self.training:
             return self.head.raw(feats)
-        # The heads work anchor-major; the public layout is ultralytics'/candle's (N, C, A).
-        return self.head(feats).transpose(0, 2, 1)
+        return self._decode(feats)
 
 
 class YoloV8(_YoloV8Base):
@@ -222,8 +198,9 @@ class YoloV8(_YoloV8Base):
         model = cls(DarkNet.load(vb.pp("net"), m, fold_bn),
                     YoloV8Neck.load(vb.pp("fpn"), m, fold_bn),
                     DetectionHead.load(vb.pp("head"), num_classes, m.filters(), fold_bn), spec)
-        # a pose checkpoint also loads as its detector: its keypoint branch is left unread
-        vb.check_all_read(str(spec), unused=("head.cv4.*",))
+        # a pose or segmentation checkpoint also loads as its detector: its keypoint or mask
+        # branches are left unread
+        vb.check_all_read(str(spec), unused=("head.cv4.*", "head.proto.*"))
         return model
 
 
@@ -250,14 +227,49 @@ class YoloV8Pose(_YoloV8Base):
         return model
 
 
+class YoloV8Seg(_YoloV8Base):
+    """YOLOv8 instance segmentation: the detector plus mask coefficients and prototypes.
+
+    Returns ``(pred, protos)``: ``pred`` ``(N, 4 + num_classes + num_masks, A)``, the detector's
+    channels then each anchor's raw mask coefficients, and ``protos`` ``(N, H/4, W/4, num_masks)``
+    (NHWC; ultralytics' ``(N, num_masks, H/4, W/4)`` transposed). Masks come from
+    :func:`candle_nn_models.yolo_v8_masks.process_mask`. Train mode is not supported.
+    """
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder, variant: str = "n", num_classes: int = 80,
+             num_masks: int = 32, *, fold_bn: bool = True) -> "YoloV8Seg":
+        """As :meth:`YoloV8.load`."""
+        spec = YoloV8Spec(variant, "segment", num_classes, num_masks=num_masks)
+        _check_weights(vb, spec)
+        m = multiples(variant)
+        head = SegmentHead.load(vb.pp("head"), num_classes, m.filters(), num_masks,
+                                proto_channels(m.width, m.max_channels()), fold_bn)
+        model = cls(DarkNet.load(vb.pp("net"), m, fold_bn),
+                    YoloV8Neck.load(vb.pp("fpn"), m, fold_bn), head, spec)
+        vb.check_all_read(str(spec))
+        return model
+
+    def train(self, mode: bool = True) -> "YoloV8Seg":
+        if mode:
+            raise NotImplementedError("YoloV8Seg predicts only: training a segmentation model is "
+                                      "not supported")
+        return super().train(mode)
+
+    def _decode(self, feats: list[mx.array]) -> tuple[mx.array, mx.array]:
+        pred, protos = self.head(feats)
+        return pred.transpose(0, 2, 1), protos
+
+
 @dataclass(frozen=True)
 class YoloV8Spec:
     """What a YOLOv8 checkpoint holds."""
 
     variant: str
-    task: str  # "detect" or "pose"
+    task: str  # "detect", "pose", "segment" or "classify"
     num_classes: int
     num_keypoints: int = 0
+    num_masks: int = 0
 
     def __post_init__(self) -> None:
         if self.num_classes < 1 or (self.task == "pose" and self.num_keypoints < 1):
@@ -269,6 +281,10 @@ class YoloV8Spec:
         classes = f"{self.num_classes} class{'es' if self.num_classes != 1 else ''}"
         if self.task == "pose":
             return f"YOLOv8{self.variant}-pose ({classes}, {self.num_keypoints} keypoints)"
+        if self.task == "segment":
+            return f"YOLOv8{self.variant}-seg ({classes}, {self.num_masks} masks)"
+        if self.task == "classify":
+            return f"YOLOv8{self.variant}-cls ({classes})"
         return f"YOLOv8{self.variant} ({classes})"
 
 
@@ -279,7 +295,7 @@ def infer_spec(vb: cn.VarBuilder, name: str = "the checkpoint") -> YoloV8Spec:
     """Variant, task and class/keypoint counts of the checkpoint behind ``vb``, from tensor shapes.
 
     Raises WeightsFileError (its message starting with ``name``) when ``vb`` does not hold a
-    YOLOv8 detection or pose checkpoint in candle's layout.
+    YOLOv8 detection, pose, segmentation or classification checkpoint in candle's layout.
     """
     if not vb.contains(_STEM):
         raise cn.WeightsFileError(
@@ -287,20 +303,24 @@ def infer_spec(vb: cn.VarBuilder, name: str = "the checkpoint") -> YoloV8Spec:
     stem = vb.shape(_STEM)[0]
     head = vb.path("net.b2.2.bottleneck.")
     depth = len({n[len(head):].split(".")[0] for n in vb.names() if n.startswith(head)})
-    variant = next((v for v, m in MULTIPLES.items()
-                    if m.channels(64) == stem and m.repeats(6) == depth), None)
+    variant = variant_of(stem, depth)
     if variant is None:
         raise cn.WeightsFileError(
             f"{name}: stem width {stem} with {depth} bottlenecks in net.b2.2 matches no YOLOv8 "
             f"size ({', '.join(MULTIPLES)})")
-    if vb.contains("head.proto.cv1.conv.weight"):
-        raise cn.WeightsFileError(
-            f"{name} holds a YOLOv8 segmentation model, which is not supported")
+    if vb.contains("head.linear.weight"):
+        return YoloV8Spec(variant, "classify", _nonzero(vb, "head.linear.weight", name, "classes"))
+    if not vb.contains("head.cv3.0.2.weight"):
+        raise cn.WeightsFileError(f"{name} has no YOLOv8 head ('{vb.path('head.cv3.0.2.weight')}' "
+                                  "or 'head.linear.weight')")
     num_classes = vb.shape("head.cv3.0.2.weight")[0]
     if num_classes == 0:
         raise cn.WeightsFileError(
             f"{name} has an empty detection head: head.cv3.0.2.weight has 0 output channels "
             "(0 classes)")
+    if vb.contains("head.proto.cv1.conv.weight") and vb.contains("head.cv4.0.2.weight"):
+        return YoloV8Spec(variant, "segment", num_classes,
+                          num_masks=_nonzero(vb, "head.cv4.0.2.weight", name, "mask channels"))
     if not vb.contains("head.cv4.0.2.weight"):
         return YoloV8Spec(variant, "detect", num_classes)
     nk = vb.shape("head.cv4.0.2.weight")[0]
@@ -314,18 +334,27 @@ def infer_spec(vb: cn.VarBuilder, name: str = "the checkpoint") -> YoloV8Spec:
     return YoloV8Spec(variant, "pose", num_classes, nk // 3)
 
 
+def _nonzero(vb: cn.VarBuilder, tensor: str, name: str, what: str) -> int:
+    count = vb.shape(tensor)[0]
+    if count == 0:
+        raise cn.WeightsFileError(f"{name} has an empty head: {tensor} has 0 output channels "
+                                  f"(0 {what})")
+    return count
+
+
 def _check_weights(vb: cn.VarBuilder, wanted: YoloV8Spec) -> None:
     """Fail early, with both descriptions, when a checkpoint is not the model being built.
 
-    Pose checkpoints also load as plain detectors (their detection head is complete). Sources
-    without the stem tensor (a fresh VarMap) are not checked.
+    Pose and segmentation checkpoints also load as plain detectors (their detection head is
+    complete). Sources without the stem tensor (a fresh VarMap) are not checked.
     """
     if not vb.contains(_STEM):
         return
     found = infer_spec(vb)
     same = (found.variant, found.num_classes) == (wanted.variant, wanted.num_classes)
-    if wanted.task == "pose":
-        same = same and (found.task, found.num_keypoints) == ("pose", wanted.num_keypoints)
+    if wanted.task != "detect" or found.task == "classify":
+        same = same and (found.task, found.num_keypoints, found.num_masks) == (
+            wanted.task, wanted.num_keypoints, wanted.num_masks)
     if not same:
         raise cn.ShapeMismatchError(
             f"the weights hold {found}, not {wanted}: build the model the checkpoint holds "
@@ -333,10 +362,15 @@ def _check_weights(vb: cn.VarBuilder, wanted: YoloV8Spec) -> None:
 
 
 def load_model(vb: cn.VarBuilder, spec: YoloV8Spec | None = None, *,
-               fold_bn: bool = True) -> YoloV8 | YoloV8Pose:
+               fold_bn: bool = True) -> YoloV8 | YoloV8Pose | YoloV8Seg | YoloV8Cls:
     """The model ``spec`` describes (default: :func:`infer_spec` of ``vb``), loaded from ``vb``
     (``fold_bn``: as :meth:`YoloV8.load`)."""
     spec = infer_spec(vb) if spec is None else spec
+    if spec.task == "classify":
+        return YoloV8Cls.load(vb, spec.variant, spec.num_classes, fold_bn=fold_bn)
+    if spec.task == "segment":
+        return YoloV8Seg.load(vb, spec.variant, spec.num_classes, spec.num_masks,
+                              fold_bn=fold_bn)
     if spec.task == "pose":
         return YoloV8Pose.load(vb, spec.variant, spec.num_keypoints, spec.num_classes,
                                fold_bn=fold_bn)

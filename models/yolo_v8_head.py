@@ -110,9 +110,11 @@ class DetectionHead(cn.Module):
         cv3 = [cls_branch(vb.pp(f"cv3.{i}"), f, c3, num_classes, fold_bn)
                for i, f in enumerate(filters)]
         head = cls(Dfl.load(vb.pp("dfl")), cv2, cv3, num_classes)
-        # a pose head's detection part loads as a detection head: its cv4 is left unread
+        # a pose or segmentation head's detection part loads as a detection head: its cv4 (and
+        # proto) are left unread
         family = "YOLO11" if depthwise_cls else "YOLOv8"
-        vb.check_all_read(f"a {family} detection head ({num_classes} classes)", unused=("cv4.*",))
+        vb.check_all_read(f"a {family} detection head ({num_classes} classes)",
+                          unused=("cv4.*", "proto.*"))
         return head
 
     def raw(self, feats: list[mx.array]) -> list[mx.array]:

@@ -30,16 +30,24 @@ class Detection:
         score: the class score (sigmoid), in [0, 1].
         class_id: index into the class names.
         keypoints: pose models only: ``(K, 3)`` float32 ``x, y, visibility``.
+        mask_coefficients, input_box_xyxy: segmentation models only: the raw ``(num_masks,)``
+            coefficients and the box in model-input pixels, which make the mask.
+        mask: segmentation models only, after ``segment_postprocess``: ``(H, W)`` bool on the
+            original image.
     """
 
     box_xyxy: np.ndarray
     score: float
     class_id: int
     keypoints: np.ndarray | None = field(default=None)
+    mask_coefficients: np.ndarray | None = field(default=None, repr=False)
+    input_box_xyxy: np.ndarray | None = field(default=None, repr=False)
+    mask: np.ndarray | None = field(default=None, repr=False)
 
     def to_dict(self, names: Sequence[str] | None = None) -> dict:
-        """JSON-ready: ``class_id``, ``class_name`` (when ``names``), ``score``, ``box_xyxy`` and
-        ``keypoints`` (pose only), rounded to 0.01 pixel / 1e-4."""
+        """JSON-ready: ``class_id``, ``class_name`` (when ``names``), ``score``, ``box_xyxy``,
+        ``keypoints`` (pose only) and ``segmentation`` (with a mask: its COCO RLE on the
+        original image), rounded to 0.01 pixel / 1e-4."""
         out = {"class_id": self.class_id}
         if names is not None:
             known = self.class_id < len(names)
@@ -49,6 +57,8 @@ class Detection:
         if self.keypoints is not None:
             out["keypoints"] = [[round(float(x), 2), round(float(y), 2), round(float(v), 4)]
                                 for x, y, v in self.keypoints]
+        if self.mask is not None:
+            out["segmentation"] = coco_rle(self.mask)
         return out
 
 
@@ -131,16 +141,18 @@ def validation_detections(pred: np.ndarray, num_classes: int, conf: float = 0.00
 
 
 def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
-                num_keypoints: int = 0, conf: float = 0.25, iou: float = 0.45, max_det: int = 300,
-                max_nms: int = 30000, agnostic: bool = False,
+                num_keypoints: int = 0, num_masks: int = 0, conf: float = 0.25, iou: float = 0.45,
+                max_det: int = 300, max_nms: int = 30000, agnostic: bool = False,
                 classes: Sequence[int] | None = None) -> list[list[Detection]]:
     """Detections per image from a raw prediction.
 
     Args:
-        pred: ``(N, 4 + num_classes + 3 * num_keypoints, A)`` (``mx.array`` or NumPy), the
-            model's output for ``N`` letterboxed images.
+        pred: ``(N, 4 + num_classes + 3 * num_keypoints + num_masks, A)`` (``mx.array`` or
+            NumPy), the model's output for ``N`` letterboxed images.
         letterboxes: the ``N`` letterboxes that made the inputs (to map back to the originals).
-        num_classes, num_keypoints: the model's (``YoloV8Spec``'s; 0 keypoints for a detector).
+        num_classes, num_keypoints, num_masks: the model's (``YoloV8Spec``'s; 0 keypoints and
+            masks for a detector). Segmentation: each detection keeps its mask coefficients
+            (``candle_nn_models.yolo_v8_masks.segment_postprocess`` makes the masks).
             They must account for every channel of ``pred``: an 80-class prediction read with
             ``num_classes=2`` is refused, not split into 2 classes and 26 "keypoints".
         conf: minimum class score (strictly above). iou: NMS IoU threshold.
@@ -154,19 +166,20 @@ def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
         raise ShapeMismatchError(
             f"pred of shape {pred.shape} for {len(letterboxes)} letterboxed images: pass the "
             "model's (N, channels, anchors) output and one letterbox per image")
-    want = 4 + num_classes + 3 * num_keypoints
-    if num_classes < 1 or num_keypoints < 0 or pred.shape[1] != want:
+    want = 4 + num_classes + 3 * num_keypoints + num_masks
+    if num_classes < 1 or num_keypoints < 0 or num_masks < 0 or pred.shape[1] != want:
         keypoints = f" + 3 x {num_keypoints} keypoints" if num_keypoints else ""
+        keypoints += f" + {num_masks} mask coefficients" if num_masks else ""
         raise ShapeMismatchError(
             f"pred has {pred.shape[1]} channels, not 4 + {num_classes} classes{keypoints} = "
             f"{want}: pass the model's own num_classes and num_keypoints (its YoloV8Spec, e.g. "
             "infer_spec(vb)); a detector's are 4 + num_classes")
     wanted = None if classes is None else np.asarray(sorted(set(classes)), dtype=np.intp)
-    return [_one_image(p.T, lb, num_classes, num_keypoints, conf, iou, max_det, max_nms,
-                       agnostic, wanted) for p, lb in zip(pred, letterboxes)]
+    return [_one_image(p.T, lb, num_classes, num_keypoints, num_masks, conf, iou, max_det,
+                       max_nms, agnostic, wanted) for p, lb in zip(pred, letterboxes)]
 
 
-def _one_image(x: np.ndarray, lb: Letterbox, nc: int, nk: int, conf: float, iou: float,
+def _one_image(x: np.ndarray, lb: Letterbox, nc: int, nk: int, nm: int, conf: float, iou: float,
                max_det: int, max_nms: int, agnostic: bool,
                classes: np.ndarray | None) -> list[Detection]:
     cls = x[:, 4:4 + nc]
@@ -181,13 +194,17 @@ def _one_image(x: np.ndarray, lb: Letterbox, nc: int, nk: int, conf: float, iou:
     kept = candidates[non_max_suppression(boxes, scores[candidates], iou, groups, max_det)]
     if not kept.size:
         return []
-    out_boxes = lb.to_original(xywh_to_xyxy(x[kept, :4]))
+    in_boxes = xywh_to_xyxy(x[kept, :4])
+    out_boxes = lb.to_original(in_boxes)
     kpts = None
     if nk:
-        kpts = x[kept, 4 + nc:].reshape(-1, nk, 3).copy()
+        kpts = x[kept, 4 + nc:4 + nc + 3 * nk].reshape(-1, nk, 3).copy()
         kpts[..., :2] = lb.to_original(kpts[..., :2])
+    coefficients = x[kept, 4 + nc + 3 * nk:] if nm else None
     return [Detection(out_boxes[i], float(scores[k]), int(class_ids[k]),
-                      None if kpts is None else kpts[i]) for i, k in enumerate(kept)]
+                      None if kpts is None else kpts[i],
+                      None if coefficients is None else coefficients[i],
+                      in_boxes[i] if nm else None) for i, k in enumerate(kept)]
 
 
 KEYPOINT_MIN_VISIBILITY = 0.5  # ultralytics' Keypoints zero x, y below this visibility
@@ -213,6 +230,31 @@ def yolo_label_lines(detections: Sequence[Detection], orig_hw: tuple[int, int],
             line.append(float(det.score))
         lines.append(" ".join("%g" % v for v in line))
     return lines
+
+
+def segment_label_lines(detections: Sequence[Detection], segments: Sequence[np.ndarray],
+                        save_conf: bool = False) -> list[str]:
+    """ultralytics' segment ``save_txt`` lines: ``class x1 y1 x2 y2 …`` (the detection's mask
+    outline, ``segments[i]`` ``(K, 2)`` normalised to [0, 1]), then the score when ``save_conf``;
+    a detection whose outline has fewer than 3 points (no polygon) gets no line."""
+    lines = []
+    for det, seg in zip(detections, segments):
+        if len(seg) < 3:
+            continue
+        line = [det.class_id, *np.asarray(seg, np.float32).reshape(-1).tolist()]
+        if save_conf:
+            line.append(float(det.score))
+        lines.append(" ".join("%g" % v for v in line))
+    return lines
+
+
+def coco_rle(mask: np.ndarray) -> dict:
+    """COCO's compressed run-length encoding of an ``(H, W)`` bool mask, JSON-ready:
+    ``{"size": [H, W], "counts": str}`` (pycocotools, so every COCO tool reads it)."""
+    from pycocotools import mask as mask_utils
+
+    rle = mask_utils.encode(np.asfortranarray(np.asarray(mask, np.uint8)))
+    return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
 
 
 def crop_box(box_xyxy: np.ndarray, orig_hw: tuple[int, int], gain: float = 1.02,

@@ -1,8 +1,10 @@
-"""``candle-yolo-v8``: detect objects (or people's poses) with YOLOv8 or YOLO11 and draw them.
+"""``candle-yolo-v8``: detect objects, people's poses or object masks with YOLOv8 or YOLO11 and
+draw them, or classify images.
 
     candle-yolo-v8 --image bike.jpg [DIR 'photos/*.jpg' - ...] [--recursive] [--strict]
                    | --video clip.mp4 [--video FRAMES_DIR ...] [--batch-size 8]
-                   [--task detect|pose] [--variant n|s|m|l|x] [--weights FILE] [--conf 0.25]
+                   [--task detect|pose|segment|classify] [--variant n|s|m|l|x] [--weights FILE]
+                   [--conf 0.25] [--retina-masks] [--top-k 5]
                    [--iou 0.7] [--size 640] [--square] [--device cpu] [--out DIR] [--exist-ok]
                    [--max-pixels N] [--json]
                    [--classes N ...] [--max-det 300] [--agnostic-nms] [--half]
@@ -30,6 +32,13 @@ enlarged by 2 % + 10 px, as ultralytics) to ``<out>/crops/<class name>/<stem>.jp
 (``<stem>2.jpg``, ``<stem>3.jpg``, …: the first name not yet taken, for more of one class).
 ``--line-width``, ``--hide-labels`` and ``--hide-conf`` change the drawing.
 
+``--task segment`` (a converted YOLOv8-seg file) draws each mask semi-transparent under its box;
+``--save-txt`` writes ultralytics' segment labels (``class x1 y1 x2 y2 …``, the mask's outline
+polygon normalised to [0, 1]); ``--json`` gives each detection a COCO RLE ``segmentation``;
+``--retina-masks`` makes the masks at the original image's resolution (ultralytics'
+``retina_masks``). ``--task classify`` (a YOLOv8-cls file) prints the ``--top-k`` classes per image
+(``scripts/yolo_v8_classify.py``). See ``docs/yolo_v8_tasks.md``.
+
 ``--video`` takes video files and folders of images (image sequences): each gives an annotated MP4
 and per-frame JSON lines (see ``scripts/yolo_v8_video.py``); labels and crops are named
 ``<stem>_<frame>``, as ultralytics does for videos.
@@ -43,22 +52,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from candle_nn import CandleNNError, Device, model_dtype
-import mlx.core as mx
-import numpy as np
+from candle_nn import CandleNNError, Device, Module
 
 from candle_nn_models.coco import COCO_SKELETON
 from candle_nn_models.letterbox import letterbox
-from candle_nn_models.yolo_checkpoint import YoloModel
 from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8Spec
-from candle_nn_models.yolo_v8_post import Detection, crop_box, postprocess, yolo_label_lines
+from candle_nn_models.yolo_v8_masks import InstanceMasks
+from candle_nn_models.yolo_v8_post import (Detection, crop_box, segment_label_lines,
+                                           yolo_label_lines)
 from candle_nn_models.scripts.image_loop import Batch
 from candle_nn.cli import ArgumentParser, print_json_document
 from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments,
-                                             add_output_arguments, check_finite, compile_choice,
-                                             load_rgb, number_arg, parse_device, run_main, shown)
+                                             add_output_arguments, compile_choice, load_rgb,
+                                             number_arg, parse_device, run_main, shown)
 from candle_nn_models.scripts.outputs import OutputFolder, fit_name
+from candle_nn_models.scripts.yolo_v8_classify import classify_images
 from candle_nn_models.scripts.yolo_v8_draw import draw_detections
+from candle_nn_models.scripts.yolo_v8_predict import predict
 from candle_nn_models.scripts.yolo_v8_video import check_sources, detect_video, print_video_result
 from candle_nn_models.scripts.yolo_v8_weights import load_detector
 
@@ -116,7 +126,8 @@ def _class_id(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="candle-yolo-v8",
-        description="Detect objects (or human poses) with YOLOv8 and write annotated images.",
+        description="Detect objects (human poses, object masks) with YOLOv8 and write annotated "
+                    "images, or classify images with YOLOv8-cls.",
         epilog="candle-yolo-v8 val --data data.yaml: P, R and mAP on a labelled data set "
                "(see candle-yolo-v8 val --help); candle-yolo-v8 train --data data.yaml: "
                "fine-tune on it (candle-yolo-v8 train --help)")
@@ -126,14 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
                              " writes an annotated MP4 and per-frame JSON lines")
     parser.add_argument("--batch-size", type=_positive, default=8,
                         help="--video: frames per forward pass (default 8)")
-    parser.add_argument("--task", choices=("detect", "pose"), default=None,
-                        help="detect (boxes) or pose (boxes + keypoints); default: what --weights "
-                             "holds, else detect")
+    parser.add_argument("--task", choices=TASKS, default=None,
+                        help="detect (boxes), pose (boxes + keypoints), segment (boxes + masks) "
+                             "or classify (top-k classes); default: what --weights holds, else "
+                             "detect")
     parser.add_argument("--variant", choices=tuple(MULTIPLES), default=None,
                         help="model size; default: what --weights holds, else n")
     parser.add_argument("--weights", default=None,
-                        help="YOLOv8 (candle's layout) or YOLO11 safetensors file, e.g. from "
-                             "candle-nn-weights convert --from ultralytics best.pt (default: "
+                        help="YOLOv8 (candle's layout) or YOLO11 safetensors file, e.g. "
+                             "converted by candle-nn-weights convert --from ultralytics (default: "
                              "candle's yolov8{variant}[-pose].safetensors from the Hugging Face "
                              "hub)")
     parser.add_argument("--conf", type=_fraction, default=0.25,
@@ -147,8 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--square", action="store_true",
                         help="pad every input to size x size "
                              "(default: pad only up to a multiple of 32)")
+    parser.add_argument("--top-k", type=_positive, default=5,
+                        help="--task classify: classes printed per image (default 5)")
     add_device_argument(parser)
-    add_output_arguments(parser, "runs/detect/predict, or runs/pose/predict for --task pose")
+    add_output_arguments(parser, "runs/<task>/predict, e.g. runs/detect/predict")
     yolo = parser.add_argument_group("ultralytics-style options (same meanings as yolo predict)")
     yolo.add_argument("--classes", type=_class_id, nargs="+", metavar="N", default=None,
                       help="keep only these class ids, e.g. --classes 0 2 3")
@@ -161,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+TASKS = ("detect", "pose", "segment", "classify")
+
 # yolo predict's on/off options: flag -> help.
 ULTRALYTICS_SWITCHES = {
     "--agnostic-nms": "class-agnostic NMS: boxes of different classes suppress each other",
@@ -168,6 +184,7 @@ ULTRALYTICS_SWITCHES = {
     "--save-txt": "write YOLO labels, class cx cy w h (normalised), to OUT/labels/",
     "--save-conf": "with --save-txt: append each detection's score",
     "--save-crop": "write each detection's crop to OUT/crops/<class name>/",
+    "--retina-masks": "--task segment: masks at the original image's resolution",
     "--hide-labels": "draw boxes without labels",
     "--hide-conf": "labels without scores",
 }
@@ -179,15 +196,25 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error("pass images with --image or videos with --video (one of them)")
     if args.save_conf and not args.save_txt:
         parser.error("--save-conf only applies to --save-txt's labels: add --save-txt")
+    if args.video and args.task == "classify":
+        parser.error("--video runs detect, pose and segment models; classify images with --image")
 
 
 def load_for(args: argparse.Namespace, device: Device,
-             ) -> tuple[YoloModel, YoloV8Spec, list[str], Path]:
+             ) -> tuple[Module, YoloV8Spec, list[str], Path]:
     """:func:`load_detector` with the command line's weights, task, variant and ``--half``;
     ``--classes`` checked against the model's class count; ``--compile`` applied. Also returns
     the weights file."""
     model, spec, names, path = load_detector(args.weights, args.task, args.variant, device,
                                           "float16" if args.half else "float32")
+    if spec.task == "classify":
+        names = list(names) + [str(i) for i in range(len(names), spec.num_classes)]
+        if args.video:
+            raise CandleNNError(f"{path} holds {spec}, a classifier: --video runs detect, pose "
+                                "and segment models; classify images with --image")
+        if args.save_crop:
+            raise CandleNNError(f"{path} holds {spec}, a classifier: --save-crop needs "
+                                "detections (a detect, pose or segment model)")
     if args.classes and max(args.classes) >= spec.num_classes:
         raise CandleNNError(f"--classes {max(args.classes)}: the model has {spec.num_classes} "
                             f"classes (0..{spec.num_classes - 1})")
@@ -215,6 +242,9 @@ def detect(args: argparse.Namespace, batch: Batch) -> None:
     device = parse_device(args.device, args.verbose)
     model, spec, names, weights = load_for(args, device)
     batch.doc.update({"model": str(spec), "task": spec.task})
+    if spec.task == "classify":
+        classify_images(args, batch, paths, model, names, weights)
+        return
     # after the weights: a failed load makes no folder
     output = batch.output = OutputFolder(run_folder(args, spec.task), args.exist_ok)
     skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()
@@ -222,34 +252,34 @@ def detect(args: argparse.Namespace, batch: Batch) -> None:
         with batch.image(image):
             rgb = load_rgb(image, args.max_pixels)
             lb = letterbox(rgb, args.size, auto=not args.square)
-            pred = model(mx.array(lb.as_input()).astype(model_dtype(model)))
-            check_finite(np.array(pred.astype(mx.float32)), weights)
-            detections = postprocess(pred, [lb], num_classes=spec.num_classes, conf=args.conf,
-                                     num_keypoints=spec.num_keypoints,
-                                     iou=args.iou, max_det=args.max_det,
-                                     agnostic=args.agnostic_nms, classes=args.classes)[0]
+            ((detections, masks),) = predict(args, model, spec, [lb], weights)
             drawing = draw_detections(rgb, detections, names, skeleton,
                                       line_width=args.line_width, labels=not args.hide_labels,
                                       scores=not args.hide_conf)
             stem = output.claim_stem(image)
             out = output.save_image(drawing, output_name(stem, image, spec.task), image)
-            save_labels_and_crops(args, output, stem, rgb, detections, names, image)
+            save_labels_and_crops(args, output, stem, rgb, detections, names, image, masks)
             result = ImageResult(image, out, rgb.shape[:2], detections)
             batch.done(result.to_dict(names), _result_lines(result, names))
 
 
 def save_labels_and_crops(args: argparse.Namespace, output: OutputFolder, stem: str, rgb,
                           detections: Sequence[Detection], names: Sequence[str],
-                          source: Path) -> None:
-    """``--save-txt``: ``<out>/labels/<stem>.txt`` (none without detections); ``--save-crop``:
-    ``<out>/crops/<class name>/<stem>[N].jpg`` (see the module docstring); for input
-    ``source``."""
+                          source: Path, masks: InstanceMasks | None = None) -> None:
+    """``--save-txt``: ``<out>/labels/<stem>.txt`` (none without detections; segmentation:
+    polygons of ``masks``); ``--save-crop``: ``<out>/crops/<class name>/<stem>[N].jpg`` (see the
+    module docstring); for input ``source``."""
     from PIL import Image
 
     hw = rgb.shape[:2]
     if args.save_txt and detections:
-        lines = yolo_label_lines(detections, hw, save_conf=args.save_conf)
-        output.save_text("".join(f"{line}\n" for line in lines), f"labels/{stem}.txt", source)
+        if masks is not None:
+            lines = segment_label_lines(detections, masks.segments(), save_conf=args.save_conf)
+        else:
+            lines = yolo_label_lines(detections, hw, save_conf=args.save_conf)
+        if lines:
+            output.save_text("".join(f"{line}\n" for line in lines), f"labels/{stem}.txt",
+                             source)
     if args.save_crop:
         for det in detections:
             x1, y1, x2, y2 = crop_box(det.box_xyxy, hw)
@@ -293,8 +323,9 @@ def detect_videos(args: argparse.Namespace) -> list:
         stem = extras.claim_stem(source)
         output = out_dir / f"{stem}_{spec.task}.mp4"
 
-        def save_extras(index, rgb, detections, stem=stem, source=source):
-            save_labels_and_crops(args, extras, f"{stem}_{index}", rgb, detections, names, source)
+        def save_extras(index, rgb, detections, masks, stem=stem, source=source):
+            save_labels_and_crops(args, extras, f"{stem}_{index}", rgb, detections, names, source,
+                                  masks)
 
         try:
             for written in (output, output.with_suffix(".jsonl")):

@@ -1,4 +1,4 @@
-"""Drawing YOLOv8 detections: boxes, labels with scores, and pose skeletons.
+"""Drawing YOLOv8 detections: masks, boxes, labels with scores, and pose skeletons.
 
 Line width, label font and keypoint size scale with the image (as ultralytics' ``Annotator``), so
 the annotation reads the same on a thumbnail and on a 4000-pixel photo.
@@ -14,6 +14,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from candle_nn_models.yolo_v8_post import Detection
 
+MASK_ALPHA = 0.5  # ultralytics' Annotator.masks blends each mask at this opacity
 KEYPOINT_MIN_VISIBILITY = 0.5  # keypoints (and the limbs between them) below this are not drawn
 _LIMB_COLOR = (255, 60, 160)
 _KEYPOINT_COLOR = (40, 220, 255)
@@ -35,13 +36,15 @@ def draw_detections(image: np.ndarray, detections: Sequence[Detection], names: S
                     labels: bool = True, scores: bool = True) -> Image.Image:
     """A copy of ``image`` (``(H, W, 3)`` uint8 RGB) with every detection drawn.
 
-    Boxes in the class colour with a ``name score`` label above (inside when at the top edge);
+    Masks (segmentation) first, each blended in its class colour at ``MASK_ALPHA``, best
+    detection on top; then boxes in the class colour with a ``name score`` label above (inside
+    when at the top edge);
     for detections with keypoints, the ``skeleton`` limbs and the keypoints whose visibility is at
     least ``KEYPOINT_MIN_VISIBILITY``. As ultralytics' ``line_width`` / ``hide_labels`` /
     ``hide_conf``: ``line_width`` sets the box (and limb) width in pixels (default: scaled to the
     image), ``labels=False`` draws no label, ``scores=False`` labels with the name only.
     """
-    img = Image.fromarray(image).convert("RGB")
+    img = Image.fromarray(_draw_masks(image, detections)).convert("RGB")
     draw = ImageDraw.Draw(img)
     side = (img.width + img.height) / 2
     width = line_width if line_width is not None else max(round(side * 0.003), 2)
@@ -59,6 +62,18 @@ def draw_detections(image: np.ndarray, detections: Sequence[Detection], names: S
         if det.keypoints is not None:
             _draw_pose(draw, det.keypoints, skeleton, width, radius)
     return img
+
+
+def _draw_masks(image: np.ndarray, detections: Sequence[Detection]) -> np.ndarray:
+    """``image`` with the detections' masks blended in, lowest score first."""
+    masked = [d for d in sorted(detections, key=lambda d: d.score) if d.mask is not None]
+    if not masked:
+        return image
+    out = image.astype(np.float32)
+    for det in masked:
+        color = np.float32(class_color(det.class_id))
+        out[det.mask] = (1 - MASK_ALPHA) * out[det.mask] + MASK_ALPHA * color
+    return out.round().clip(0, 255).astype(np.uint8)
 
 
 def _draw_label(draw: ImageDraw.ImageDraw, label: str, corner: tuple[float, float],

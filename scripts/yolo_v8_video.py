@@ -25,15 +25,14 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import candle_nn as cn
 from candle_nn import ImageError
-import mlx.core as mx
 import numpy as np
 
 from candle_nn.atomic_write import remove_quietly, temp_beside
 from candle_nn_models.letterbox import letterbox
-from candle_nn_models.yolo_v8_post import Detection, postprocess
+from candle_nn_models.yolo_v8_post import Detection
 from candle_nn_models.scripts.common import load_rgb
+from candle_nn_models.scripts.yolo_v8_predict import predict
 from candle_nn_models.scripts.input_paths import IMAGE_SUFFIXES
 
 VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".wmv",
@@ -180,8 +179,8 @@ def detect_video(args: argparse.Namespace, source: Path, model, spec,
                  annotate, save_extras) -> VideoResult:
     """Run the model over every frame of ``source`` in batches of ``args.batch_size``; write the
     annotated video ``output`` and its JSON lines beside it (both or neither).
-    ``annotate(rgb, detections)`` draws a frame; ``save_extras(frame index, rgb, detections)``
-    writes --save-txt/--save-crop outputs."""
+    ``annotate(rgb, detections)`` draws a frame; ``save_extras(frame index, rgb, detections,
+    masks)`` writes --save-txt/--save-crop outputs."""
     from tqdm import tqdm
 
     reader = FrameReader(source)
@@ -200,17 +199,12 @@ def detect_video(args: argparse.Namespace, source: Path, model, spec,
                 if not batch:
                     return
                 boxes = [letterbox(rgb, args.size, auto=not args.square) for _, rgb in batch]
-                x = mx.array(np.concatenate([lb.as_input() for lb in boxes]))
-                pred = model(x.astype(cn.model_dtype(model)))
-                found = postprocess(pred, boxes, num_classes=spec.num_classes, conf=args.conf,
-                                    num_keypoints=spec.num_keypoints,
-                                    iou=args.iou, max_det=args.max_det,
-                                    agnostic=args.agnostic_nms, classes=args.classes)
-                for (index, rgb), detections in zip(batch, found):
+                found = predict(args, model, spec, boxes)
+                for (index, rgb), (detections, masks) in zip(batch, found):
                     if writer is None:
                         writer = VideoWriter(output, rgb.shape[:2], reader.fps)
                     writer.write(np.asarray(annotate(rgb, detections)))
-                    save_extras(index, rgb, detections)
+                    save_extras(index, rgb, detections, masks)
                     lines.write(_frame_line(index, index / reader.fps, detections, names))
                     counts["frames"] += 1
                     counts["detections"] += len(detections)

@@ -15,6 +15,10 @@ from candle_nn_models.yolo_v8 import YoloV8Spec
 from candle_nn_models.weights.metadata import WeightsMetadata
 from candle_nn_models.weights.registry import resolve_weights
 
+# task -> the registry's model name (its published files, or the error saying there are none)
+REGISTRY_MODELS = {"detect": "yolo_v8", "pose": "yolo_v8_pose", "segment": "yolo_v8_seg",
+                   "classify": "yolo_v8_cls"}
+
 
 def load_detector(weights: "str | Path | None", task: str | None, variant: str | None,
                   device: Device, dtype: str = "float32",
@@ -24,7 +28,13 @@ def load_detector(weights: "str | Path | None", task: str | None, variant: str |
     file."""
     if weights is None:  # the published checkpoint must then be exactly what was asked for
         task, variant = task or "detect", variant or "n"
-    path = resolve_weights("yolo_v8_pose" if task == "pose" else "yolo_v8", variant or "n", weights)
+        if task in ("segment", "classify"):
+            suffix = "-seg" if task == "segment" else "-cls"
+            raise WeightsFileError(
+                f"candle publishes no YOLOv8{suffix} weights: convert ultralytics' checkpoint "
+                f"(candle-nn-weights convert --from ultralytics yolov8{variant}{suffix}.pt "
+                f"yolov8{variant}{suffix}.safetensors) and pass it with --weights")
+    path = resolve_weights(REGISTRY_MODELS[task or "detect"], variant or "n", weights)
     vb = VarBuilder.from_safetensors(path, device=device, dtype=dtype)
     try:
         spec = infer_spec(vb, name=str(path))
@@ -36,7 +46,9 @@ def load_detector(weights: "str | Path | None", task: str | None, variant: str |
     if wrong:
         raise CandleNNError(f"{path} holds {spec}, which does not match {' '.join(wrong)}: "
                             "drop the option to use this file, or pass matching --weights")
-    names = WeightsMetadata.from_dict(vb.metadata).names or list(coco_class_names())
+    names = WeightsMetadata.from_dict(vb.metadata).names
+    if names is None:  # candle's own files carry no names: theirs are COCO's
+        names = list(coco_class_names()) if spec.task != "classify" else []
     if len(names) < spec.num_classes:  # e.g. a custom model without names: number the rest
         names = list(names) + [str(i) for i in range(len(names), spec.num_classes)]
     return load_model(vb, spec), spec, names, path

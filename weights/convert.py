@@ -5,12 +5,15 @@ Sources (``--from``):
 * ``torchvision`` / ``timm``: ResNet-18/34/50/101/152 ``state_dict``s. Their names already are
   candle's; a wrapping prefix (``module.``, ``backbone.``, ``model.`` …) is stripped, BatchNorm's
   ``num_batches_tracked`` dropped, any head size kept.
-* ``ultralytics``: YOLOv8 and YOLO11 detection and pose ``.pt`` files (any class count), the
-  version recognised from the layers (C2f or C3k2 + C2PSA). YOLOv8's layer ``model.N`` becomes
-  candle's ``net.*`` / ``fpn.*`` / ``head`` (:data:`YOLO_LAYER_NAMES`), a C2f's ``m.K`` its
-  ``bottleneck.K``; YOLO11 (no candle names) keeps ultralytics' ``model.N.*``. The checkpoint's
-  class names are kept in the metadata; YOLOv5u, YOLO26, OBB, classification and segmentation
-  files are named and refused.
+* ``ultralytics``: YOLOv8 detection, pose, segmentation and classification and YOLO11 detection,
+  pose and segmentation ``.pt`` files (any class count), the version recognised from the layers
+  (C2f, or C3k2 + C2PSA). YOLOv8's layer ``model.N`` becomes candle's ``net.*`` / ``fpn.*`` /
+  ``head`` (:data:`YOLO_LAYER_NAMES`; a classifier's: :data:`YOLO_CLS_LAYER_NAMES`), a C2f's
+  ``m.K`` its ``bottleneck.K``; inside the head, whose segmentation and classification parts
+  candle does not have, ultralytics' module names stay (``cv4``, ``proto``, ``conv``,
+  ``linear``). YOLO11 (no candle names at all) keeps ultralytics' ``model.N.*``. The
+  checkpoint's class names are kept in the metadata; YOLOv5u, YOLO26, OBB and YOLO11-cls files
+  are named and refused.
 * ``mobile_sam``: MobileSAM's ``mobile_sam.pt`` ``state_dict``; names are candle's already,
   the ``attention_bias_idxs`` index buffers (candle recomputes them) are dropped.
 
@@ -53,6 +56,11 @@ YOLO_LAYER_NAMES: dict[int, str] = {
     16: "fpn.n3", 18: "fpn.n4", 19: "fpn.n5", 21: "fpn.n6", 22: "head",
 }
 YOLO_HEAD_INDEX = 22
+# yolov8-cls.yaml: the backbone's first nine layers (as above), then the Classify head.
+YOLO_CLS_LAYER_NAMES: dict[int, str] = {**{i: YOLO_LAYER_NAMES[i] for i in range(9)}, 9: "head"}
+YOLO_CLS_HEAD_INDEX = 9
+# ultralytics' model classes this converter takes; any other names what it is in the error
+YOLO_MODEL_CLASSES = ("DetectionModel", "PoseModel", "SegmentationModel", "ClassificationModel")
 
 _DROPPED_SUFFIXES = ("num_batches_tracked", "attention_bias_idxs")
 
@@ -194,19 +202,22 @@ def _unwrap_fc(sd: dict[str, Any], where: str) -> tuple[dict[str, Any], str | No
 
 
 # -- ultralytics YOLOv8 ----------------------------------------------------------------------------
-def _yolo_name(key: str, where: str) -> str:
+def _yolo_name(key: str, where: str, classifier: bool = False) -> str:
     parts = key.split(".")
     if len(parts) < 3 or parts[0] != "model" or not parts[1].isdigit():
         raise ConversionError(f"{where}: tensor '{key}' is not an ultralytics 'model.N.*' name")
     index = int(parts[1])
-    if index not in YOLO_LAYER_NAMES:
+    names, head = ((YOLO_CLS_LAYER_NAMES, YOLO_CLS_HEAD_INDEX) if classifier
+                   else (YOLO_LAYER_NAMES, YOLO_HEAD_INDEX))
+    if index not in names:
+        what = "YOLOv8-cls" if classifier else "YOLOv8 detect/pose/segment"
         raise ConversionError(
-            f"{where}: layer {index} ('{key}') has weights, which a YOLOv8 detect/pose model "
-            "does not: this is another architecture (YOLOv5/YOLO11/a custom yaml?)")
+            f"{where}: layer {index} ('{key}') has weights, which a {what} model does not: this "
+            "is another architecture (YOLOv5u/YOLO11/YOLO26/a custom yaml?)")
     rest = parts[2:]
-    if index != YOLO_HEAD_INDEX and rest[0] == "m":  # C2f.m[k] -> candle's bottleneck.k
+    if index != head and rest[0] == "m":  # C2f.m[k] -> candle's bottleneck.k
         rest = ["bottleneck", *rest[1:]]
-    return ".".join([YOLO_LAYER_NAMES[index], *rest])
+    return ".".join([names[index], *rest])
 
 
 def _ultralytics_model(ckpt: Any, where: str) -> tuple[dict[str, Any], Any, Any]:
@@ -226,10 +237,10 @@ def _ultralytics_model(ckpt: Any, where: str) -> tuple[dict[str, Any], Any, Any]
     if not isinstance(model, StandIn):
         raise ConversionError(f"{where}: 'model' is a {type(model).__name__}, not a model")
     cls = model.qualname.rsplit(".", 1)[-1]
-    if cls not in ("DetectionModel", "PoseModel"):
+    if cls not in YOLO_MODEL_CLASSES:
         raise ConversionError(
-            f"{where} holds an ultralytics {cls}; only DetectionModel and PoseModel (YOLOv8 "
-            "and YOLO11 detect and pose) are supported")
+            f"{where} holds an ultralytics {cls}; only {', '.join(YOLO_MODEL_CLASSES)} (YOLOv8 "
+            "detect, pose, segment and classify; YOLO11 detect, pose and segment) are supported")
     layers = (model.__dict__.get("_modules") or {}).get("model")
     children = list((getattr(layers, "__dict__", {}).get("_modules") or {}).values())
     return dict(module_state_dict(model)), model.__dict__.get("names"), children or None
@@ -241,12 +252,13 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
     """An unpickled ultralytics checkpoint (or a ``model.N.*`` state_dict) → candle names."""
     sd, ckpt_names, layers = _ultralytics_model(ckpt, source)
     sd, dropped = _drop_buffers(sd)
-    _check_ultralytics_kind(sd, source)
     version = _ultralytics_version(sd, layers, source)
+    _check_ultralytics_kind(sd, source)
     if version == "11":  # candle has no YOLO11: ultralytics' names are ours
         tensors = {_model_n(k, source): v for k, v in sd.items()}
     else:
-        tensors = {_yolo_name(k, source): v for k, v in sd.items()}
+        classifier = any(k.startswith(f"model.{YOLO_CLS_HEAD_INDEX}.linear.") for k in sd)
+        tensors = {_yolo_name(k, source, classifier): v for k, v in sd.items()}
     kpt = _kpt_shape(ckpt, layers[-1] if layers else None)
     if kpt is not None and len(kpt) == 2 and int(kpt[1]) != 3:
         raise ConversionError(
@@ -266,7 +278,7 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
     if names is None and ckpt_names is not None:
         names = names_from(ckpt_names, source)
     family = "yolo11" if isinstance(spec, Yolo11Spec) else "yolo_v8"
-    model = f"{family}_pose" if spec.task == "pose" else family
+    model = family + {"pose": "_pose", "segment": "_seg", "classify": "_cls"}.get(spec.task, "")
     meta = WeightsMetadata(
         model=model, variant=spec.variant, task=TASKS[model], num_classes=spec.num_classes,
         num_keypoints=spec.num_keypoints if spec.task == "pose" else None,
@@ -274,7 +286,8 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
     return Converted(_numpy(tensors), meta, dropped=dropped)
 
 
-_SUPPORTED = "only YOLOv8 and YOLO11 detect and pose models are supported"
+_SUPPORTED = ("only YOLOv8 (detect, pose, segment, classify) and YOLO11 (detect, pose, segment) "
+              "models are supported")
 
 
 def _model_n(key: str, where: str) -> str:
@@ -288,11 +301,17 @@ def _model_n(key: str, where: str) -> str:
 def _ultralytics_version(sd: Mapping[str, Any], layers: list[Any] | None, where: str) -> str:
     """``"8"`` or ``"11"``: which YOLO a ``model.N.*`` state_dict holds, from its layer classes
     (``layers``: the pickled modules, when the file has them) or else its weights' names.
-    ConversionError naming YOLOv5u and YOLO26, whose layers are close but not the same."""
+    ConversionError naming YOLOv5u, YOLO26, other end-to-end models and YOLO11-cls, whose layers
+    are close but not the same."""
     kinds = {getattr(layer, "qualname", "").rsplit(".", 1)[-1] for layer in layers or ()}
     if "C3" in kinds or "model.2.cv3.conv.weight" in sd:
         raise ConversionError(
             f"{where} holds an ultralytics YOLOv5u model (C3 blocks); {_SUPPORTED}")
+    attention = "C2PSA" in kinds or any(".attn.qkv." in k for k in sd)
+    if attention and ("Classify" in kinds or any(".linear." in k for k in sd)):
+        raise ConversionError(
+            f"{where} holds an ultralytics YOLO11 classification model (C2PSA and a Classify "
+            f"head); {_SUPPORTED}")
     psa = "C2PSA" in kinds or "model.10.m.0.attn.qkv.conv.weight" in sd
     parts = [k.split(".") for k in sd]
     head = max((int(p[1]) for p in parts if len(p) > 1 and p[1].isdigit()), default=0)
@@ -309,13 +328,9 @@ def _ultralytics_version(sd: Mapping[str, Any], layers: list[Any] | None, where:
 
 
 def _check_ultralytics_kind(sd: Mapping[str, Any], where: str) -> None:
-    """ConversionError naming what a ``model.N.*`` state_dict is when it is no YOLOv8/YOLO11
-    detect or pose model (its weights say so even without the model object): a classifier, an
-    OBB model, or a model whose BatchNorms were fused into its convs."""
-    if any(".linear." in k for k in sd):
-        raise ConversionError(
-            f"{where} holds an ultralytics classification model (a Classify head with a "
-            f"Linear, as yolov8-cls); {_SUPPORTED}")
+    """ConversionError naming what a ``model.N.*`` state_dict is when it is no model this
+    converter takes (its weights say so even without the model object): an OBB model, or a model
+    whose BatchNorms were fused into its convs."""
     angles = [v for k, v in sd.items() if k.endswith(".cv4.0.2.weight") and k.count(".") == 5]
     if any(int(angle.shape[0]) == 1 for angle in angles):
         raise ConversionError(

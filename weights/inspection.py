@@ -68,7 +68,8 @@ class Match:
 def _count_words(arg: str, n: int | None) -> str:
     if n is None:
         return "headless"
-    noun = {"num_classes": ("class", "classes"), "num_keypoints": ("keypoint", "keypoints")}.get(
+    noun = {"num_classes": ("class", "classes"), "num_keypoints": ("keypoint", "keypoints"),
+            "num_masks": ("mask", "masks")}.get(
         arg, (arg, arg))
     return f"{n} {noun[0] if n == 1 else noun[1]}"
 

@@ -28,7 +28,7 @@ from candle_nn_models.resnet import ResNet
 from candle_nn_models.segment_anything import MOBILE_SAM_ENCODERS, VIT_CONFIGS, Sam
 from candle_nn_models.yolo11 import SCALES as YOLO11_SCALES
 from candle_nn_models.yolo11 import Yolo11, Yolo11Pose
-from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Pose
+from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Cls, YoloV8Pose, YoloV8Seg
 
 Shape = tuple[int, ...]
 
@@ -97,6 +97,14 @@ def _load_yolo_pose(vb: VarBuilder, variant: str, num_keypoints: int, num_classe
     return YoloV8Pose.load(vb, variant, num_keypoints, num_classes)
 
 
+def _load_yolo_seg(vb: VarBuilder, variant: str, num_classes: int, num_masks: int) -> Module:
+    return YoloV8Seg.load(vb, variant, num_classes, num_masks)
+
+
+def _load_yolo_cls(vb: VarBuilder, variant: str, num_classes: int) -> Module:
+    return YoloV8Cls.load(vb, variant, num_classes)
+
+
 def _load_yolo11(vb: VarBuilder, variant: str, num_classes: int) -> Module:
     return Yolo11.load(vb, variant, num_classes)
 
@@ -120,6 +128,11 @@ SPECS: dict[str, ModelSpec] = {s.model: s for s in (
     ModelSpec("yolo_v8_pose", tuple(MULTIPLES), _load_yolo_pose,
               (Count("num_keypoints", "head.cv4.0.2.weight", 3, 17),
                Count("num_classes", _YOLO_CLASSES, 1, 1))),
+    ModelSpec("yolo_v8_seg", tuple(MULTIPLES), _load_yolo_seg,
+              (Count("num_classes", _YOLO_CLASSES, 1, 80),
+               Count("num_masks", "head.cv4.0.2.weight", 1, 32))),
+    ModelSpec("yolo_v8_cls", tuple(MULTIPLES), _load_yolo_cls,
+              (Count("num_classes", "head.linear.weight", 1, 1000),)),
     ModelSpec("yolo11", tuple(YOLO11_SCALES), _load_yolo11,
               (Count("num_classes", "model.23.cv3.0.2.weight", 1, 80),)),
     ModelSpec("yolo11_pose", tuple(YOLO11_SCALES), _load_yolo11_pose,

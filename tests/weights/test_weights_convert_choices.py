@@ -1,6 +1,6 @@
 """`convert` takes the weights the source tool would load, and names what it refuses: timm's EMA
 weights, a head wrapped in a Sequential, 2-value keypoints, and ultralytics state_dicts of other
-tasks (classification, OBB) or of a fused model."""
+tasks (OBB, end-to-end YOLO26) or of a fused model."""
 
 from __future__ import annotations
 
@@ -103,9 +103,9 @@ def test_ultralytics_state_dicts_of_other_tasks_or_fused_are_named(tmp_path, cap
     ultra = _ultra(name_map, num_classes=3)
     obb = {**ultra, **{f"model.22.cv4.{i}.2.weight": np.zeros((1, 16, 1, 1), np.float32)
                        for i in range(3)}}
-    cls = {k: v for k, v in ultra.items() if int(k.split(".")[1]) < 9}
-    cls.update({"model.9.conv.conv.weight": np.zeros((8, 4, 1, 1), np.float32),
-                "model.9.linear.weight": np.zeros((10, 8), np.float32)})
+    end2end = {**ultra, **{f"model.22.one2one_cv2.{i}.2.weight": np.zeros((64, 16, 1, 1),
+                                                                          np.float32)
+                           for i in range(3)}}
     fused = {}
     for k, v in ultra.items():
         if ".bn." in k:
@@ -114,7 +114,7 @@ def test_ultralytics_state_dicts_of_other_tasks_or_fused_are_named(tmp_path, cap
         if k.endswith(".conv.weight") and k.replace(".conv.weight", ".bn.weight") in ultra:
             fused[k.replace(".weight", ".bias")] = np.zeros(v.shape[0], np.float32)
     for sd, fragment in ((obb, "an ultralytics OBB model"),
-                         (cls, "an ultralytics classification model"),
+                         (end2end, "an ultralytics end-to-end model"),
                          (fused, "a fused ultralytics model")):
         rc, _ = _convert(tmp_path, "ultralytics", {"model": _torch(sd)})
         assert rc == 1

@@ -118,8 +118,8 @@ def test_refuses_a_pickle_with_unexpected_objects(tmp_path, capsys):
 def test_refuses_other_ultralytics_tasks_and_architectures(tmp_path, three_class_model, capsys):
     _, ultra = three_class_model
     rc, _ = _convert(tmp_path, lambda f: ultralytics_checkpoint(
-        ultra, pose=False, names=COCO3, factory=f, model_class="SegmentationModel"))
-    assert rc == 1 and "SegmentationModel" in one_error_line(capsys)
+        ultra, pose=False, names=COCO3, factory=f, model_class="OBBModel"))
+    assert rc == 1 and "OBBModel" in one_error_line(capsys)
 
     extra = dict(ultra, **{"model.23.cv1.conv.weight": np.zeros((4, 4, 1, 1), np.float32)})
     rc, _ = _convert(tmp_path, lambda f: ultralytics_checkpoint(extra, pose=False, names=COCO3,

@@ -45,9 +45,11 @@ def _pool(kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, 
         xp = mx.pad(x, [(0, 0), (ph, ph), (pw, pw), (0, 0)], constant_values=-float("inf"))
         hp, wp = xp.shape[1:3]
         out_hw = tuple(y.shape[1:3])
-        masks = [(ij, t == y) for ij, t in _taps(xp, kernel, stride, out_hw)]
+        # A window whose maximum is NaN passes NaN to each of its inputs, as the reference's VJP
+        nan_window = mx.isnan(y)
+        masks = [(ij, (t == y) | nan_window) for ij, t in _taps(xp, kernel, stride, out_hw)]
         count = sum(m.astype(dy.dtype) for _, m in masks)
-        share = dy / count
+        share = mx.where(nan_window, mx.array(float("nan"), dy.dtype), dy / count)
         dxp = None
         for (i, j), m in masks:
             g = dilate(mx.where(m, share, 0), stride)

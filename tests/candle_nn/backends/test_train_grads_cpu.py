@@ -140,3 +140,45 @@ def test_batch_norm_train_gradient_matches_float64_torch(compiled) -> None:
     assert _rel(gx, _nhwc(tx.grad)) < TOL
     assert _rel(gw, ref.weight.grad.numpy()) < TOL
     assert _rel(gb, ref.bias.grad.numpy()) < TOL
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_max_pool_gradient_propagates_non_finite_as_mlx_does(bad, compiled) -> None:
+    """A window whose maximum is NaN makes every input of it NaN in MLX's VJP; ±Inf is an
+    ordinary maximum (or not one). Our VJP gives the same NaN positions and the same values."""
+    x = RNG.standard_normal((2, 7, 6, 3)).astype(np.float32)
+    x[0, 2, 3, 1] = x[1, 5, 0, 2] = bad
+    x = mx.array(x)
+    y = cn.ops.max_pool2d(x, (3, 3), (2, 2), (1, 1))
+    dy = mx.array(RNG.standard_normal(y.shape).astype(np.float32))
+    grad = mx.grad(lambda x: (cn.ops.max_pool2d(x, (3, 3), (2, 2), (1, 1)) * dy).sum())
+    max_pool_grad._POOLS.clear()
+    ours = np.array((mx.compile(grad) if compiled else grad)(x))
+    assert max_pool_grad._POOLS  # this path ran, not MLX's VJP
+    with cn.ops.disabled("max_pool_grad"):
+        reference = np.array(grad(x))
+    assert np.isnan(reference).any() == bool(np.isnan(bad))
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(reference))
+    finite = ~np.isnan(reference)
+    np.testing.assert_allclose(ours[finite], reference[finite], atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_batch_norm_train_gradient_propagates_non_finite_as_mlx_does(bad) -> None:
+    """A NaN or Inf input poisons its channel's statistics: every gradient of that channel is
+    NaN in MLX's own VJP of the reference expression, and in the closed form."""
+    c = 4
+    x = RNG.standard_normal((2, 5, 5, c)).astype(np.float32)
+    x[0, 1, 1, 2] = bad
+    dy = mx.array(RNG.standard_normal(x.shape).astype(np.float32))
+    bn = cn.BatchNorm2d(mx.zeros(c), mx.ones(c), mx.ones(c), mx.zeros(c),
+                        device=cn.Device.cpu()).train()
+    grad = mx.grad(lambda x: (bn(x) * dy).sum())
+    ours = np.array(grad(mx.array(x)))
+    with cn.ops.disabled("batch_norm_vjp"):
+        reference = np.array(grad(mx.array(x)))
+    assert np.isnan(reference[..., 2]).all() and not np.isnan(np.delete(reference, 2, -1)).any()
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(reference))
+    finite = ~np.isnan(reference)
+    np.testing.assert_allclose(ours[finite], reference[finite], rtol=1e-4, atol=1e-5)
