@@ -1,4 +1,5 @@
-"""YOLO11 object detection and pose estimation (sizes n/s/m/l/x), NHWC, with ultralytics' names.
+"""YOLO11 object detection, pose estimation and instance segmentation (sizes n/s/m/l/x), NHWC,
+with ultralytics' names.
 
 candle has no YOLO11, so tensor names are ultralytics' module names (``yolo11.yaml``'s layer
 indices), as in its ``.pt`` files and ``state_dict``::
@@ -9,7 +10,9 @@ indices), as in its ``.pt`` files and ``state_dict``::
     model.7 … model.10                      stride-2 ConvBlock, C3k2, SPPF, C2PSA → p5 (stride 32)
     model.13 model.16 model.17 model.19     PAN neck: C3k2, C3k2, ConvBlock, C3k2,
     model.20 model.22                       ConvBlock, C3k2 (11, 12, 14, 15, 18, 21 hold nothing)
-    model.23                                Detect / Pose head (cv2, cv3 depthwise, dfl, pose: cv4)
+    model.23                                Detect / Pose / Segment head (cv2, cv3 depthwise, dfl;
+                                            pose: cv4 keypoints; segment: cv4 mask coefficients,
+                                            proto)
 
 Usage::
 
@@ -32,12 +35,13 @@ import candle_nn as cn
 import mlx.core as mx
 
 from .yolo11_blocks import C2PSA, C3k2
-from .yolo_v8 import YoloV8Spec, _YoloV8Base
+from .yolo_v8 import YoloV8Seg, YoloV8Spec, _YoloV8Base
 from .yolo_v8_blocks import ConvBlock, Sppf
 from .yolo_v8_head import DetectionHead, PoseHead
+from .yolo_v8_segment_head import SegmentHead, proto_channels
 
-__all__ = ["SCALES", "Scale", "Yolo11Backbone", "Yolo11Neck", "Yolo11", "Yolo11Pose", "Yolo11Spec",
-           "infer_spec", "load_model", "STEM"]
+__all__ = ["SCALES", "Scale", "Yolo11Backbone", "Yolo11Neck", "Yolo11", "Yolo11Pose", "Yolo11Seg",
+           "Yolo11Spec", "infer_spec", "load_model", "STEM"]
 
 
 @dataclass(frozen=True)
@@ -167,8 +171,9 @@ class Yolo11(_YoloV8Base):
                     Yolo11Neck.load(vb.pp("model"), s, fold_bn),
                     DetectionHead.load(vb.pp("model.23"), num_classes, s.filters(), fold_bn,
                                        depthwise_cls=True), spec)
-        # a pose checkpoint also loads as its detector: its keypoint branch is left unread
-        vb.check_all_read(str(spec), unused=("model.23.cv4.*",))
+        # a pose or segmentation checkpoint also loads as its detector: its cv4 (and proto) are
+        # left unread
+        vb.check_all_read(str(spec), unused=("model.23.cv4.*", "model.23.proto.*"))
         return model
 
 
@@ -190,6 +195,28 @@ class Yolo11Pose(_YoloV8Base):
         return model
 
 
+class Yolo11Seg(YoloV8Seg):
+    """YOLO11 instance segmentation: called as :class:`~candle_nn_models.yolo_v8.YoloV8Seg`
+    (``(pred, protos)``; masks by :func:`candle_nn_models.yolo_v8_masks.process_mask`)."""
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder, variant: str = "n", num_classes: int = 80,
+             num_masks: int = 32, *, fold_bn: bool = True) -> "Yolo11Seg":
+        """As :meth:`Yolo11.load`; the segmentation head (``model.23.cv4``, ``model.23.proto``)
+        is YOLOv8's around YOLO11's detection head."""
+        spec = Yolo11Spec(variant, "segment", num_classes, num_masks=num_masks)
+        _check_weights(vb, spec)
+        s = scale(variant)
+        head_vb = vb.pp("model.23")
+        detect = DetectionHead.load(head_vb, num_classes, s.filters(), fold_bn, depthwise_cls=True)
+        head = SegmentHead.load(head_vb, num_classes, s.filters(), num_masks,
+                                proto_channels(s.width, s.max_channels), fold_bn, detect=detect)
+        model = cls(Yolo11Backbone.load(vb.pp("model"), s, fold_bn),
+                    Yolo11Neck.load(vb.pp("model"), s, fold_bn), head, spec)
+        vb.check_all_read(str(spec))
+        return model
+
+
 @dataclass(frozen=True)
 class Yolo11Spec(YoloV8Spec):
     """What a YOLO11 checkpoint holds (the fields of :class:`YoloV8Spec`)."""
@@ -203,9 +230,9 @@ _HEAD = "model.23."
 
 
 def infer_spec(vb: cn.VarBuilder, name: str = "the checkpoint") -> Yolo11Spec:
-    """Variant, task and class/keypoint counts of the YOLO11 checkpoint behind ``vb`` (ultralytics'
-    names), from tensor shapes. Raises WeightsFileError (its message starting with ``name``)
-    when ``vb`` holds no YOLO11 detection or pose model."""
+    """Variant, task and class/keypoint/mask counts of the YOLO11 checkpoint behind ``vb``
+    (ultralytics' names), from tensor shapes. Raises WeightsFileError (its message starting with
+    ``name``) when ``vb`` holds no YOLO11 detection, pose or segmentation model."""
     if not vb.contains(STEM) or not vb.contains("model.10.m.0.attn.qkv.conv.weight"):
         raise cn.WeightsFileError(
             f"{name} is not a YOLO11 checkpoint in ultralytics' layout (it has no "
@@ -219,9 +246,6 @@ def infer_spec(vb: cn.VarBuilder, name: str = "the checkpoint") -> Yolo11Spec:
         raise cn.WeightsFileError(
             f"{name}: stem width {stem} with {depth} blocks in model.2 matches no YOLO11 size "
             f"({', '.join(SCALES)})")
-    if vb.contains(_HEAD + "proto.cv1.conv.weight"):
-        raise cn.WeightsFileError(f"{name} holds a YOLO11 segmentation model, which is not "
-                                  "supported")
     if not vb.contains(_HEAD + "cv3.0.2.weight"):
         raise cn.WeightsFileError(f"{name}: no YOLO11 detection head (model.23.cv3.0.2.weight)")
     num_classes = vb.shape(_HEAD + "cv3.0.2.weight")[0]
@@ -230,6 +254,10 @@ def infer_spec(vb: cn.VarBuilder, name: str = "the checkpoint") -> Yolo11Spec:
     if not vb.contains(_HEAD + "cv4.0.2.weight"):
         return Yolo11Spec(variant, "detect", num_classes)
     nk = vb.shape(_HEAD + "cv4.0.2.weight")[0]
+    if vb.contains(_HEAD + "proto.cv1.conv.weight"):
+        if nk == 0:
+            raise cn.WeightsFileError(f"{name} has an empty segmentation head (0 mask channels)")
+        return Yolo11Spec(variant, "segment", num_classes, num_masks=nk)
     if nk == 1:
         raise cn.WeightsFileError(f"{name} holds a YOLO11 OBB model (its head's cv4 predicts one "
                                   "rotation angle), which is not supported")
@@ -241,14 +269,15 @@ def infer_spec(vb: cn.VarBuilder, name: str = "the checkpoint") -> Yolo11Spec:
 
 
 def _check_weights(vb: cn.VarBuilder, wanted: Yolo11Spec) -> None:
-    """As YOLOv8's: both descriptions when a checkpoint is not the model being built; pose
-    checkpoints also load as plain detectors; a fresh source is not checked."""
+    """As YOLOv8's: both descriptions when a checkpoint is not the model being built; pose and
+    segmentation checkpoints also load as plain detectors; a fresh source is not checked."""
     if not vb.contains(STEM):
         return
     found = infer_spec(vb)
     same = (found.variant, found.num_classes) == (wanted.variant, wanted.num_classes)
-    if wanted.task == "pose":
-        same = same and (found.task, found.num_keypoints) == ("pose", wanted.num_keypoints)
+    if wanted.task != "detect":
+        same = same and (found.task, found.num_keypoints, found.num_masks) == (
+            wanted.task, wanted.num_keypoints, wanted.num_masks)
     if not same:
         raise cn.ShapeMismatchError(
             f"the weights hold {found}, not {wanted}: build the model the checkpoint holds "
@@ -256,9 +285,11 @@ def _check_weights(vb: cn.VarBuilder, wanted: Yolo11Spec) -> None:
 
 
 def load_model(vb: cn.VarBuilder, spec: Yolo11Spec | None = None, *,
-               fold_bn: bool = True) -> Yolo11 | Yolo11Pose:
+               fold_bn: bool = True) -> Yolo11 | Yolo11Pose | Yolo11Seg:
     """The model ``spec`` describes (default: :func:`infer_spec` of ``vb``), loaded from ``vb``."""
     spec = infer_spec(vb) if spec is None else spec
+    if spec.task == "segment":
+        return Yolo11Seg.load(vb, spec.variant, spec.num_classes, spec.num_masks, fold_bn=fold_bn)
     if spec.task == "pose":
         return Yolo11Pose.load(vb, spec.variant, spec.num_keypoints, spec.num_classes,
                                fold_bn=fold_bn)

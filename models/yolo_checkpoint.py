@@ -7,10 +7,10 @@ from __future__ import annotations
 import candle_nn as cn
 
 from . import yolo11, yolo_v8
-from .yolo11 import Yolo11, Yolo11Pose, Yolo11Spec
+from .yolo11 import Yolo11, Yolo11Pose, Yolo11Seg, Yolo11Spec
 from .yolo_v8 import YoloV8, YoloV8Cls, YoloV8Pose, YoloV8Seg, YoloV8Spec
 
-YoloModel = YoloV8 | YoloV8Pose | YoloV8Seg | YoloV8Cls | Yolo11 | Yolo11Pose
+YoloModel = YoloV8 | YoloV8Pose | YoloV8Seg | YoloV8Cls | Yolo11 | Yolo11Pose | Yolo11Seg
 
 
 def infer_spec(vb: cn.VarBuilder, name: str = "the checkpoint") -> YoloV8Spec:

@@ -22,13 +22,14 @@ from helpers.ultralytics_reference import import_ultralytics
 
 def seeded_model(yaml: str, x: np.ndarray, *, nc: int | None = None,
                  seed: int = 0) -> torch.nn.Module:
-    """ultralytics' ``DetectionModel`` / ``PoseModel`` of ``yaml`` (by its task), in eval mode,
-    its head calibrated on the input ``x`` ``(1, 3, H, W)``."""
+    """ultralytics' ``DetectionModel`` / ``PoseModel`` / ``SegmentationModel`` of ``yaml`` (by
+    its task), in eval mode, its head calibrated on the input ``x`` ``(1, 3, H, W)``."""
     import_ultralytics()
-    from ultralytics.nn.tasks import DetectionModel, PoseModel
+    from ultralytics.nn.tasks import DetectionModel, PoseModel, SegmentationModel
 
     torch.manual_seed(seed)
-    cls = PoseModel if "-pose" in yaml else DetectionModel
+    cls = (PoseModel if "-pose" in yaml else SegmentationModel if "-seg" in yaml
+           else DetectionModel)
     kwargs = {} if nc is None else {"nc": nc}
     model = cls(yaml, verbose=False, **kwargs).eval()
     for m in model.modules():
@@ -44,8 +45,9 @@ def seeded_model(yaml: str, x: np.ndarray, *, nc: int | None = None,
         x = torch.from_numpy(x)
         _calibrate(model, x, [b[2] for b in head.cv3], mean=-4.0, std=2.5)
         _calibrate(model, x, [b[2] for b in head.cv2], mean=0.0, std=1.5, bias=tilt)
-        if hasattr(head, "cv4"):
-            _calibrate(model, x, [b[2] for b in head.cv4], mean=0.0, std=1.0)
+        if hasattr(head, "cv4"):  # keypoints, or mask coefficients (mostly positive: masks)
+            _calibrate(model, x, [b[2] for b in head.cv4], std=1.0,
+                       mean=1.0 if hasattr(head, "proto") else 0.0)
     model.names = {i: f"class{i}" for i in range(head.nc)}
     return model
 

@@ -2,7 +2,8 @@
 (``torch.save`` of ``{"model": None, "ema": <half-precision model>, …}``) → ``candle-nn-weights
 convert --from ultralytics`` → ``candle-yolo-v8 --weights`` gives ultralytics' own predictions
 (``YOLO(best.pt).predict``) on bike.jpg: the same detections, classes and keypoints, scores within
-1e-4 and pixels within 0.1 (1e-4 of the image, plus the JSON's rounding)."""
+1e-4 and pixels within 0.1 (1e-4 of the image, plus the JSON's rounding), masks (COCO RLE in the
+JSON) within IoU 0.999 of ultralytics' on the original image."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _save_like_ultralytics(model: torch.nn.Module, path, task: str = "detect") -
                path)
 
 
-def _ultralytics_predict(pt, image, monkeypatch) -> list[dict]:
+def _ultralytics_predict(pt, image, monkeypatch) -> tuple[list[dict], object]:
     import_ultralytics()
     from ultralytics import YOLO
     from ultralytics.nn.autobackend import AutoBackend
@@ -49,22 +50,24 @@ def _ultralytics_predict(pt, image, monkeypatch) -> list[dict]:
             xy, conf = result.keypoints.xy[i].numpy(), result.keypoints.conf[i].numpy()
             det["keypoints"] = np.concatenate([xy, conf[:, None]], axis=1).tolist()
         out.append(det)
-    return out
+    return out, result
 
 
-@pytest.mark.parametrize("yaml, nc", [("yolo11n.yaml", 3), ("yolo11n-pose.yaml", 1)])
+@pytest.mark.parametrize("yaml, nc", [("yolo11n.yaml", 3), ("yolo11n-pose.yaml", 1),
+                                      ("yolo11n-seg.yaml", 3)])
 def test_ultralytics_checkpoint_through_convert_and_cli(tmp_path, capsys, monkeypatch, yaml, nc):
     image = fixture_dir("images") / "bike.jpg"
     model = seeded_model(yaml, bike(128, SIZE), nc=nc)
     model.names = {i: name for i, name in enumerate(["cat", "dog", "bird"][:nc])}
     pt, converted = tmp_path / "best.pt", tmp_path / "best.safetensors"
-    pose = "-pose" in yaml
-    _save_like_ultralytics(model, pt, "pose" if pose else "detect")
+    pose, seg = "-pose" in yaml, "-seg" in yaml
+    task = "pose" if pose else "segment" if seg else "detect"
+    _save_like_ultralytics(model, pt, task)
 
     assert weights_cli(["convert", "--from", "ultralytics", str(pt), str(converted)]) == 0
     meta = read_metadata(converted)
-    assert (meta.model, meta.variant, meta.task) == (("yolo11_pose", "n", "pose") if pose
-                                                     else ("yolo11", "n", "detect"))
+    model_name = {"pose": "yolo11_pose", "segment": "yolo11_seg"}.get(task, "yolo11")
+    assert (meta.model, meta.variant, meta.task) == (model_name, "n", task)
     assert meta.names == list(model.names.values())
     capsys.readouterr()
 
@@ -73,12 +76,13 @@ def test_ultralytics_checkpoint_through_convert_and_cli(tmp_path, capsys, monkey
     out = capsys.readouterr().out
     assert code == 0
     doc = json.loads(out)
-    assert doc["model"] == ("YOLO11n-pose (1 class, 17 keypoints)" if pose
-                            else "YOLO11n (3 classes)")
+    assert doc["model"] == {"pose": "YOLO11n-pose (1 class, 17 keypoints)",
+                            "segment": "YOLO11n-seg (3 classes, 32 masks)"}.get(
+                                task, "YOLO11n (3 classes)")
     ours = doc["images"][0]["detections"]
-    assert (tmp_path / "run" / f"bike_{'pose' if pose else 'detect'}.jpg").is_file()
+    assert (tmp_path / "run" / f"bike_{task}.jpg").is_file()
 
-    want = _ultralytics_predict(pt, image, monkeypatch)
+    want, result = _ultralytics_predict(pt, image, monkeypatch)
     assert len(want) >= 3 and len(ours) == len(want)
     for got, ref in zip(ours, want):
         assert got["class_id"] == ref["class_id"]
@@ -88,6 +92,17 @@ def test_ultralytics_checkpoint_through_convert_and_cli(tmp_path, capsys, monkey
         if pose:
             diff = np.abs(np.subtract(got["keypoints"], ref["keypoints"]))
             assert diff[:, :2].max() <= 0.1 and diff[:, 2].max() <= 1e-4
+    if seg:
+        from pycocotools import mask as mask_utils
+        from ultralytics.utils import ops
+
+        ref_masks = ops.scale_masks(result.masks.data[None].float(), result.orig_shape)[0] > 0.5
+        for got, ref_mask in zip(ours, ref_masks.numpy()):
+            rle = {"size": got["segmentation"]["size"],
+                   "counts": got["segmentation"]["counts"].encode()}
+            mask = mask_utils.decode(rle).astype(bool)
+            iou = (mask & ref_mask).sum() / max((mask | ref_mask).sum(), 1)
+            assert iou >= 0.999, iou
 
 
 def test_a_yolo11_file_with_the_wrong_task_or_variant(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """``candle-nn-weights convert --from ultralytics`` on YOLO11 files (ultralytics' models built from
 their YAML, no download): the version is read from the layers, ultralytics' names are kept, and
-the neighbours it is not — YOLOv5u, YOLO26, OBB, YOLO11-seg — are each one error naming them,
+the neighbours it is not — YOLOv5u, YOLO26, OBB, YOLO11-cls — are each one error naming them,
 whether the file holds the pickled model or only its state_dict."""
 
 from __future__ import annotations
@@ -43,17 +43,29 @@ def test_yolo11_pose_keeps_ultralytics_names(tmp_path, capsys, as_state_dict):
         assert {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()} == want
 
 
+@pytest.mark.parametrize("as_state_dict", [False, True])
+def test_yolo11_seg_converts(tmp_path, as_state_dict):
+    model = _model("SegmentationModel", "yolo11s-seg.yaml", nc=2)
+    src, out = tmp_path / "best.pt", tmp_path / "best.safetensors"
+    torch.save(model.state_dict() if as_state_dict else {"model": model}, src)
+    assert main(["convert", "--from", "ultralytics", str(src), str(out), "--variant", "s"]) == 0
+    meta = read_metadata(out)
+    assert (meta.model, meta.variant, meta.task, meta.num_classes) == ("yolo11_seg", "s",
+                                                                       "segment", 2)
+
+
 @pytest.mark.parametrize("kind, yaml, fragment", [
     ("DetectionModel", "yolov5nu.yaml", "YOLOv5u model"),
     ("DetectionModel", "yolo26n.yaml", "YOLO26 model"),
     ("OBBModel", "yolo11n-obb.yaml", "OBB"),
-    ("SegmentationModel", "yolo11n-seg.yaml", "egmentation"),
+    ("ClassificationModel", "yolo11n-cls.yaml", "YOLO11 classification model"),
 ])
 @pytest.mark.parametrize("as_state_dict", [False, True])
 def test_unsupported_neighbours_are_named(tmp_path, capsys, kind, yaml, fragment, as_state_dict):
     model = _model(kind, yaml)
     src, out = tmp_path / "best.pt", tmp_path / "best.safetensors"
     torch.save(model.state_dict() if as_state_dict else {"model": model}, src)
+    capsys.readouterr()  # what building the model logged
     assert main(["convert", "--from", "ultralytics", str(src), str(out)]) == 1
     assert fragment in one_error_line(capsys)
     assert not out.exists()
