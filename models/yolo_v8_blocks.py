@@ -37,7 +37,8 @@ class ConvBlock(cn.Module):
                                   fold_bn=fold_bn), act)
 
     def forward(self, x: mx.array, residual: mx.array | None = None) -> mx.array:
-        """``silu(conv(x))``, plus ``residual`` when given (one fused pass on the CPU)."""
+        """``silu(conv(x))`` (``conv(x)`` when built with ``act=False``), plus ``residual`` when
+        given (one fused pass on the CPU)."""
         return self.conv(x, activation=self.activation, residual=residual,
                          residual_after_activation=True)
 

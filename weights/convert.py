@@ -310,8 +310,8 @@ def _ultralytics_version(sd: Mapping[str, Any], layers: list[Any] | None, where:
     attention = "C2PSA" in kinds or any(".attn.qkv." in k for k in sd)
     if attention and ("Classify" in kinds or any(".linear." in k for k in sd)):
         raise ConversionError(
-            f"{where} holds an ultralytics YOLO11 classification model (C2PSA and a Classify "
-            f"head); {_SUPPORTED}")
+            f"{where} holds an ultralytics YOLO11 or YOLO26 classification model (C2PSA blocks "
+            f"and a Classify head); {_SUPPORTED}")
     psa = "C2PSA" in kinds or "model.10.m.0.attn.qkv.conv.weight" in sd
     parts = [k.split(".") for k in sd]
     head = max((int(p[1]) for p in parts if len(p) > 1 and p[1].isdigit()), default=0)
@@ -322,8 +322,8 @@ def _ultralytics_version(sd: Mapping[str, Any], layers: list[Any] | None, where:
             f"{_SUPPORTED}")
     if e2e:
         raise ConversionError(
-            f"{where} holds an end-to-end (NMS-free, one2one) ultralytics model such as "
-            f"YOLOv10; {_SUPPORTED}")
+            f"{where} holds an ultralytics end-to-end model (its head has one2one_* branches, "
+            f"as YOLOv10); {_SUPPORTED}")
     return "11" if psa else "8"
 
 

@@ -58,7 +58,7 @@ def test_yolo11_seg_converts(tmp_path, as_state_dict):
     ("DetectionModel", "yolov5nu.yaml", "YOLOv5u model"),
     ("DetectionModel", "yolo26n.yaml", "YOLO26 model"),
     ("OBBModel", "yolo11n-obb.yaml", "OBB"),
-    ("ClassificationModel", "yolo11n-cls.yaml", "YOLO11 classification model"),
+    ("ClassificationModel", "yolo11n-cls.yaml", "YOLO11 or YOLO26 classification"),
 ])
 @pytest.mark.parametrize("as_state_dict", [False, True])
 def test_unsupported_neighbours_are_named(tmp_path, capsys, kind, yaml, fragment, as_state_dict):
