@@ -82,9 +82,12 @@ def table(report: dict) -> str:
              str(r["batch"]), _fmt(r["throughput_ips"], ".1f")] for r in measured]
     meta = report["meta"]
     blas = meta["info"]["blas"]
+    kind = meta["info"].get("cpu")  # the CPU's kind and micro-kernels (cpu_model.py)
+    kind = (f"; {kind['microarchitecture']}, micro-kernels GEMM {kind['gemm']} / Winograd "
+            f"{kind['winograd']}") if kind else ""
     parts = [f"candle_nn {meta['info']['candle_nn']} / MLX {meta['info']['mlx']}; CPU BLAS: "
              f"{blas['name']}; threads: {meta['options']['threads'] or 'default'}; "
-             f"{meta.get('cpu') or ''} ({meta.get('cpu_count')} cores)",
+             f"{meta.get('cpu') or ''} ({meta.get('cpu_count')} cores{kind})",
              _grid(head, body) + ("" if body else "\n(nothing measured)")]
     if report["ratios"]:
         rhead = ["model", "device", "dtype", "ours / peer", "bs1 ×", "batch ×", "load ×"]

@@ -36,7 +36,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CANDLE_NN_CPU_GEMM", "auto", "`blas`: the packed-weight GEMM off"),
     Setting("CANDLE_NN_CPU_THREADS", "",
             "threads of the compiled CPU kernels when the BLAS cannot say"),
-    Setting("CANDLE_NN_WINOGRAD_AVX512", "1", "`0`: Winograd's AVX-512 GEMM off (AVX2 instead)"),
+    Setting("CANDLE_NN_CPU_ISA", "auto",
+            "the packed GEMM's and Winograd's micro-kernels: `auto` (per CPU), `avx512`, `avx2`"),
     Setting("CANDLE_NN_CUDA_KERNELS", "all",
             "`all`, `0` (none), or a comma list of CUDA kernels to keep for every dtype"),
     Setting("CANDLE_NN_FIXTURES", "", "the reference fixtures folder (tests, benchmarks)"),
@@ -68,6 +69,11 @@ def is_set(name: str) -> bool:
 def flag(name: str) -> bool:
     """A boolean setting: false for ``0``/``off``/``false``/``no``."""
     return get(name).lower() not in _OFF
+
+
+def cpu_isa() -> str:
+    """``CANDLE_NN_CPU_ISA`` lower-cased (``auto`` when empty)."""
+    return get("CANDLE_NN_CPU_ISA").lower() or "auto"
 
 
 def cpu_threads() -> int | None:

@@ -232,27 +232,22 @@ class ConvTranspose2d(_Conv):
         c = self.config
         stride, dilation = _pair(c.stride), _pair(c.dilation)
         _, kh, kw, _ = self.weight.shape
+        padding, output_padding = _pair(c.padding), _pair(c.output_padding)
         if stride == (kh, kw) and dilation == (1, 1):
-            y = _transposed_conv_blocks(x, self.weight)
+            if padding == (0, 0) and output_padding == (0, 0):
+                return ops.conv_transpose2d_blocks(x, self.weight, self.get("bias"), activation)
+            y = ops.conv_transpose2d_blocks(x, self.weight)
         else:
             y = _transposed_conv_as_conv(x, self.weight, stride, dilation)
-        y = _crop_transposed(y, _pair(c.padding), _pair(c.output_padding))
+        y = _crop_transposed(y, padding, output_padding)
         return ops.bias_act(y, self.get("bias"), activation)
 
 
 # MLX's own conv_transpose2d is not used: MLX 0.32's CUDA backend computes strided cases with
 # overlapping taps wrongly (measured on an H100: k3/s2 up to 1.8 relative error against its CPU
-# result). The two formulations below use only matmul and conv2d, which every backend gets right.
-def _transposed_conv_blocks(x: mx.array, weight: mx.array) -> mx.array:
-    """Stride == kernel: no overlapping taps, each input pixel writes its own ``kH x kW`` block,
-    i.e. one matmul (also ~50x faster than a transposed conv on MLX's CPU backend)."""
-    out, kh, kw, cin = weight.shape
-    n, h, w, _ = x.shape
-    y = x @ weight.transpose(3, 1, 2, 0).reshape(cin, kh * kw * out)
-    y = y.reshape(n, h, w, kh, kw, out).transpose(0, 1, 3, 2, 4, 5)
-    return y.reshape(n, h * kh, w * kw, out)
-
-
+# result). Stride == kernel is ops.conv_transpose2d_blocks (a matmul, ~50x faster than a transposed
+# conv on MLX's CPU backend); the formulation below uses only conv2d. Both are right on every
+# backend.
 def _transposed_conv_as_conv(x: mx.array, weight: mx.array, stride: tuple[int, int],
                              dilation: tuple[int, int]) -> mx.array:
     """The unpadded ("full") transposed convolution as a correlation of the zero-upsampled input

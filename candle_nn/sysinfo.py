@@ -16,6 +16,7 @@ class Info(dict):
         blas = self["blas"]
         threads = f", {blas['threads']} threads" if blas.get("threads") else ""
         native = self["cpu_native"]
+        cpu = self["cpu"]
         threads_native = f" [{native['threads']} threads]" if native.get("threads") else ""
         lines = [
             f"candle_nn {self['candle_nn']} on MLX {self['mlx']} "
@@ -25,6 +26,9 @@ class Info(dict):
             f"CPU kernels (C++): {'loaded' if native['loaded'] else 'not loaded'}"
             f"{threads_native} - {native['detail']}; fast paths "
             f"{'on' if self['cpu_fast'] else 'off'}; conv/Linear GEMM: {self['cpu_gemm']}",
+            f"CPU: {cpu['name'] or 'unknown'} ({cpu['microarchitecture']}, AVX-512 units "
+            f"{cpu['avx512_width'] or 'none'}); micro-kernels: GEMM {cpu['gemm']}, Winograd "
+            f"{cpu['winograd']} - {cpu['why']}",
             f"float32 precision on GPU: {self['float32_precision']}",
             "op implementations (op: name [backend], - off, ? cannot run here):",
         ]
@@ -45,18 +49,23 @@ def info() -> Info:
     backends/cpu/kernels.py), ``cpu_fast`` (whether the CPU implementations are switched on),
     ``cpu_gemm`` (what the CPU convs and Linear layers multiply with: ``"packed avx512"``/
     ``"packed avx2"`` (the packed GEMM) or ``"blas"``), ``float32_precision`` (``"exact"`` or
-    ``"tf32"``), ``ops`` (every registered implementation: ``candle_nn.ops.status()``).
+    ``"tf32"``), ``cpu`` (``name``, ``microarchitecture``, ``avx512_width`` and the
+    micro-kernels the packed GEMM and Winograd use here, ``gemm``, ``winograd``, ``why``: see
+    backends/cpu/cpu_model.py), ``ops`` (every registered implementation:
+    ``candle_nn.ops.status()``).
     """
     import mlx.core as mx
 
     from . import ops
-    from .backends.cpu import kernels
+    from .backends.cpu import cpu_model, kernels
     from .blas import status
     from .device import Device
     from .precision import float32_precision
     from .version import __version__
 
     rows = ops.status()
+    cpu = cpu_model.describe()
+    plan = kernels.plan()
     gemm = next(r for r in rows if r["op"] == "conv2d" and r["name"] == "packed_gemm")
     return Info(
         candle_nn=__version__,
@@ -71,5 +80,8 @@ def info() -> Info:
         cpu_gemm=(f"packed {kernels.module().packed_gemm_isa()}"
                   if gemm["enabled"] and gemm["available"] else "blas"),
         float32_precision=float32_precision(),
+        cpu={"name": cpu.name, "microarchitecture": cpu_model.microarchitecture(cpu),
+             "avx512_width": cpu_model.avx512_width(cpu), "gemm": plan.gemm,
+             "winograd": plan.winograd, "why": plan.why},
         ops=rows,
     )

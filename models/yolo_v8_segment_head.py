@@ -85,6 +85,10 @@ class SegmentHead(cn.Module):
         vb.check_all_read(f"a YOLOv8 segmentation head ({num_classes} classes, {num_masks} masks)")
         return head
 
+    def raw(self, feats: list[mx.array]) -> list[mx.array]:
+        raise NotImplementedError("the YOLOv8 segmentation head predicts only: its train-mode "
+                                  "outputs (and a segmentation loss) are not implemented")
+
     def forward(self, feats: list[mx.array]) -> tuple[mx.array, mx.array]:
         n = feats[0].shape[0]
         coefficients = mx.concatenate([cv(f).reshape(n, -1, self.num_masks)

@@ -54,7 +54,7 @@ def add_input_arguments(parser: argparse.ArgumentParser, *, what: str = "results
     parser.add_argument("--strict", action="store_true",
                         help="stop at the first image that cannot be read or processed (exit 1, "
                              "nothing written); default: report it on stderr, skip it, go on")
-    parser.add_argument("--max-pixels", type=_pixel_count, default=DEFAULT_MAX_PIXELS, metavar="N",
+    parser.add_argument("--max-pixels", type=pixel_count, default=DEFAULT_MAX_PIXELS, metavar="N",
                         help="refuse images with more pixels than this, a guard against "
                              f"decompression bombs (default {DEFAULT_MAX_PIXELS}, ~179 Mpx)")
     parser.add_argument("--json", action="store_true",
@@ -109,7 +109,8 @@ def positive(kind: type = float):
     return check
 
 
-def _pixel_count(text: str) -> int:
+def pixel_count(text: str) -> int:
+    """An argparse ``type=`` for ``--max-pixels``: a positive number of pixels."""
     value = number_arg(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number of pixels")

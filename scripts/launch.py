@@ -33,3 +33,8 @@ def yolo_v8() -> int:
 def segment_anything() -> int:
     """``candle-segment-anything``."""
     return _run("candle_nn_models.scripts.segment_anything")
+
+
+def app() -> int:
+    """``candle-nn-app``."""
+    return _run("candle_nn_models.scripts.app")

@@ -45,12 +45,13 @@ def add_everything_arguments(parser: argparse.ArgumentParser) -> None:
                             "<stem>_masks.json")
     params = inspect.signature(SamAutomaticMaskGenerator.__init__).parameters
     for flag, (name, kind, low, text) in KNOBS.items():
-        group.add_argument(flag, dest=name, type=_number(kind, low), default=params[name].default,
+        group.add_argument(flag, dest=name, type=knob_type(kind, low), default=params[name].default,
                            metavar="N" if kind is int else "X",
                            help=f"{text} (default {params[name].default:g})")
 
 
-def _number(kind: type, low: float):
+def knob_type(kind: type, low: float):
+    """An argparse ``type=`` for a knob: a finite ``kind`` of at least ``low``."""
     def parse(text: str):
         value = number_arg(text, kind)
         if value < low:

@@ -279,12 +279,18 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _load(path: Path, args: argparse.Namespace, side: int) -> np.ndarray:
     rgb = load_rgb(path, args.max_pixels)
+    check_sam_shape(path, rgb, side)
+    return rgb
+
+
+def check_sam_shape(path: "str | os.PathLike", rgb: np.ndarray, side: int) -> None:
+    """ImageInputError when SAM, scaling the longer side of ``rgb`` to ``side``, would leave the
+    shorter one under 1 pixel."""
     height, width = rgb.shape[:2]
     if min(preprocess_shape(height, width, side)) < 1:
         raise ImageInputError(path, f"{width}x{height} is too elongated: SAM scales the longer "
                                     f"side to {side} px, which leaves the shorter one under 1 px "
                                     f"(the aspect ratio can be at most {2 * side}:1)")
-    return rgb
 
 
 def _everything(path: Path, args: argparse.Namespace, generator, batch: Batch) -> None:

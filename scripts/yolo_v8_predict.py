@@ -12,7 +12,7 @@ from candle_nn import model_dtype
 import mlx.core as mx
 import numpy as np
 
-from candle_nn_models.letterbox import Letterbox
+from candle_nn_models.letterbox import Letterbox, letterbox
 from candle_nn_models.yolo_v8 import YoloV8Spec
 from candle_nn_models.yolo_v8_masks import InstanceMasks, segment_postprocess
 from candle_nn_models.yolo_v8_post import Detection, postprocess
@@ -40,3 +40,17 @@ def predict(args: argparse.Namespace, model, spec: YoloV8Spec, boxes: Sequence[L
                                    num_masks=spec.num_masks, retina=args.retina_masks, **nms)
     return [(dets, None) for dets in postprocess(pred, list(boxes), num_classes=spec.num_classes,
                                                  num_keypoints=spec.num_keypoints, **nms)]
+
+
+def detect_image(model, spec: YoloV8Spec, rgb: np.ndarray,
+                 weights: "str | Path", *, size: int = 640, square: bool = False,
+                 conf: float = 0.25, iou: float = 0.7, max_det: int = 300, agnostic: bool = False,
+                 classes: Sequence[int] | None = None) -> list[Detection]:
+    """The detections in one ``(H, W, 3)`` uint8 RGB image, in its pixels: letterboxed to
+    ``size`` (``square``: padded to ``size x size``), the model's output checked finite (else an
+    error naming ``weights``), then confidence filter and NMS as ultralytics' ``yolo predict``."""
+    lb = letterbox(rgb, size, auto=not square)
+    opts = argparse.Namespace(conf=conf, iou=iou, max_det=max_det, agnostic_nms=agnostic,
+                              classes=classes, retina_masks=False)
+    ((detections, _masks),) = predict(opts, model, spec, [lb], weights)
+    return detections

@@ -144,7 +144,12 @@ def _start_tensors(args: argparse.Namespace, nc: int) -> tuple[dict, str]:
     if args.variant and args.variant != spec.variant:
         raise CandleNNError(f"{shown(path)} holds {spec}, not --variant {args.variant}: drop "
                             "--variant or pass matching --weights")
-    tensors = {k: v for k, v in mx.load(str(path)).items() if not k.startswith("head.cv4.")}
+    if spec.task == "classify":
+        raise CandleNNError(f"{shown(path)} holds {spec}, a classifier without a detection head: "
+                            "pass YOLOv8 detection (or pose/segment) weights with --weights")
+    # a pose or segmentation checkpoint starts a detector: its keypoint/mask branches are left
+    tensors = {k: v for k, v in mx.load(str(path)).items()
+               if not k.startswith(("head.cv4.", "head.proto."))}
     if spec.num_classes != nc:
         tensors = new_class_head(tensors, nc, args.seed)
     return tensors, spec.variant

@@ -19,7 +19,8 @@ NB_MODULE(_cpu_kernels, m) {
       .value("identity", Act::Identity)
       .value("relu", Act::Relu)
       .value("silu", Act::Silu)
-      .value("gelu", Act::Gelu, "exact (erf) GELU");
+      .value("gelu", Act::Gelu, "exact (erf) GELU")
+      .value("sigmoid", Act::Sigmoid);
   nb::enum_<Residual>(m, "Residual", "Where a fused epilogue adds the residual.")
       .value("none", Residual::None)
       .value("before_act", Residual::BeforeAct, "act(y + bias + residual)")

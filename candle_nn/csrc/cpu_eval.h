@@ -35,6 +35,8 @@ CANDLE_NN_INLINE void with_act(Act act, F&& f) {
       return f.template operator()<Act::Silu>();
     case Act::Gelu:
       return f.template operator()<Act::Gelu>();
+    case Act::Sigmoid:
+      return f.template operator()<Act::Sigmoid>();
   }
 }
 

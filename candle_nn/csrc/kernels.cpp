@@ -23,6 +23,7 @@ CANDLE_NN_INLINE float activate(float v) {
   if constexpr (A == Act::Relu) return v < 0.0f ? 0.0f : v;
   if constexpr (A == Act::Silu) return silu_f32(v);
   if constexpr (A == Act::Gelu) return gelu_f32(v);
+  if constexpr (A == Act::Sigmoid) return sigmoid_f32(v);
   return v;
 }
 
@@ -174,6 +175,9 @@ mx::array bias_act_ops(mx::array v, const std::optional<mx::array>& bias,
                                   s),
                        s),
           mx::array(0.5f), s);
+      break;
+    case Act::Sigmoid:
+      v = mx::sigmoid(v, s);
       break;
     case Act::Identity:
       break;

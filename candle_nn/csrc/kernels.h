@@ -12,7 +12,7 @@ namespace candle_nn {
 
 namespace mx = mlx::core;
 
-enum class Act : int { Identity = 0, Relu = 1, Silu = 2, Gelu = 3 };
+enum class Act : int { Identity = 0, Relu = 1, Silu = 2, Gelu = 3, Sigmoid = 4 };
 enum class Residual : int { None = 0, BeforeAct = 1, AfterAct = 2 };
 
 // y = act(x + bias [+ residual])  (Residual::BeforeAct)  or  act(x + bias) + residual

@@ -86,4 +86,7 @@ inline float gelu_f32(float x) {
 // x * 0 instead, -0 for finite x (silu underflows) and NaN for -Inf, as x * sigmoid(x) gives.
 inline float silu_f32(float x) { return x < -88.0f ? x * 0.0f : x / (1.0f + exp_f32(-x)); }
 
+// 1 / (1 + exp(-x)); 0 below -88 (where it is denormal, and exp(-x) would be clamped), NaN for NaN.
+inline float sigmoid_f32(float x) { return x < -88.0f ? 0.0f : 1.0f / (1.0f + exp_f32(-x)); }
+
 }  // namespace candle_nn

@@ -191,7 +191,7 @@ std::atomic<bool> g_winograd_avx512{true};
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
 // The same with AVX-512 (16-lane vectors, a 6 x 32 register tile): twice the multiply-adds per
-// instruction where the CPU has it (Zen 4/5, Xeons). CANDLE_NN_WINOGRAD_AVX512=0 turns it off.
+// instruction where the CPU has it (Zen 4/5, Xeons); backends/cpu/cpu_model.py picks per CPU.
 __attribute__((target("arch=x86-64-v4"))) void batched_gemm_avx512(const float* v,
                                                                     const float* u, float* m,
                                                                     int64_t nt,
@@ -222,6 +222,7 @@ CANDLE_NN_INLINE float activate(float v) {
   if constexpr (A == Act::Relu) return v < 0.0f ? 0.0f : v;  // NaN stays NaN
   if constexpr (A == Act::Silu) return silu_f32(v);
   if constexpr (A == Act::Gelu) return gelu_f32(v);
+  if constexpr (A == Act::Sigmoid) return sigmoid_f32(v);
   return v;
 }
 
@@ -302,6 +303,8 @@ float activate_any(Act act, float v) {
       return activate<Act::Silu>(v);
     case Act::Gelu:
       return activate<Act::Gelu>(v);
+    case Act::Sigmoid:
+      return activate<Act::Sigmoid>(v);
     default:
       return v;
   }

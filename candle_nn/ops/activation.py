@@ -25,7 +25,9 @@ def silu(x: mx.array) -> mx.array:
     return x * mx.sigmoid(x)
 
 
+@op("sigmoid")
 def sigmoid(x: mx.array) -> mx.array:
+    """``1 / (1 + exp(-x))``, elementwise on any shape."""
     return mx.sigmoid(x)
 
 

@@ -49,3 +49,20 @@ def is_depthwise(x: mx.array, weight: mx.array, groups: int) -> bool:
     """Whether a conv of ``x`` with ``weight`` and ``groups`` is depthwise (groups = C = O > 1)."""
     out, _, _, cin = weight.shape
     return cin == 1 and 1 < groups == out == x.shape[-1] and x.ndim == 4
+
+
+@op("conv_transpose2d_blocks")
+def conv_transpose2d_blocks(x: mx.array, weight: mx.array, bias: mx.array | None = None,
+                            activation: str | None = None) -> mx.array:
+    """``activation(conv_transpose2d(x, weight) + bias)`` where stride == kernel size (no
+    overlapping taps, no padding): each input pixel writes its own ``kH x kW`` block of the
+    output, i.e. one matmul and a depth-to-space permutation.
+
+    ``x`` ``(N, H, W, I)``, ``weight`` ``(O, kH, kW, I)``, ``bias`` ``(O,)`` →
+    ``(N, H * kH, W * kW, O)``.
+    """
+    out, kh, kw, cin = weight.shape
+    n, h, w, _ = x.shape
+    y = x @ weight.transpose(3, 1, 2, 0).reshape(cin, kh * kw * out)
+    y = y.reshape(n, h, w, kh, kw, out).transpose(0, 1, 3, 2, 4, 5)
+    return bias_act(y.reshape(n, h * kh, w * kw, out), bias, activation)

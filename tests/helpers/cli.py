@@ -16,7 +16,7 @@ from PIL import Image
 
 from conftest import ROOT
 
-ENTRY = {"resnet": "resnet", "yolo": "yolo_v8", "sam": "segment_anything"}
+ENTRY = {"resnet": "resnet", "yolo": "yolo_v8", "sam": "segment_anything", "app": "app"}
 
 
 def cli_env(**extra: str) -> dict[str, str]:
@@ -26,7 +26,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def cli_command(cli: str, *args) -> list:
-    """argv that runs console entry point ``cli`` (resnet, yolo, sam) with ``args``."""
+    """argv that runs console entry point ``cli`` (resnet, yolo, sam, app) with ``args``."""
     code = (f"import sys; from candle_nn_models.scripts.launch import {ENTRY[cli]} as m; "
             f"sys.argv[0] = {cli!r}; raise SystemExit(m())")
     return [sys.executable, "-c", code, *(os.fsencode(a) if isinstance(a, Path) else str(a)

@@ -1,6 +1,7 @@
 """YoloV8Seg against ultralytics' own SegmentationModel on seeded weights and a real image: the
 head's raw output, the prototypes (float32 rule of ``../shared/fixtures/README.md``), and the final
-masks of ``process_mask`` / ``process_mask_native`` (IoU >= 0.999 after thresholding)."""
+masks of ``process_mask`` / ``process_mask_native`` (IoU >= 0.999 after thresholding), on every
+device."""
 
 from __future__ import annotations
 
@@ -24,10 +25,21 @@ def setup(tmp_path_factory):
 
     ref = seeded("SegmentationModel", "yolov8n-seg.yaml", nc=80)
     path = convert_and_save(ref, tmp_path_factory.mktemp("seg") / "seg.safetensors")
-    model = load_model(cn.VarBuilder.from_safetensors(str(path)))
     rgb = np.asarray(Image.open(FIXTURES / "images" / "bike.jpg").convert("RGB"))
     lb = letterbox(rgb, SIZE, auto=True)
-    return ref, model, lb
+    cache: dict = {}
+
+    def ours(device):
+        """``(pred, protos)`` of our model on ``device`` for the letterboxed image (NumPy)."""
+        if str(device) not in cache:
+            import mlx.core as mx
+
+            model = load_model(cn.VarBuilder.from_safetensors(str(path), device=device))
+            out = model.intermediates(mx.array(lb.as_input()))
+            cache[str(device)] = np.array(out["pred"]), np.array(out["protos"])
+        return cache[str(device)]
+
+    return ref, ours, lb
 
 
 def _reference(ref, x, dtype):
@@ -37,33 +49,32 @@ def _reference(ref, x, dtype):
     return pred, proto
 
 
-def test_head_output_and_prototypes_match_ultralytics(setup):
-    import mlx.core as mx
-
-    ref, model, lb = setup
+def test_head_output_and_prototypes_match_ultralytics(setup, device):
+    ref, ours, lb = setup
     x = lb.as_input()
-    pred, protos = model(mx.array(x))
-    want_pred, want_proto = (t.numpy() for t in _reference(ref, x, torch.float32))
+    pred, protos = ours(device)
+    f32, f64 = (_reference(ref, x, d) for d in (torch.float32, torch.float64))
+    want_pred, want_proto = (t.numpy() for t in f32)
     assert pred.shape == want_pred.shape == (1, 4 + 80 + 32, 16 * 20 + 8 * 10 + 4 * 5)
     assert protos.shape == (1, 32, 40, 32)  # (N, H/4, W/4, masks) of the 128x160 input
-    for got, want, index in ((np.asarray(pred), want_pred, 0),
-                             (np.asarray(protos).transpose(0, 3, 1, 2), want_proto, 1)):
-        tol = tolerance(lambda d: _reference(ref, x, d)[index].double().numpy(), x)
+    for got, want, index in ((pred, want_pred, 0),
+                             (protos.transpose(0, 3, 1, 2), want_proto, 1)):
+        tol = tolerance(f32[index].double().numpy(), f64[index].numpy())
         err = np.abs(got - want).max() / np.abs(want).max()
+        print(f"{('pred', 'protos')[index]} on {device}: rel err {err:.2e} (tolerance {tol:.2e})")
         assert err <= tol, (index, err, tol)
 
 
 @pytest.mark.parametrize("retina", [False, True])
-def test_masks_match_ultralytics_process_mask(setup, retina):
-    import mlx.core as mx
+def test_masks_match_ultralytics_process_mask(setup, retina, device):
     from ultralytics.utils import ops
     from ultralytics.utils.nms import non_max_suppression
 
     from candle_nn_models.yolo_v8_masks import segment_postprocess
 
-    ref, model, lb = setup
+    ref, ours, lb = setup
     x = lb.as_input()
-    pred, protos = model(mx.array(x))
+    pred, protos = ours(device)
     ((detections, masks),) = segment_postprocess(pred, protos, [lb], num_classes=80,
                                                  num_masks=32, retina=retina, conf=0.25,
                                                  iou=0.7)
@@ -87,6 +98,8 @@ def test_masks_match_ultralytics_process_mask(setup, retina):
     for got, ref_mask in zip(masks.data.astype(bool), want_masks.astype(bool)):
         iou = (got & ref_mask).sum() / max((got | ref_mask).sum(), 1)
         assert iou >= 0.999, iou
+    print(f"{len(detections)} masks (retina={retina}) on {device}: min IoU "
+          f"{min(_iou(g, w) for g, w in zip(masks.data, want_masks)):.6f}")
     # on the original image: ultralytics' scale_masks of the 0/1 masks
     scaled = ops.scale_masks(torch.from_numpy(want_masks[None]).float(), lb.orig_hw)[0] > 0.5
     for det, ref_mask in zip(detections, scaled.numpy()):
@@ -95,17 +108,44 @@ def test_masks_match_ultralytics_process_mask(setup, retina):
         assert iou >= 0.999, iou
 
 
+def _iou(a, b) -> float:
+    a, b = a.astype(bool), b.astype(bool)
+    union = (a | b).sum()
+    return float((a & b).sum() / union) if union else 1.0  # two empty masks agree
+
+
 def test_polygons_match_ultralytics_masks_xyn(setup):
-    import mlx.core as mx
+    import candle_nn as cn
     from ultralytics.engine.results import Masks
 
     from candle_nn_models.yolo_v8_masks import segment_postprocess
 
-    ref, model, lb = setup
-    pred, protos = model(mx.array(lb.as_input()))
+    _, ours, lb = setup
+    pred, protos = ours(cn.Device.cpu())
     ((_, masks),) = segment_postprocess(pred, protos, [lb], num_classes=80, num_masks=32)
     want = Masks(torch.from_numpy(masks.data), lb.orig_hw).xyn
     got = masks.segments()
     assert len(got) == len(want) > 0
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, atol=1e-6)
+
+
+def test_prototype_resolution_masks_match_ultralytics(setup):
+    """``process_mask(..., upsample=False)``: the masks at the prototypes' resolution, boxes
+    scaled down to it."""
+    import candle_nn as cn
+    from ultralytics.utils import ops
+    from ultralytics.utils.nms import non_max_suppression
+
+    from candle_nn_models.yolo_v8_masks import process_mask
+
+    _, ours, lb = setup
+    pred, protos = ours(cn.Device.cpu())
+    kept = non_max_suppression(torch.from_numpy(pred), 0.25, 0.7, nc=80)[0]
+    assert len(kept) >= 3
+    proto = torch.from_numpy(protos[0]).permute(2, 0, 1)
+    want = ops.process_mask(proto, kept[:, 6:], kept[:, :4], lb.input_hw, upsample=False).numpy()
+    got = process_mask(protos[0], kept[:, 6:].numpy(), kept[:, :4].numpy(), lb.input_hw,
+                       upsample=False)
+    assert got.shape == want.shape == (len(kept), *protos.shape[1:3])
+    assert min(_iou(g, w) for g, w in zip(got, want)) >= 0.999

@@ -211,7 +211,7 @@ def test_class_names_from_the_weights_metadata(capsys, paths, tmp_path) -> None:
 
 
 def test_bad_option_values_are_usage_errors(paths) -> None:
-    for argv in (["--size", "100"], ["--conf", "1.5"], ["--task", "segment"]):
+    for argv in (["--size", "100"], ["--conf", "1.5"], ["--task", "obb"], ["--top-k", "0"]):
         with pytest.raises(SystemExit) as exc:
             cli.main(["--image", str(paths["bike"]), *argv])
         assert exc.value.code == 2

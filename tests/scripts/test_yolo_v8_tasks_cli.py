@@ -82,6 +82,7 @@ def test_segment_cli_gives_ultralytics_predictions(segment, capsys, tmp_path, mo
     assert 3 <= len(got) == len(want.boxes)
     np.testing.assert_allclose([d["box_xyxy"] for d in got], want.boxes.xyxy.numpy(), atol=0.5)
     assert [d["class_id"] for d in got] == want.boxes.cls.int().tolist()
+    np.testing.assert_allclose([d["score"] for d in got], want.boxes.conf.numpy(), atol=2e-4)
     ref_masks = ops.scale_masks(want.masks.data[None].float(), want.orig_shape)[0] > 0.5
     for det, ref_mask in zip(got, ref_masks.numpy()):
         mask = mask_utils.decode({"size": det["segmentation"]["size"],

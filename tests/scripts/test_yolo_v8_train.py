@@ -117,3 +117,21 @@ def test_unusable_data_one_error_line(tmp_path):
     assert err.count("warning:") == 1 and "image skipped" in err
     assert [line for line in err.splitlines() if "error:" in line][0].endswith(
         "no usable images in val (see the warnings)")
+
+
+def test_classifier_weights_are_one_error_line(tmp_path):
+    import candle_nn as cn
+
+    from candle_nn_models.yolo_v8 import YoloV8Cls
+
+    data = make_shapes(tmp_path / "shapes", n_train=2, n_val=1, size=64)
+    varmap = cn.VarMap()
+    YoloV8Cls.load(cn.VarBuilder.from_varmap(varmap, seed=0, device="cpu"), "n", 3)
+    varmap.save(tmp_path / "cls.safetensors")
+    result = run_cli("yolo", "train", "--data", data, "--weights", tmp_path / "cls.safetensors",
+                     "--imgsz", "64", "--out", tmp_path / "run", "--epochs", "1", cwd=tmp_path)
+    err = result.stderr.decode()
+    assert result.returncode != 0 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "YOLOv8n-cls (3 classes), a classifier" in lines[0], err
+    assert not (tmp_path / "run").exists()

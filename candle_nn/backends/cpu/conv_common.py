@@ -1,5 +1,5 @@
 """What the CPU conv implementations share: when they apply, and running an epilogue the
-kernels lack (sigmoid, tanh GELU) after them."""
+kernels lack (tanh GELU) after them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The compiled element-wise kernels (csrc/kernels.cpp) for the epilogue, SiLU, GELU, softmax.
+"""The compiled element-wise kernels (csrc/kernels.cpp) for the epilogue, SiLU, GELU, sigmoid,
+softmax.
 
 MLX limitation: every CPU element-wise op (and ``mx.compile``'s fused kernels) runs on ONE
 thread, with scalar ``exp``/``erf`` calls, and a layer's bias, residual add and activation are
@@ -14,7 +15,9 @@ from . import kernels
 
 ACT: dict[str | None, str] = {None: "identity", "identity": "identity", "relu": "relu",
                               "silu": "silu", "swish": "silu", "gelu": "gelu",
-                              "gelu_erf": "gelu"}
+                              "gelu_erf": "gelu", "sigmoid": "sigmoid"}
+if kernels.loaded() and not hasattr(kernels.module().Act, "sigmoid"):
+    del ACT["sigmoid"]  # kernels built from older sources: sigmoid stays on MLX's op
 
 
 def act_code(activation: str | None):
@@ -61,6 +64,14 @@ def silu(x):
           works_around="erf is a scalar call on one thread (GELU was half of TinyViT's time)")
 def gelu(x):
     return bias_act(x, None, "gelu")
+
+
+@register("sigmoid", "sigmoid", "cpu", applies=lambda x: "sigmoid" in ACT and _unary_applies(x),
+          available=kernels.loaded,
+          works_around="sigmoid is a scalar libm exp on one thread (YOLOv8's class scores: "
+                       "~20 ns an element)")
+def sigmoid(x):
+    return bias_act(x, None, "sigmoid")
 
 
 def _softmax_applies(x, axis=-1) -> bool:

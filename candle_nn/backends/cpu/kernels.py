@@ -37,6 +37,7 @@ import mlx.core as mx
 
 from ... import blas, config
 from ...ops import registry
+from . import cpu_model
 
 MODULE = "candle_nn._cpu_kernels"
 BUILD_ERROR_FILE = "_cpu_kernels.build-error.txt"  # written by setup.py when the build failed
@@ -111,7 +112,6 @@ _module, _detail = _load()
 _threads: int | None = None
 if _module is not None:
     _module.set_sgemm(sgemm_address())
-    _module.set_winograd_avx512(config.flag("CANDLE_NN_WINOGRAD_AVX512"))
     registry.set_tracer_check(_module.is_tracer)
 
 
@@ -136,7 +136,8 @@ def threads() -> int:
 
 def sync_threads(force: bool = False) -> None:
     """Follow the BLAS thread count (``blas.set_num_threads``) before a kernel is queued;
-    ``force``: set it even if it looks unchanged (after ``set_num_threads`` was called directly)."""
+    ``force``: set it even if it looks unchanged (after ``set_num_threads`` was called directly).
+    The first call also sets the micro-kernels for this CPU (:func:`plan`)."""
     global _threads
     if force:
         _threads = None
@@ -145,6 +146,72 @@ def sync_threads(force: bool = False) -> None:
         if n != _threads:
             _module.set_num_threads(n)
             _threads = n
+        if _plan is None:
+            plan()
+
+
+_plan: cpu_model.Plan | None = None
+
+
+def plan() -> cpu_model.Plan:
+    """The micro-kernels the packed GEMM and Winograd use on this CPU (cpu_model.py), set on
+    the first call (timing both where the plan says ``measure``) and kept for the process."""
+    global _plan
+    if _plan is None:
+        _plan = apply_plan(cpu_model.plan(cpu_model.describe(), config.cpu_isa()))
+    return _plan
+
+
+def apply_plan(p: cpu_model.Plan) -> cpu_model.Plan:
+    """Set the kernels' micro-kernels to ``p``'s (resolving ``measure`` by timing both);
+    returns the plan with what was set."""
+    if _module is None:
+        return p
+    times: list[str] = []
+    gemm, wino = p.gemm, p.winograd
+    cpu = cpu_model.describe()
+    isas = [isa for isa, ok in zip(cpu_model.ISAS, (cpu.has_avx512, cpu.has_avx2)) if ok]
+    if gemm == "measure":
+        gemm, t = cpu_model.faster({isa: _gemm_timer(isa) for isa in isas})
+        times.append(_times("gemm", t))
+    if gemm in cpu_model.ISAS:
+        _module.set_packed_gemm_isa(gemm)
+    if wino == "measure":
+        wino, t = cpu_model.faster({isa: _winograd_timer(isa) for isa in isas})
+        times.append(_times("winograd", t))
+    _module.set_winograd_avx512(wino == "avx512")
+    why = p.why + (f" ({'; '.join(times)})" if times else "")
+    return cpu_model.Plan(p.cpu, gemm, wino, why)
+
+
+def _times(what: str, t: dict[str, float]) -> str:
+    return f"{what} " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in t.items())
+
+
+def _gemm_timer(isa: str):
+    """A call that runs a (384 x 256) . (256 x 256) packed GEMM with micro-kernel ``isa``."""
+    x = mx.random.normal((1, 1, 384, 256), key=mx.random.key(0), stream=mx.cpu)
+    w = _module.pack_gemm_weight(mx.random.normal((256, 256), key=mx.random.key(1),
+                                                  stream=mx.cpu))
+    mx.eval(x, w)
+
+    def run() -> None:
+        _module.set_packed_gemm_isa(isa)
+        mx.eval(_module.conv2d_packed(x, w, None, None, (1, 1), 256, (1, 1), (0, 0)))
+    return run
+
+
+def _winograd_timer(isa: str):
+    """A call that runs a 3x3 conv (1, 24, 24, 64) -> 64 by Winograd with micro-kernel ``isa``."""
+    x = mx.random.normal((1, 24, 24, 64), key=mx.random.key(2), stream=mx.cpu)
+    w = mx.random.normal((64, 3, 3, 64), key=mx.random.key(3), stream=mx.cpu)
+    u = _module.winograd_weights(w)
+    mx.eval(x, w, u)
+
+    def run() -> None:
+        _module.set_winograd_avx512(isa == "avx512")
+        mx.eval(_module.winograd_conv3x3(x, w, u, None, None, (1, 1)))
+    return run
 
 
 def loaded() -> bool:

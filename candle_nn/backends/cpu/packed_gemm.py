@@ -1,11 +1,12 @@
-"""candle_nn's packed-weight GEMM (csrc/gemm.cpp, conv_packed.cpp) for convs and Linear layers.
+"""candle_nn's packed-weight GEMM (csrc/gemm.cpp, conv_packed.cpp) for convs, Linear layers and
+stride = kernel transposed convs.
 
 MLX limitation: the CPU conv and matmul call OpenBLAS's sgemm, which re-packs the weights on every
 call and may run a generic kernel on AVX-512 CPUs. Here the weights are packed once per array
 (weight_cache.py) and AVX-512 (12x32) or AVX2 (6x16) micro-kernels gather the im2col blocks
-themselves and run the epilogue on each tile in cache. CPUs without AVX-512F or AVX2 + FMA keep
-the BLAS (``available`` is false there). ``CANDLE_NN_CPU_GEMM=blas`` or
-``candle_nn.ops.disable("packed_gemm")`` turns it off.
+themselves and run the epilogue on each tile in cache (which micro-kernel: cpu_model.py). CPUs
+without AVX-512F or AVX2 + FMA keep the BLAS (``available`` is false there).
+``CANDLE_NN_CPU_GEMM=blas`` or ``candle_nn.ops.disable("packed_gemm")`` turns it off.
 """
 
 from __future__ import annotations
@@ -65,3 +66,30 @@ def linear(x, weight, bias=None, activation=None, residual=None):
                                        residual_mode(res, True))
     return y.reshape(*x.shape[:-1], out)
 
+
+def _blocks_weight(weight: mx.array) -> mx.array:
+    """A stride == kernel transposed conv's ``(O, kH, kW, I)`` weight as the ``(kH * kW * O, I)``
+    Linear weight whose output row ``(i, j, o)`` is the output pixel ``(i, j)`` of a block."""
+    out, kh, kw, cin = weight.shape
+    return mx.contiguous(weight.transpose(1, 2, 0, 3).reshape(kh * kw * out, cin))
+
+
+def _blocks_applies(x, weight, bias=None, activation=None) -> bool:
+    return (activation in ACT and x.ndim == 4 and kernels.float32_cpu(x.dtype)
+            and weight.dtype == mx.float32 and (bias is None or bias.dtype == mx.float32))
+
+
+@register("conv_transpose2d_blocks", "packed_gemm", "cpu", applies=_blocks_applies,
+          available=available,
+          works_around="the matmul, MLX's one-thread permutation copy and the bias/activation "
+                       "pass are three passes over the output")
+def conv_transpose2d_blocks(x, weight, bias=None, activation=None):
+    """The matmul with the bias and activation fused into its tiles (the activation is
+    element-wise, so it commutes with the depth-to-space permutation that follows)."""
+    out, kh, kw, cin = weight.shape
+    n, h, w, _ = x.shape
+    rows = weight_cache.derived("conv_transpose_blocks", weight, _blocks_weight)
+    tiled = None if bias is None else mx.tile(bias, kh * kw)
+    y = linear(x, rows, tiled, activation)
+    y = y.reshape(n, h, w, kh, kw, out).transpose(0, 1, 3, 2, 4, 5)
+    return y.reshape(n, h * kh, w * kw, out)

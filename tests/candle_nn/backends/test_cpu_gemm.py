@@ -19,21 +19,21 @@ KERNELS = cpu_native.module()
 PACKED = KERNELS is not None and KERNELS.packed_gemm_available()
 needs_packed = pytest.mark.skipif(not PACKED,
                                   reason="packed GEMM needs the kernels + AVX-512F or AVX2/FMA")
-# the micro-kernels this CPU runs
-ISAS = [isa for isa in ("avx512", "avx2")
-        if PACKED and KERNELS.set_packed_gemm_isa(isa) and KERNELS.set_packed_gemm_isa("best")]
+# the micro-kernels this CPU runs (probed, then the plan for this CPU restored)
+ISAS = [isa for isa in ("avx512", "avx2") if PACKED and KERNELS.set_packed_gemm_isa(isa)]
+cpu_native.apply_plan(cpu_native.plan())
 
 
 @pytest.fixture(params=ISAS or ["none"])
 def isa(request):
-    """Runs the test with one micro-kernel, then restores the best one."""
+    """Runs the test with one micro-kernel, then restores this CPU's (cpu_model.py)."""
     if request.param != "none":
         assert KERNELS.set_packed_gemm_isa(request.param)
         assert KERNELS.packed_gemm_isa() == request.param
     yield request.param
     if request.param != "none":
-        KERNELS.set_packed_gemm_isa("best")
-ACTS = {0: "identity", 1: "relu", 2: "silu", 3: "gelu"}
+        cpu_native.apply_plan(cpu_native.plan())
+ACTS = {0: "identity", 1: "relu", 2: "silu", 3: "gelu", 4: "sigmoid"}
 
 
 def _conv64(x: np.ndarray, w: np.ndarray, stride: tuple[int, int],
@@ -61,6 +61,8 @@ def _act64(v: np.ndarray, act: int) -> np.ndarray:
         return v / (1.0 + np.exp(-v))
     if act == 3:
         return 0.5 * v * (1.0 + erf(v / np.sqrt(2.0)))
+    if act == 4:
+        return 1.0 / (1.0 + np.exp(-v))
     return v
 
 
@@ -91,7 +93,7 @@ SHAPES = [
 
 @needs_packed
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("act,mode", [(0, 0), (1, 1), (2, 0), (3, 2), (2, 1)])
+@pytest.mark.parametrize("act,mode", [(0, 0), (1, 1), (2, 0), (3, 2), (2, 1), (4, 1)])
 def test_conv2d_packed_against_float64(isa, shape, act, mode) -> None:
     """Every output within 1e-5 of the output's max of a float64 conv + epilogue."""
     n, h, wd, c, o, kh, kw, stride, pad = shape
@@ -209,13 +211,14 @@ def test_linear_gradients_match_the_plain_ops() -> None:
         assert np.abs(a - p).max() <= 1e-4 * np.abs(p).max()
 
 
-def test_the_best_micro_kernel_is_the_default() -> None:
-    """AVX-512F where the CPU has it, else AVX2 + FMA, else none (and the layers use BLAS)."""
+def test_the_micro_kernel_is_this_cpus() -> None:
+    """The one cpu_model.py plans for this CPU (AVX-512F or AVX2 + FMA), else none (and the
+    layers use BLAS)."""
     if not PACKED:
         assert KERNELS is None or KERNELS.packed_gemm_isa() == "none"
         assert not packed_gemm.available()
         return
-    assert KERNELS.packed_gemm_isa() == ISAS[0]
+    assert KERNELS.packed_gemm_isa() == cpu_native.plan().gemm in ISAS
     assert not KERNELS.set_packed_gemm_isa("sse2")
 
 

@@ -31,7 +31,7 @@ import candle_nn as cn
 from candle_nn.backends.cpu import kernels as cpu_native
 
 NATIVE = cpu_native.module() is not None
-ACTS = ["identity", "relu", "silu", "gelu"]
+ACTS = ["identity", "relu", "silu", "gelu", "sigmoid"]
 
 
 def _installed_from_this_checkout() -> bool:
@@ -76,14 +76,19 @@ def _reference(v: np.ndarray, act: str) -> np.ndarray:
         return v / (1 + np.exp(-v))
     if act == "gelu":
         return 0.5 * v * (1 + erf64(v / math.sqrt(2)))
+    if act == "sigmoid":
+        return 1 / (1 + np.exp(-v))
     return v
 
 
 def _bound(act: str, ref: np.ndarray, v: np.ndarray, summands: np.ndarray) -> np.ndarray:
     """Allowed |error| vs float64: float32 rounding of the sums (``summands``: the sum of their
     magnitudes; activations' slopes are <= 1.13), the 2.2-ulp exp (SiLU), erf within 1e-6
-    relative (GELU: 0.5e-6 |v|, as tests/candle_nn/backends/test_cpu_fast_gelu.py)."""
+    relative (GELU: 0.5e-6 |v|, as tests/candle_nn/backends/test_cpu_fast_gelu.py); sigmoid's
+    slope is <= 1/4 and it is 0 below -88 (where it is below 1e-38)."""
     bound = 1.5 * 1.2e-7 * summands + 1e-30
+    if act == "sigmoid":
+        bound = 0.25 * 1.5 * 1.2e-7 * summands + 6e-7 * np.abs(ref) + 1e-38
     if act == "silu":
         bound = bound + 6e-7 * np.abs(ref)
     if act == "gelu":
@@ -117,12 +122,13 @@ def test_bias_act_against_float64(path, act, mode, shape) -> None:
     assert np.all(err <= bound), (path, float((err / bound).max()), x.flat[(err / bound).argmax()])
 
 
-@pytest.mark.parametrize("act", ["silu", "gelu"])
+@pytest.mark.parametrize("act", ["silu", "gelu", "sigmoid"])
 def test_activations_against_float64(path, act) -> None:
-    """``cn.silu`` / ``cn.gelu`` (no bias), on a non-contiguous (transposed) input too."""
+    """``cn.silu`` / ``cn.gelu`` / ``cn.sigmoid`` (no bias), on a non-contiguous (transposed)
+    input too."""
     x = np.linspace(-30, 30, 200_003, dtype=np.float32)
     with mx.stream(mx.cpu):
-        fn = cn.silu if act == "silu" else cn.gelu
+        fn = {"silu": cn.silu, "gelu": cn.gelu, "sigmoid": cn.sigmoid}[act]
         ours = np.array(fn(mx.array(x)))
         grid = mx.array(x[:200_000].reshape(400, 500))
         transposed = np.array(fn(grid.T))
@@ -346,8 +352,8 @@ def test_conv_transpose_epilogue_equals_the_plain_ops(device, act) -> None:
                                    cn.ConvTranspose2dConfig(stride=2))
     x = mx.array(rng.standard_normal((2, 5, 7, 8), dtype=np.float32))
     fused = np.array(conv(x, activation=act))
-    with conv.on_device():
-        y = cn.conv._transposed_conv_blocks(x, conv.weight) + conv.bias
+    with conv.on_device(), cn.ops.disabled("conv_transpose2d_blocks"):
+        y = cn.ops.conv_transpose2d_blocks(x, conv.weight) + conv.bias
         plain = np.array(cn.gelu(y) if act else y)
     if device.kind == "cpu":
         assert np.abs(fused - plain).max() <= 2e-6 * np.abs(plain).max()

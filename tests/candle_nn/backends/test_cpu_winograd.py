@@ -62,8 +62,8 @@ def _data(n: int, h: int, w: int, c: int, o: int, seed: int):
     (3, 10, 10, 64, 56, (0, 0)),    # no padding; 32 + 16 + 8 output channels
 ])
 def test_winograd_conv_against_float64(avx512, act, mode, n, h, w, c, o, padding) -> None:
-    """``avx512="0"``: the AVX2 GEMM also where the CPU has AVX-512 (``CANDLE_NN_WINOGRAD_AVX512``
-    sets the same switch at import)."""
+    """``avx512="0"``: the AVX2 GEMM also where the CPU has AVX-512 (``CANDLE_NN_CPU_ISA=avx2``
+    sets the same switch)."""
     cpu_native.module().set_winograd_avx512(avx512 != "0")
     x, wt, b = _data(n, h, w, c, o, seed=h * w + c)
     ref = _conv64(x, wt, padding) + b
@@ -76,7 +76,7 @@ def test_winograd_conv_against_float64(avx512, act, mode, n, h, w, c, o, padding
             mx.array(x), mx.array(wt), u, mx.array(b), residual, padding,
             {"identity": 0, "relu": 1, "silu": 2, "gelu": 3}[act],
             {"none": 0, "before": 1, "after": 2}[mode]))
-    cpu_native.module().set_winograd_avx512(True)
+    cpu_native.apply_plan(cpu_native.plan())
     if mode == "before":
         ref = ref + r
     ref = _act64(ref, act) + (r if mode == "after" else 0)

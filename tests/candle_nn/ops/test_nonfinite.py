@@ -19,7 +19,7 @@ import candle_nn as cn
 from candle_nn.backends.cpu import kernels
 
 NATIVE = kernels.module() is not None
-ACTS = [None, "relu", "silu", "gelu"]
+ACTS = [None, "relu", "silu", "gelu", "sigmoid"]
 
 
 def poisoned(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
@@ -86,6 +86,14 @@ def test_conv_propagates_a_nan_weight_and_residual(path, case, activation):
     oh = (h + 2 * padding - k) // stride + 1
     residual = poisoned((1, oh, oh, 16), seed=3)
     same_nonfinite(conv, x, w, b, stride, padding, activation, residual)
+
+
+@pytest.mark.parametrize("activation", ACTS)
+def test_conv_transpose_blocks_propagates_nonfinite(path, activation):
+    """SAM's upscaling (stride = kernel 2): a NaN/Inf input pixel or weight reaches its block."""
+    x, w, b = poisoned((2, 6, 5, 24)), poisoned((16, 2, 2, 24), seed=1), poisoned((16,), seed=2)
+    same_nonfinite(lambda *a: cn.ops.conv_transpose2d_blocks(*map(mx.array, a), activation),
+                   x, w, b)
 
 
 def test_all_nan_image_gives_nan_relu_conv(path):

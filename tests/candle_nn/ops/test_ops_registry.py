@@ -28,6 +28,7 @@ def test_every_implementation_declares_what_it_works_around() -> None:
         assert row["works_around"] and row["mlx"] == mx.__version__, row
     names = {(r["op"], r["name"], r["backend"]) for r in rows}
     assert len(names) == len(rows)
+    assert ("conv_transpose2d_blocks", "packed_gemm", "cpu") in names
     assert {"winograd", "packed_gemm", "im2col", "depthwise", "linear_rows", "layer_norm",
             "attention_packed", "attention_heads", "softmax", "bias_act", "dfl",
             "max_pool", "conv_grad", "max_pool_grad", "batch_norm_vjp"} <= {r["name"] for r in rows}
@@ -49,7 +50,8 @@ def test_disabled_switches_and_restores() -> None:
     with cn.ops.disabled("conv2d"):
         assert not any(on("conv2d").values()) and all(on("linear").values())
     with cn.ops.disabled("linear.packed_gemm"):
-        assert on("packed_gemm") == {"conv2d.packed_gemm": True, "linear.packed_gemm": False}
+        assert on("packed_gemm") == {"conv2d.packed_gemm": True, "linear.packed_gemm": False,
+                                     "conv_transpose2d_blocks.packed_gemm": True}
     with cn.ops.disabled("cuda:depthwise"):
         rows = {(r["backend"], r["name"]): r["enabled"] for r in cn.ops.status()
                 if r["name"] == "depthwise"}
@@ -150,6 +152,18 @@ def test_depthwise_conv2d(op_paths, stride, act) -> None:
         ours = cn.ops.depthwise_conv2d(mx.array(x), mx.array(w), mx.array(b), (stride, stride),
                                        (1, 1), activation=act)
     assert _rel(ours, _act64(ref, act)) <= 1e-5, op_paths
+
+
+@pytest.mark.parametrize("kernel,act", [((2, 2), "gelu"), ((2, 3), None), ((1, 1), "relu")])
+def test_conv_transpose2d_blocks(op_paths, kernel, act) -> None:
+    """Stride = kernel: every input pixel's own ``kH x kW`` output block."""
+    (kh, kw), (n, h, w, c, o) = kernel, (2, 5, 7, 19, 20)
+    x, wt, b = _f32(n, h, w, c), _f32(o, kh, kw, c), _f32(o)
+    blocks = np.einsum("nhwc,oijc->nhiwjo", x.astype(np.float64), wt.astype(np.float64))
+    ref = _act64(blocks.reshape(n, h * kh, w * kw, o) + b, act)
+    with mx.stream(mx.cpu):
+        ours = cn.ops.conv_transpose2d_blocks(mx.array(x), mx.array(wt), mx.array(b), act)
+    assert _rel(ours, ref) <= 1e-5, op_paths
 
 
 @pytest.mark.parametrize("rows", [1, 5, 40])
