@@ -2,7 +2,7 @@
 weights, see helpers/yolo11_reference.py) on bike.jpg: raw head outputs, the decoded prediction
 and the detections after NMS, within the float32 rule of ``../shared/fixtures/README.md`` (10×
 the reference's own float32-vs-float64 error, floored at 1e-4, relative to the largest value).
-Every size's tensor names and shapes are ultralytics'."""
+Every size's tensor names and shapes are ultralytics'. The parity runs on every available device."""
 
 from __future__ import annotations
 
@@ -22,12 +22,13 @@ from candle_nn_models.yolo_checkpoint import load_model
 from candle_nn_models.yolo_v8_post import postprocess
 
 
-def _ours(model: torch.nn.Module, tmp_path, name: str) -> cn.VarBuilder:
-    """The reference's state_dict as the converter writes it, opened as a VarBuilder."""
+def _ours(model: torch.nn.Module, tmp_path, name: str, device: cn.Device) -> cn.VarBuilder:
+    """The reference's state_dict as the converter writes it, opened as a VarBuilder on
+    ``device``."""
     state = {k: v.numpy() for k, v in model.state_dict().items()}
     path = tmp_path / f"{name}.safetensors"
     save(convert_ultralytics(state, source=name), path)
-    return cn.VarBuilder.from_safetensors(str(path))
+    return cn.VarBuilder.from_safetensors(str(path), device=device)
 
 
 def _rel(got: np.ndarray, want: np.ndarray) -> float:
@@ -38,11 +39,11 @@ def _rel(got: np.ndarray, want: np.ndarray) -> float:
 @pytest.mark.parametrize("yaml, size, nc", [("yolo11n.yaml", (128, 160), 80),
                                             ("yolo11m.yaml", (64, 96), 80),
                                             ("yolo11n-pose.yaml", (128, 160), 1)])
-def test_matches_ultralytics(tmp_path, yaml, size, nc):
+def test_matches_ultralytics(tmp_path, device, yaml, size, nc):
     x = bike(*size)
     ref = seeded_model(yaml, x, nc=nc)
     want, tol = float32_tolerance(ref, x)
-    model = load_model(_ours(ref, tmp_path, yaml))
+    model = load_model(_ours(ref, tmp_path, yaml, device))
     pose = "-pose" in yaml
     assert isinstance(model, Yolo11Pose if pose else Yolo11)
     assert model.spec == Yolo11Spec(yaml[6], "pose" if pose else "detect", nc, 17 if pose else 0)

@@ -1,7 +1,7 @@
 """Yolo11Seg against ultralytics' own ``yolo11n-seg`` on seeded weights
 (helpers/yolo11_reference.py) and bike.jpg: the head's output and the prototypes within the
 float32 rule of ``../shared/fixtures/README.md``, and the final masks of ``process_mask`` /
-``process_mask_native`` (IoU >= 0.999 after thresholding)."""
+``process_mask_native`` (IoU >= 0.999 after thresholding), on every available device."""
 
 from __future__ import annotations
 
@@ -30,8 +30,11 @@ def setup(tmp_path_factory):
     x = lb.as_input()
     ref = seeded_model("yolo11n-seg.yaml", np.ascontiguousarray(x.transpose(0, 3, 1, 2)), nc=80)
     path = convert_and_save(ref, tmp_path_factory.mktemp("seg11") / "seg.safetensors")
-    model = load_model(cn.VarBuilder.from_safetensors(str(path)))
-    return ref, model, lb
+    return ref, path, lb
+
+
+def _ours(path, device) -> Yolo11Seg:
+    return load_model(cn.VarBuilder.from_safetensors(str(path), device=device))
 
 
 def _reference(ref, x, dtype):
@@ -41,8 +44,9 @@ def _reference(ref, x, dtype):
     return pred, proto
 
 
-def test_head_output_and_prototypes_match_ultralytics(setup):
-    ref, model, lb = setup
+def test_head_output_and_prototypes_match_ultralytics(setup, device):
+    ref, path, lb = setup
+    model = _ours(path, device)
     assert isinstance(model, Yolo11Seg)
     assert model.spec == Yolo11Spec("n", "segment", 80, num_masks=32)
     assert str(model.spec) == "YOLO11n-seg (80 classes, 32 masks)"
@@ -58,11 +62,12 @@ def test_head_output_and_prototypes_match_ultralytics(setup):
 
 
 @pytest.mark.parametrize("retina", [False, True])
-def test_masks_match_ultralytics_process_mask(setup, retina):
+def test_masks_match_ultralytics_process_mask(setup, device, retina):
     from ultralytics.utils import ops
     from ultralytics.utils.nms import non_max_suppression
 
-    ref, model, lb = setup
+    ref, path, lb = setup
+    model = _ours(path, device)
     x = lb.as_input()
     pred, protos = model(mx.array(x))
     ((detections, masks),) = segment_postprocess(pred, protos, [lb], num_classes=80,
