@@ -29,7 +29,7 @@ class BenchModel:
     """One benchmarked model.
 
     Attributes:
-        name: ``resnet18``, ``yolov8n``, ``mobilesam-encoder``, ...
+        name: ``resnet18``, ``yolov8n``, ``yolo11n``, ``mobilesam-encoder``, ...
         input_hw: image height, width (inputs are ``(N, H, W, 3)`` NHWC for ours, NCHW for peers).
         batch: the batch for the throughput figure on the CPU (GPUs use ``--batch``, default 32).
         fixture: folder name under the shared fixtures holding candle-named weights, or ``None``.
@@ -147,7 +147,8 @@ def _yolo_train_torch(size: str) -> Callable[[], Any]:
     return build
 
 
-def _yolo_torch(size: str, task: str = "detect") -> Callable[[], Any]:
+def _yolo_torch(size: str, task: str = "detect", family: str = "yolov8") -> Callable[[], Any]:
+    """ultralytics' model of ``{family}{size}[-seg].yaml`` (``yolov8``, ``yolo11``)."""
     def build() -> Any:
         import os
 
@@ -165,7 +166,7 @@ def _yolo_torch(size: str, task: str = "detect") -> Callable[[], Any]:
             def __init__(self) -> None:
                 super().__init__()
                 # fuse() folds BN into the convs, as ultralytics' own predictor does.
-                self.net = model(f"yolov8{size}{suffix}.yaml", verbose=False).fuse(verbose=False)
+                self.net = model(f"{family}{size}{suffix}.yaml", verbose=False).fuse(verbose=False)
 
             def forward(self, x: torch.Tensor) -> torch.Tensor:
                 out = self.net(x)
@@ -259,6 +260,8 @@ def _registry() -> dict[str, BenchModel]:
                    _yolo_ours("n"), _yolo_torch("n"), ul),
         BenchModel("yolov8s", (640, 640), 4, None,
                    _yolo_ours("s"), _yolo_torch("s"), ul),
+        BenchModel("yolo11n", (640, 640), 4, None,
+                   _ours("yolo11", "n", num_classes=80), _yolo_torch("n", family="yolo11"), ul),
         # Detection + mask coefficients and prototypes (the masks' NumPy post-processing is not
         # timed, as NMS is not for yolov8n).
         BenchModel("yolov8n-seg", (640, 640), 4, None,

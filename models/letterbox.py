@@ -82,12 +82,20 @@ class Letterbox:
         """``(1, h, w, 3)`` float32 in [0, 1]: the model's NHWC input."""
         return (self.image.astype(np.float32) / 255.0)[None]
 
+    @property
+    def gains(self) -> tuple[float, float]:
+        """``(x, y)`` resize factors of the unpadded image, each side's rounded size over the
+        original's (ultralytics' ``scale_boxes``; ``scale`` up to that rounding)."""
+        h, w = self.orig_hw
+        return max(round(w * self.scale), 1) / w, max(round(h * self.scale), 1) / h
+
     def to_original(self, xy: np.ndarray) -> np.ndarray:
         """Map ``(..., 2k)`` letterboxed ``x, y, x, y, …`` to original pixels, clipped to the
-        image (ultralytics' ``scale_boxes`` / ``scale_coords``)."""
+        image (ultralytics' ``scale_boxes`` / ``scale_coords``: per-axis :attr:`gains`)."""
         xy = np.asarray(xy, dtype=np.float32)
         shape = xy.shape
-        xy = (xy.reshape(-1, 2) - np.asarray(self.pad, np.float32)) / np.float32(self.scale)
+        xy = (xy.reshape(-1, 2) - np.asarray(self.pad, np.float32)) / np.asarray(self.gains,
+                                                                                 np.float32)
         h, w = self.orig_hw
         xy = np.clip(xy, 0, np.asarray([w, h], np.float32))
         return xy.reshape(shape)

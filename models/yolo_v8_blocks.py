@@ -2,7 +2,9 @@
 
 Tensor names follow candle's ``yolo-v8/model.rs``: a :class:`ConvBlock` holds ``conv.weight``
 (no bias) and ``bn.*`` (eps 1e-3, folded into the convolution at load); a :class:`C2f` holds
-``cv1``, ``cv2`` and ``bottleneck.N``; an :class:`Sppf` holds ``cv1`` and ``cv2``.
+``cv1``, ``cv2`` and ``bottleneck.N``; an :class:`Sppf` holds ``cv1`` and ``cv2``. YOLO11's blocks
+(``candle_nn_models.yolo11_blocks``) are built from these with their extra parameters (groups, no
+activation, a bottleneck's expansion).
 """
 
 from __future__ import annotations
@@ -16,29 +18,35 @@ BN_MOMENTUM = 0.03  # ultralytics' BatchNorm momentum (PyTorch's convention)
 
 class ConvBlock(cn.Module):
     """Conv (no bias) → BatchNorm (eps 1e-3, momentum 0.03; folded at load unless
-    ``fold_bn=False``) → SiLU.
+    ``fold_bn=False``) → SiLU (none when ``act=False``: ultralytics' ``Conv(..., act=False)``).
 
-    Input ``(N, H, W, c1)`` → ``(N, H / stride, W / stride, c2)`` (padding ``k // 2``).
+    Input ``(N, H, W, c1)`` → ``(N, H / stride, W / stride, c2)`` (padding ``k // 2``);
+    ``groups``: grouped convolution (``groups == c1 == c2``: ultralytics' depthwise ``DWConv``).
     """
 
-    def __init__(self, conv: "cn.Conv2d | cn.ConvBn") -> None:
+    def __init__(self, conv: "cn.Conv2d | cn.ConvBn", act: bool = True) -> None:
         super().__init__(conv.device)
         self.conv = conv
+        self.activation = "silu" if act else None
 
     @classmethod
     def load(cls, vb: cn.VarBuilder, c1: int, c2: int, k: int, stride: int = 1,
-             fold_bn: bool = True) -> "ConvBlock":
-        config = cn.Conv2dConfig(padding=k // 2, stride=stride)
+             fold_bn: bool = True, *, groups: int = 1, act: bool = True) -> "ConvBlock":
+        config = cn.Conv2dConfig(padding=k // 2, stride=stride, groups=groups)
         return cls(cn.ConvBn.load(vb, c1, c2, k, config, eps=BN_EPS, momentum=BN_MOMENTUM,
-                              fold_bn=fold_bn))
+                                  fold_bn=fold_bn), act)
 
     def forward(self, x: mx.array, residual: mx.array | None = None) -> mx.array:
-        """``silu(conv(x))``, plus ``residual`` when given (one fused pass on the CPU)."""
-        return self.conv(x, activation="silu", residual=residual, residual_after_activation=True)
+        """``silu(conv(x))`` (``conv(x)`` when built with ``act=False``), plus ``residual`` when
+        given (one fused pass on the CPU)."""
+        return self.conv(x, activation=self.activation, residual=residual,
+                         residual_after_activation=True)
 
 
 class Bottleneck(cn.Module):
-    """Two 3×3 ConvBlocks, with a residual connection when ``shortcut`` and ``c1 == c2``."""
+    """Two 3×3 ConvBlocks ``c1 → int(c2 * e) → c2``, with a residual connection when
+    ``shortcut`` and ``c1 == c2`` (YOLOv8's C2f uses ``e=1``, YOLO11's C3k2 ultralytics' default
+    ``e=0.5``)."""
 
     def __init__(self, cv1: ConvBlock, cv2: ConvBlock, residual: bool) -> None:
         super().__init__(cv1.device)
@@ -47,9 +55,10 @@ class Bottleneck(cn.Module):
 
     @classmethod
     def load(cls, vb: cn.VarBuilder, c1: int, c2: int, shortcut: bool,
-             fold_bn: bool = True) -> "Bottleneck":
-        return cls(ConvBlock.load(vb.pp("cv1"), c1, c2, 3, fold_bn=fold_bn),
-                   ConvBlock.load(vb.pp("cv2"), c2, c2, 3, fold_bn=fold_bn), shortcut and c1 == c2)
+             fold_bn: bool = True, e: float = 1.0) -> "Bottleneck":
+        c = int(c2 * e)
+        return cls(ConvBlock.load(vb.pp("cv1"), c1, c, 3, fold_bn=fold_bn),
+                   ConvBlock.load(vb.pp("cv2"), c, c2, 3, fold_bn=fold_bn), shortcut and c1 == c2)
 
     def forward(self, x: mx.array) -> mx.array:
         return self.cv2(self.cv1(x), residual=x if self.residual else None)
@@ -62,7 +71,7 @@ class C2f(cn.Module):
     Input ``(N, H, W, c1)`` → ``(N, H, W, c2)``.
     """
 
-    def __init__(self, cv1: ConvBlock, cv2: ConvBlock, bottleneck: list[Bottleneck]) -> None:
+    def __init__(self, cv1: ConvBlock, cv2: ConvBlock, bottleneck: list[cn.Module]) -> None:
         super().__init__(cv1.device)
         self.cv1, self.cv2 = cv1, cv2
         self.bottleneck = bottleneck

@@ -3,7 +3,9 @@
 Tensor names (candle's ``yolo-v8/model.rs``): ``cv2.{level}.{0,1,2}`` box branch,
 ``cv3.{level}.{0,1,2}`` class branch, ``dfl.conv`` the DFL projection, and for pose
 ``cv4.{level}.{0,1,2}`` the keypoint branch; ``{0,1}`` are :class:`ConvBlock` s, ``2`` a plain
-1×1 convolution with bias.
+1×1 convolution with bias. YOLO11's heads (``depthwise_cls=True``, ultralytics' non-legacy
+``Detect``) make each of the class branch's ``{0,1}`` a depthwise 3×3 then a 1×1 ConvBlock
+(``cv3.{level}.{0,1}.{0,1}``).
 
 Both heads return the decoded prediction anchor-major, ``(N, anchors, channels)``, with the anchors
 of the stride-8, 16 and 32 maps in that order, each map row-major (ultralytics' order);
@@ -28,6 +30,18 @@ def _branch(vb: cn.VarBuilder, c_in: int, c_mid: int, c_out: int,
     """``0``: 3×3 ConvBlock, ``1``: 3×3 ConvBlock, ``2``: 1×1 conv with bias."""
     return cn.seq([ConvBlock.load(vb.pp(0), c_in, c_mid, 3, fold_bn=fold_bn),
                    ConvBlock.load(vb.pp(1), c_mid, c_mid, 3, fold_bn=fold_bn),
+                   cn.Conv2d.load(vb.pp(2), c_mid, c_out, 1, cn.Conv2dConfig())])
+
+
+def _depthwise_branch(vb: cn.VarBuilder, c_in: int, c_mid: int, c_out: int,
+                      fold_bn: bool = True) -> cn.Sequential:
+    """YOLO11's class branch: ``0``: depthwise 3×3 + 1×1 ConvBlocks ``c_in → c_mid``, ``1``: the
+    same ``c_mid → c_mid``, ``2``: 1×1 conv with bias."""
+    def dw_pw(vb: cn.VarBuilder, c1: int, c2: int) -> cn.Sequential:
+        return cn.seq([ConvBlock.load(vb.pp(0), c1, c1, 3, fold_bn=fold_bn, groups=c1),
+                       ConvBlock.load(vb.pp(1), c1, c2, 1, fold_bn=fold_bn)])
+
+    return cn.seq([dw_pw(vb.pp(0), c_in, c_mid), dw_pw(vb.pp(1), c_mid, c_mid),
                    cn.Conv2d.load(vb.pp(2), c_mid, c_out, 1, cn.Conv2dConfig())])
 
 
@@ -83,20 +97,23 @@ class DetectionHead(cn.Module):
 
     @classmethod
     def load(cls, vb: cn.VarBuilder, num_classes: int, filters: tuple[int, int, int],
-             fold_bn: bool = True) -> "DetectionHead":
-        """``filters``: channels of the neck's p3, p4, p5 outputs."""
+             fold_bn: bool = True, *, depthwise_cls: bool = False) -> "DetectionHead":
+        """``filters``: channels of the neck's p3, p4, p5 outputs; ``depthwise_cls``: YOLO11's
+        class branch (depthwise + pointwise ConvBlocks)."""
         c2 = max(16, filters[0] // 4, 4 * REG_MAX)
         # ultralytics caps the class branch width at 100 (candle's max(filters[0], nc) agrees
         # for every class count up to 100, which covers its published checkpoints).
         c3 = max(filters[0], min(num_classes, 100))
         cv2 = [_branch(vb.pp(f"cv2.{i}"), f, c2, 4 * REG_MAX, fold_bn)
                for i, f in enumerate(filters)]
-        cv3 = [_branch(vb.pp(f"cv3.{i}"), f, c3, num_classes, fold_bn)
+        cls_branch = _depthwise_branch if depthwise_cls else _branch
+        cv3 = [cls_branch(vb.pp(f"cv3.{i}"), f, c3, num_classes, fold_bn)
                for i, f in enumerate(filters)]
         head = cls(Dfl.load(vb.pp("dfl")), cv2, cv3, num_classes)
         # a pose or segmentation head's detection part loads as a detection head: its cv4 (and
         # proto) are left unread
-        vb.check_all_read(f"a YOLOv8 detection head ({num_classes} classes)",
+        family = "YOLO11" if depthwise_cls else "YOLOv8"
+        vb.check_all_read(f"a {family} detection head ({num_classes} classes)",
                           unused=("cv4.*", "proto.*"))
         return head
 
@@ -136,12 +153,16 @@ class PoseHead(cn.Module):
 
     @classmethod
     def load(cls, vb: cn.VarBuilder, num_classes: int, num_keypoints: int,
-             filters: tuple[int, int, int], fold_bn: bool = True) -> "PoseHead":
+             filters: tuple[int, int, int], fold_bn: bool = True, *,
+             depthwise_cls: bool = False) -> "PoseHead":
+        """As :meth:`DetectionHead.load`; the keypoint branch is YOLOv8's in both versions."""
         nk = 3 * num_keypoints
         c4 = max(filters[0] // 4, nk)
         cv4 = [_branch(vb.pp(f"cv4.{i}"), f, c4, nk, fold_bn) for i, f in enumerate(filters)]
-        head = cls(DetectionHead.load(vb, num_classes, filters, fold_bn), cv4, num_keypoints)
-        vb.check_all_read(f"a YOLOv8 pose head ({num_keypoints} keypoints)")
+        head = cls(DetectionHead.load(vb, num_classes, filters, fold_bn,
+                                      depthwise_cls=depthwise_cls), cv4, num_keypoints)
+        family = "YOLO11" if depthwise_cls else "YOLOv8"
+        vb.check_all_read(f"a {family} pose head ({num_keypoints} keypoints)")
         return head
 
     def raw(self, feats: list[mx.array]) -> tuple[list[mx.array], mx.array]:

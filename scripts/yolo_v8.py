@@ -1,5 +1,5 @@
-"""``candle-yolo-v8``: detect objects, people's poses or object masks with YOLOv8 and draw them,
-or classify images.
+"""``candle-yolo-v8``: detect objects, people's poses or object masks with YOLOv8 or YOLO11 and
+draw them, or classify images.
 
     candle-yolo-v8 --image bike.jpg [DIR 'photos/*.jpg' - ...] [--recursive] [--strict]
                    | --video clip.mp4 [--video FRAMES_DIR ...] [--batch-size 8]
@@ -17,8 +17,9 @@ it is taken, unless ``--exist-ok``; see ``scripts/outputs.py`` and ``docs/output
 with class names and scores, and skeletons for pose. ``<stem>`` is the image's own, numbered
 (``x-2``) when another input of the run has it. Prints the detections (``--json``: one JSON document
 on stdout). Without ``--weights`` the default is candle's published ``yolov8{variant}[-pose]``
-checkpoint (variant ``n``); with ``--weights`` the variant, task and class count are read from the
-file, and a ``--variant``/``--task`` that disagrees is an error. Class names come from the file's
+checkpoint (variant ``n``); with ``--weights`` the version (YOLOv8 or YOLO11, converted from
+ultralytics' ``.pt``: docs/yolo11.md), variant, task and class count are read from the file, and a
+``--variant``/``--task`` that disagrees is an error. Class names come from the file's
 ``candle_nn.names`` metadata when present, else COCO's.
 
 ultralytics' ``yolo predict`` options keep their meanings: ``--classes`` keeps only those class ids,
@@ -143,9 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--variant", choices=tuple(MULTIPLES), default=None,
                         help="model size; default: what --weights holds, else n")
     parser.add_argument("--weights", default=None,
-                        help="YOLOv8 safetensors file in candle's layout, e.g. converted by "
-                             "candle-nn-weights convert --from ultralytics (default: candle's "
-                             "yolov8{variant}[-pose].safetensors from the Hugging Face hub)")
+                        help="YOLOv8 (candle's layout) or YOLO11 safetensors file, e.g. "
+                             "converted by candle-nn-weights convert --from ultralytics (default: "
+                             "candle's yolov8{variant}[-pose].safetensors from the Hugging Face "
+                             "hub)")
     parser.add_argument("--conf", type=_fraction, default=0.25,
                         help="minimum class score (default 0.25)")
     parser.add_argument("--iou", type=_fraction, default=0.7,

@@ -27,6 +27,7 @@ from typing import Sequence
 from candle_nn import CandleNNError, VarBuilder, WeightsFileError
 import mlx.core as mx
 
+from candle_nn_models.yolo11 import STEM as YOLO11_STEM
 from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8, infer_spec
 from candle_nn_models.yolo_v8_data import DataConfig, DataError
 from candle_nn_models.yolo_v8_dataset import DetectionDataset
@@ -135,6 +136,9 @@ def _start_tensors(args: argparse.Namespace, nc: int) -> tuple[dict, str]:
     ``nc`` classes when it has another count; and its variant."""
     path = resolve_weights("yolo_v8", args.variant or "n", args.weights)
     vb = VarBuilder.from_safetensors(path)
+    if vb.contains(YOLO11_STEM):
+        raise CandleNNError(f"{shown(path)} holds a YOLO11 model; `train` fine-tunes YOLOv8 only "
+                            "(YOLO11 runs in predict and val): pass YOLOv8 weights with --weights")
     try:
         spec = infer_spec(vb, name=str(path))
     except WeightsFileError as exc:

@@ -1,6 +1,7 @@
-"""A YOLOv8 model from a weights file as every YOLOv8 command loads it (predict, ``val``,
-``candle-nn-batch``): the published checkpoint by default, the file's task and variant checked
-against the ones asked for, class names from the file's metadata."""
+"""A YOLO model from a weights file as every YOLOv8 command loads it (predict, ``val``,
+``candle-nn-batch``): the published YOLOv8 checkpoint by default, else YOLOv8 or YOLO11 as the
+file holds, the file's task and variant checked against the ones asked for, class names from
+the file's metadata."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 from candle_nn import CandleNNError, Device, VarBuilder, WeightsFileError
 
 from candle_nn_models.coco import coco_class_names
-from candle_nn_models.yolo_v8 import (YoloV8, YoloV8Cls, YoloV8Pose, YoloV8Seg, YoloV8Spec,
-                                      infer_spec, load_model)
+from candle_nn_models.yolo_checkpoint import YoloModel, infer_spec, load_model
+from candle_nn_models.yolo_v8 import YoloV8Spec
 from candle_nn_models.weights.metadata import WeightsMetadata
 from candle_nn_models.weights.registry import resolve_weights
 
@@ -21,8 +22,7 @@ REGISTRY_MODELS = {"detect": "yolo_v8", "pose": "yolo_v8_pose", "segment": "yolo
 
 def load_detector(weights: "str | Path | None", task: str | None, variant: str | None,
                   device: Device, dtype: str = "float32",
-                  ) -> tuple[YoloV8 | YoloV8Pose | YoloV8Seg | YoloV8Cls, YoloV8Spec, list[str],
-                             Path]:
+                  ) -> tuple[YoloModel, YoloV8Spec, list[str], Path]:
     """The model in ``weights`` (default: the published checkpoint of ``task``/``variant``),
     checked against the requested ``task``/``variant``, in ``dtype``; plus its class names and
     file."""
@@ -39,7 +39,7 @@ def load_detector(weights: "str | Path | None", task: str | None, variant: str |
     try:
         spec = infer_spec(vb, name=str(path))
     except WeightsFileError as exc:
-        raise WeightsFileError(f"{exc}. Pass YOLOv8 weights with --weights") from None
+        raise WeightsFileError(f"{exc}. Pass YOLOv8 or YOLO11 weights with --weights") from None
     wrong = [f"--{flag} {want}" for flag, want, have in
              (("task", task, spec.task), ("variant", variant, spec.variant))
              if want is not None and want != have]

@@ -5,12 +5,15 @@ Sources (``--from``):
 * ``torchvision`` / ``timm``: ResNet-18/34/50/101/152 ``state_dict``s. Their names already are
   candle's; a wrapping prefix (``module.``, ``backbone.``, ``model.`` …) is stripped, BatchNorm's
   ``num_batches_tracked`` dropped, any head size kept.
-* ``ultralytics``: YOLOv8 detection, pose, segmentation and classification ``.pt`` files (any
-  class count). Layer ``model.N`` becomes candle's ``net.*`` / ``fpn.*`` / ``head``
-  (:data:`YOLO_LAYER_NAMES`; a classifier's: :data:`YOLO_CLS_LAYER_NAMES`), a C2f's ``m.K`` its
-  ``bottleneck.K``; inside the head, whose segmentation and classification parts candle does
-  not have, ultralytics' module names stay (``cv4``, ``proto``, ``conv``, ``linear``). The
-  checkpoint's class names are kept in the metadata.
+* ``ultralytics``: YOLOv8 detection, pose, segmentation and classification and YOLO11 detection,
+  pose and segmentation ``.pt`` files (any class count), the version recognised from the layers
+  (C2f, or C3k2 + C2PSA). YOLOv8's layer ``model.N`` becomes candle's ``net.*`` / ``fpn.*`` /
+  ``head`` (:data:`YOLO_LAYER_NAMES`; a classifier's: :data:`YOLO_CLS_LAYER_NAMES`), a C2f's
+  ``m.K`` its ``bottleneck.K``; inside the head, whose segmentation and classification parts
+  candle does not have, ultralytics' module names stay (``cv4``, ``proto``, ``conv``,
+  ``linear``). YOLO11 (no candle names at all) keeps ultralytics' ``model.N.*``. The
+  checkpoint's class names are kept in the metadata; YOLOv5u, YOLO26, OBB and YOLO11-cls files
+  are named and refused.
 * ``mobile_sam``: MobileSAM's ``mobile_sam.pt`` ``state_dict``; names are candle's already,
   the ``attention_bias_idxs`` index buffers (candle recomputes them) are dropped.
 
@@ -32,7 +35,9 @@ import numpy as np
 from candle_nn import CandleNNError, VarBuilder, WeightsFileError
 from candle_nn.atomic_write import atomic_write
 from candle_nn_models.resnet import infer_variant
-from candle_nn_models.yolo_v8 import YoloV8Spec, infer_spec
+from candle_nn_models.yolo11 import Yolo11Spec
+from candle_nn_models.yolo_checkpoint import infer_spec
+from candle_nn_models.yolo_v8 import YoloV8Spec
 
 from .metadata import TASKS, WeightsMetadata
 from .spec import ModelUnavailableError
@@ -216,7 +221,8 @@ def _yolo_name(key: str, where: str, classifier: bool = False) -> str:
 
 
 def _ultralytics_model(ckpt: Any, where: str) -> tuple[dict[str, Any], Any, Any]:
-    """``(state_dict, names or None, head stand-in or None)`` of an unpickled ultralytics file."""
+    """``(state_dict, names or None, layer stand-ins or None)`` of an unpickled ultralytics
+    file."""
     if isinstance(ckpt, StandIn):
         model = ckpt
     elif isinstance(ckpt, dict):
@@ -234,23 +240,26 @@ def _ultralytics_model(ckpt: Any, where: str) -> tuple[dict[str, Any], Any, Any]
     if cls not in YOLO_MODEL_CLASSES:
         raise ConversionError(
             f"{where} holds an ultralytics {cls}; only {', '.join(YOLO_MODEL_CLASSES)} (YOLOv8 "
-            "detect, pose, segment and classify) are supported")
+            "detect, pose, segment and classify; YOLO11 detect, pose and segment) are supported")
     layers = (model.__dict__.get("_modules") or {}).get("model")
     children = list((getattr(layers, "__dict__", {}).get("_modules") or {}).values())
-    head = children[-1] if children else None
-    return dict(module_state_dict(model)), model.__dict__.get("names"), head
+    return dict(module_state_dict(model)), model.__dict__.get("names"), children or None
 
 
 def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
                         num_classes: int | None = None,
                         names: list[str] | None = None) -> Converted:
     """An unpickled ultralytics checkpoint (or a ``model.N.*`` state_dict) → candle names."""
-    sd, ckpt_names, head = _ultralytics_model(ckpt, source)
+    sd, ckpt_names, layers = _ultralytics_model(ckpt, source)
     sd, dropped = _drop_buffers(sd)
+    version = _ultralytics_version(sd, layers, source)
     _check_ultralytics_kind(sd, source)
-    classifier = any(k.startswith(f"model.{YOLO_CLS_HEAD_INDEX}.linear.") for k in sd)
-    tensors = {_yolo_name(k, source, classifier): v for k, v in sd.items()}
-    kpt = _kpt_shape(ckpt, head)
+    if version == "11":  # candle has no YOLO11: ultralytics' names are ours
+        tensors = {_model_n(k, source): v for k, v in sd.items()}
+    else:
+        classifier = any(k.startswith(f"model.{YOLO_CLS_HEAD_INDEX}.linear.") for k in sd)
+        tensors = {_yolo_name(k, source, classifier): v for k, v in sd.items()}
+    kpt = _kpt_shape(ckpt, layers[-1] if layers else None)
     if kpt is not None and len(kpt) == 2 and int(kpt[1]) != 3:
         raise ConversionError(
             f"{source}: keypoints of shape {tuple(kpt)} ((x, y) without visibility); candle's "
@@ -264,12 +273,12 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
             f"{3 * spec.num_keypoints // 2} (x, y) keypoints? Convert the ultralytics .pt "
             "checkpoint (it records kpt_shape) rather than a bare state_dict")
     if variant is not None and variant != spec.variant:
-        raise ConversionError(f"--variant {variant} given, but {source} holds YOLOv8{spec.variant}")
+        raise ConversionError(f"--variant {variant} given, but {source} holds {spec}")
     _check_count(spec.num_classes, num_classes, "classes")
     if names is None and ckpt_names is not None:
         names = names_from(ckpt_names, source)
-    model = {"pose": "yolo_v8_pose", "segment": "yolo_v8_seg",
-             "classify": "yolo_v8_cls"}.get(spec.task, "yolo_v8")
+    family = "yolo11" if isinstance(spec, Yolo11Spec) else "yolo_v8"
+    model = family + {"pose": "_pose", "segment": "_seg", "classify": "_cls"}.get(spec.task, "")
     meta = WeightsMetadata(
         model=model, variant=spec.variant, task=TASKS[model], num_classes=spec.num_classes,
         num_keypoints=spec.num_keypoints if spec.task == "pose" else None,
@@ -277,22 +286,56 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
     return Converted(_numpy(tensors), meta, dropped=dropped)
 
 
-def _check_ultralytics_kind(sd: Mapping[str, Any], where: str) -> None:
-    """ConversionError naming what a ``model.N.*`` state_dict is when it is no YOLOv8 detect,
-    pose, segment or classify model (its weights say so even without the model object): an OBB
-    model, a YOLO26 (end-to-end ``one2one`` head), or a model whose BatchNorms were fused into
-    its convs."""
-    head = f"model.{YOLO_HEAD_INDEX}."
-    supported = "only YOLOv8 detect, pose, segment and classify models are supported"
-    if any(".one2one_" in k for k in sd):
+_SUPPORTED = ("only YOLOv8 (detect, pose, segment, classify) and YOLO11 (detect, pose, segment) "
+              "models are supported")
+
+
+def _model_n(key: str, where: str) -> str:
+    """``key`` itself, checked to be an ultralytics ``model.N.*`` name (YOLO11's names)."""
+    parts = key.split(".")
+    if len(parts) < 3 or parts[0] != "model" or not parts[1].isdigit():
+        raise ConversionError(f"{where}: tensor '{key}' is not an ultralytics 'model.N.*' name")
+    return key
+
+
+def _ultralytics_version(sd: Mapping[str, Any], layers: list[Any] | None, where: str) -> str:
+    """``"8"`` or ``"11"``: which YOLO a ``model.N.*`` state_dict holds, from its layer classes
+    (``layers``: the pickled modules, when the file has them) or else its weights' names.
+    ConversionError naming YOLOv5u, YOLO26, other end-to-end models and YOLO11-cls, whose layers
+    are close but not the same."""
+    kinds = {getattr(layer, "qualname", "").rsplit(".", 1)[-1] for layer in layers or ()}
+    if "C3" in kinds or "model.2.cv3.conv.weight" in sd:
         raise ConversionError(
-            f"{where} holds an ultralytics end-to-end model (its head has one2one_* branches, as "
-            f"YOLO26 and YOLOv10); {supported}")
-    angle = sd.get(f"{head}cv4.0.2.weight")
-    if angle is not None and int(angle.shape[0]) == 1:
+            f"{where} holds an ultralytics YOLOv5u model (C3 blocks); {_SUPPORTED}")
+    attention = "C2PSA" in kinds or any(".attn.qkv." in k for k in sd)
+    if attention and ("Classify" in kinds or any(".linear." in k for k in sd)):
+        raise ConversionError(
+            f"{where} holds an ultralytics YOLO11 or YOLO26 classification model (C2PSA blocks "
+            f"and a Classify head); {_SUPPORTED}")
+    psa = "C2PSA" in kinds or "model.10.m.0.attn.qkv.conv.weight" in sd
+    parts = [k.split(".") for k in sd]
+    head = max((int(p[1]) for p in parts if len(p) > 1 and p[1].isdigit()), default=0)
+    e2e = any(".one2one_" in k for k in sd)
+    if psa and (e2e or f"model.{head}.dfl.conv.weight" not in sd):
+        raise ConversionError(
+            f"{where} holds an ultralytics YOLO26 model (end-to-end head without DFL); "
+            f"{_SUPPORTED}")
+    if e2e:
+        raise ConversionError(
+            f"{where} holds an ultralytics end-to-end model (its head has one2one_* branches, "
+            f"as YOLOv10); {_SUPPORTED}")
+    return "11" if psa else "8"
+
+
+def _check_ultralytics_kind(sd: Mapping[str, Any], where: str) -> None:
+    """ConversionError naming what a ``model.N.*`` state_dict is when it is no model this
+    converter takes (its weights say so even without the model object): an OBB model, or a model
+    whose BatchNorms were fused into its convs."""
+    angles = [v for k, v in sd.items() if k.endswith(".cv4.0.2.weight") and k.count(".") == 5]
+    if any(int(angle.shape[0]) == 1 for angle in angles):
         raise ConversionError(
             f"{where} holds an ultralytics OBB model (its head's cv4 predicts one rotation "
-            f"angle); {supported}")
+            f"angle); {_SUPPORTED}")
     if "model.0.conv.bias" in sd and "model.0.bn.weight" not in sd:
         raise ConversionError(
             f"{where} holds a fused ultralytics model (model.fuse() merged each BatchNorm into "
@@ -317,7 +360,7 @@ def _kpt_shape(ckpt: Any, head: Any) -> Any:
 
 
 def _yolo_spec(tensors: Mapping[str, Any], where: str) -> YoloV8Spec:
-    """candle_nn_models.yolo_v8.infer_spec on the converted names."""
+    """candle_nn_models.yolo_checkpoint.infer_spec on the converted names."""
     try:
         return infer_spec(_shapes_only(tensors))
     except CandleNNError as exc:

@@ -5,7 +5,7 @@ values are plain strings except ``candle_nn.names`` (a JSON list). The CLIs read
 the variant and the class labels by default (see weights/README.md for the table).
 
 * ``candle_nn.model``: ``resnet`` | ``yolo_v8`` | ``yolo_v8_pose`` | ``yolo_v8_seg`` |
-  ``yolo_v8_cls`` | ``mobile_sam`` | ``sam``
+  ``yolo_v8_cls`` | ``yolo11`` | ``yolo11_pose`` | ``yolo11_seg`` | ``mobile_sam`` | ``sam``
 * ``candle_nn.variant``: the registry variant (``resnet50``, ``n`` … ``x``, ``tiny``)
 * ``candle_nn.task``: ``classify`` | ``detect`` | ``pose`` | ``segment``
 * ``candle_nn.num_classes``: decimal class count (ResNet head, YOLOv8 classes)
@@ -36,8 +36,9 @@ FORMAT = PREFIX + "format"
 FORMAT_VERSION = "1"
 
 TASKS = {"resnet": "classify", "yolo_v8": "detect", "yolo_v8_pose": "pose",
-         "yolo_v8_seg": "segment", "yolo_v8_cls": "classify",
-         "mobile_sam": "segment", "sam": "segment"}
+         "yolo_v8_seg": "segment", "yolo_v8_cls": "classify", "yolo11": "detect",
+         "yolo11_pose": "pose", "yolo11_seg": "segment", "mobile_sam": "segment",
+         "sam": "segment"}
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 :data:`SPECS` lists every model family with its variants, taken from the models' own config tables
 (``candle_nn_models.resnet.VARIANTS``, ``candle_nn_models.yolo_v8.MULTIPLES``,
+``candle_nn_models.yolo11.SCALES``,
 ``candle_nn_models.segment_anything.TINY_VIT_CONFIGS`` / ``VIT_CONFIGS``), and :func:`build_model`
 builds one from a VarBuilder. The registry of published files
 (``candle_nn_models.weights.registry``), ``inspect``, ``convert`` and the CLIs take their
@@ -25,6 +26,8 @@ import mlx.core as mx
 from candle_nn_models.resnet import VARIANTS as RESNET_VARIANTS
 from candle_nn_models.resnet import ResNet
 from candle_nn_models.segment_anything import MOBILE_SAM_ENCODERS, VIT_CONFIGS, Sam
+from candle_nn_models.yolo11 import SCALES as YOLO11_SCALES
+from candle_nn_models.yolo11 import Yolo11, Yolo11Pose, Yolo11Seg
 from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Cls, YoloV8Pose, YoloV8Seg
 
 Shape = tuple[int, ...]
@@ -102,6 +105,19 @@ def _load_yolo_cls(vb: VarBuilder, variant: str, num_classes: int) -> Module:
     return YoloV8Cls.load(vb, variant, num_classes)
 
 
+def _load_yolo11(vb: VarBuilder, variant: str, num_classes: int) -> Module:
+    return Yolo11.load(vb, variant, num_classes)
+
+
+def _load_yolo11_pose(vb: VarBuilder, variant: str, num_keypoints: int,
+                      num_classes: int) -> Module:
+    return Yolo11Pose.load(vb, variant, num_keypoints, num_classes)
+
+
+def _load_yolo11_seg(vb: VarBuilder, variant: str, num_classes: int, num_masks: int) -> Module:
+    return Yolo11Seg.load(vb, variant, num_classes, num_masks)
+
+
 def _load_sam(vb: VarBuilder, variant: str) -> Module:
     return Sam.load(vb, variant)
 
@@ -121,6 +137,14 @@ SPECS: dict[str, ModelSpec] = {s.model: s for s in (
                Count("num_masks", "head.cv4.0.2.weight", 1, 32))),
     ModelSpec("yolo_v8_cls", tuple(MULTIPLES), _load_yolo_cls,
               (Count("num_classes", "head.linear.weight", 1, 1000),)),
+    ModelSpec("yolo11", tuple(YOLO11_SCALES), _load_yolo11,
+              (Count("num_classes", "model.23.cv3.0.2.weight", 1, 80),)),
+    ModelSpec("yolo11_pose", tuple(YOLO11_SCALES), _load_yolo11_pose,
+              (Count("num_keypoints", "model.23.cv4.0.2.weight", 3, 17),
+               Count("num_classes", "model.23.cv3.0.2.weight", 1, 1))),
+    ModelSpec("yolo11_seg", tuple(YOLO11_SCALES), _load_yolo11_seg,
+              (Count("num_classes", "model.23.cv3.0.2.weight", 1, 80),
+               Count("num_masks", "model.23.cv4.0.2.weight", 1, 32))),
     ModelSpec("mobile_sam", tuple(MOBILE_SAM_ENCODERS), _load_sam),
     ModelSpec("sam", tuple(VIT_CONFIGS), _load_sam),
 )}

@@ -67,7 +67,10 @@ def test_resize_is_opencv_linear() -> None:
 
 def test_to_original_inverts_the_letterbox_and_clips() -> None:
     lb = Letterbox(np.zeros((640, 640, 3), np.uint8), 0.8, (0, 97), (556, 800))
-    pts = np.array([[0.0, 97.0, 640.0, 97.0 + 444.8], [-5.0, 10.0, 700.0, 600.0]])
+    # the image fills round(556 * 0.8) = 445 rows: ultralytics' scale_boxes maps each axis by its
+    # own rounded size (gain_y = 445 / 556), not by the ratio 0.8
+    assert lb.gains == (640 / 800, 445 / 556)
+    pts = np.array([[0.0, 97.0, 640.0, 97.0 + 445], [-5.0, 10.0, 700.0, 600.0]])
     out = lb.to_original(pts)
     np.testing.assert_allclose(out[0], [0, 0, 800, 556], atol=1e-3)
     np.testing.assert_allclose(out[1], [0, 0, 800, 556])  # clipped to the image

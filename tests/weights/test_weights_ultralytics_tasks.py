@@ -53,10 +53,10 @@ def test_segment_and_classify_checkpoints_convert(tmp_path, capsys, kind, yaml, 
 
 @pytest.mark.parametrize("kind, yaml, task, fragment", [
     ("OBBModel", "yolov8n-obb.yaml", "obb", "OBBModel"),
-    ("DetectionModel", "yolo26n.yaml", "detect", "end-to-end model"),
-    ("SegmentationModel", "yolo26n-seg.yaml", "segment", "end-to-end model"),
-    ("ClassificationModel", "yolo26n-cls.yaml", "classify", "another architecture"),
-    ("DetectionModel", "yolov5nu.yaml", "detect", "another architecture"),
+    ("DetectionModel", "yolo26n.yaml", "detect", "YOLO26 model"),
+    ("SegmentationModel", "yolo26n-seg.yaml", "segment", "YOLO26 model"),
+    ("ClassificationModel", "yolo26n-cls.yaml", "classify", "YOLO26 classification model"),
+    ("DetectionModel", "yolov5nu.yaml", "detect", "YOLOv5u model"),
 ])
 def test_unsupported_tasks_and_versions_are_named(tmp_path, capsys, kind, yaml, task, fragment):
     _save(seeded(kind, yaml), tmp_path / "best.pt", task)
