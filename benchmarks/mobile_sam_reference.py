@@ -118,6 +118,8 @@ def _stand_in_torchvision_boxes() -> None:
     transforms = types.ModuleType("torchvision.transforms")
     functional = types.ModuleType("torchvision.transforms.functional")
     boxes_mod.box_area, boxes_mod.batched_nms = box_area, batched_nms
+    # ultralytics calls torchvision.ops.nms whenever a module named torchvision is imported
+    ops.nms, ops.batched_nms, ops.box_area = _nms, batched_nms, box_area
     functional.resize, functional.to_pil_image = resize, to_pil_image
     tv.ops, ops.boxes, tv.transforms, transforms.functional = ops, boxes_mod, transforms, functional
     sys.modules.update({"torchvision": tv, "torchvision.ops": ops,

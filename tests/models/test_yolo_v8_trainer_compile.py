@@ -5,7 +5,8 @@ MLX's CPU compiler builds C++ for minutes on yolov8n's training graph, too slow 
 test runs the compiled path's own code (the padding of the targets to ``TARGET_ROWS`` rows and
 8-slot multiples, the model state threaded through ``mx.compile(inputs=, outputs=)``) with
 MLX's compilation switched off (``mx.disable_compile``): loss items, gradients, BatchNorm
-statistics and the weights after two optimizer steps equal the eager trainer's to 1e-6.
+statistics and the weights after two optimizer steps equal the eager trainer's to 1e-5 (bit-equal
+on the CPU; on an H100 the float32 sums over padded and unpadded targets round apart by 2e-6).
 The same two steps with the real compilation on the CPU (2 shared cores) gave bit-identical
 loss items and weights, the first step taking about 50 s to compile.
 """
@@ -53,11 +54,11 @@ def test_compiled_step_equals_eager(tmp_path):
             assert len(targets) % 64 and len(targets) > 0  # padding is exercised
             got = compiled.iteration(ni, 0, mx.array(x), targets)
             want = eager.iteration(ni, 0, mx.array(x), targets)
-            np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-6)
+            np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5)
     finally:
         mx.enable_compile()
     assert eager.updates == compiled.updates == 2
     a, b = _flat(eager.model.parameters()), _flat(compiled.model.parameters())
     worst = max(float(np.abs(np.array(a[k]) - np.array(b[k])).max()
                       / max(np.abs(np.array(a[k])).max(), 1e-12)) for k in a)
-    assert worst < 1e-6, worst
+    assert worst < 1e-5, worst
