@@ -45,7 +45,8 @@ def test_amg_profile_splits_the_pipeline(capsys) -> None:
                        "--amg-points", "2"]) == 0
     text = capsys.readouterr().out
     assert "mobilesam-amg: one image 800x556, 2x2 points" in text
-    for stage in ("image encoder", "prompt encoder + mask decoder", "other"):
+    for stage in ("image encoder", "decoder: prompt tokens, IoUs (every prompt)",
+                  "decoder: output upscaling (kept prompts)", "other"):
         assert stage in text, text
 
 

@@ -232,7 +232,15 @@ def test_fine_tuning_learns_textures_and_the_cli_classifies_with_the_new_labels(
 
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory) -> Path:
-    return calibrated_backbone(tmp_path_factory.mktemp("backbone"))
+    """:func:`calibrated_backbone`, made in a fresh Python process: its numbers must not depend
+    on what earlier tests of this session left switched in the library (fast paths, kernels)."""
+    folder = tmp_path_factory.mktemp("backbone")
+    code = ("import sys; from pathlib import Path; "
+            f"sys.path[:0] = {[str(ROOT), str(ROOT / 'tests'), str(Path(__file__).parent)]!r}; "
+            "import test_resnet_train as t; t.calibrated_backbone(Path(sys.argv[1]))")
+    subprocess.run([sys.executable, "-c", code, str(folder)], check=True, timeout=600,
+                   env=cli_env())
+    return folder / "backbone.safetensors"
 
 
 def calibrated_backbone(tmp_path: Path) -> Path:
