@@ -104,9 +104,42 @@ def positive(kind: type = float):
     def check(text: str) -> "int | float":
         value = number_arg(text, kind)
         if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+            what = "whole number" if kind is int else "number"
+            raise argparse.ArgumentTypeError(f"{text} is not a positive {what}")
         return value
     return check
+
+
+def non_negative(text: str) -> int:
+    """An argparse ``type=`` for a whole number >= 0 (epochs, seeds)."""
+    value = number_arg(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number >= 0")
+    return value
+
+
+def fraction(text: str) -> float:
+    """An argparse ``type=`` for a number in [0, 1] (confidence and IoU thresholds)."""
+    value = number_arg(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not in [0, 1]")
+    return value
+
+
+MAX_YOLO_INPUT_SIZE = 4096  # 6.5x YOLOv8's 640 on a side is 41x the work; beyond, memory runs out
+
+
+def yolo_input_size(text: str) -> int:
+    """An argparse ``type=`` for a YOLO input side: a positive multiple of 32 up to
+    :data:`MAX_YOLO_INPUT_SIZE`."""
+    value = number_arg(text, int)
+    if value <= 0 or value % 32:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive multiple of 32")
+    if value > MAX_YOLO_INPUT_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"{text} is above {MAX_YOLO_INPUT_SIZE}: YOLOv8 is trained at 640, and the work grows "
+            "with the square of the size (try 640, 1280 or at most 4096)")
+    return value
 
 
 def pixel_count(text: str) -> int:
