@@ -46,9 +46,17 @@ class _TorchvisionMetadataFinder(importlib.metadata.DistributionFinder):
             yield _TorchvisionMetadata()
 
 
+# What import_ultralytics leaves set in os.environ: ultralytics reads both when imported.
+KEPT_ENVIRONMENT = ("YOLO_CONFIG_DIR", "YOLO_OFFLINE")
+
+
 def import_ultralytics() -> types.ModuleType:
     """``ultralytics``, with torchvision's version answered where torchvision is not installed;
-    raises ``ImportError`` (naming the README's test command) when ultralytics is missing."""
+    raises ``ImportError`` (naming the README's test command) when ultralytics is missing.
+
+    os.environ is left as it was but for :data:`KEPT_ENVIRONMENT`: importing ultralytics sets
+    ``OMP_NUM_THREADS=1`` (and ``NUMEXPR_MAX_THREADS``, log levels; OpenCV ``LD_LIBRARY_PATH``),
+    which would otherwise reach every later test of the session and the CLIs it starts."""
     os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp(prefix="ultralytics-settings-"))
     os.environ.setdefault("YOLO_OFFLINE", "1")
     try:
@@ -56,6 +64,7 @@ def import_ultralytics() -> types.ModuleType:
     except importlib.metadata.PackageNotFoundError:
         if not any(isinstance(f, _TorchvisionMetadataFinder) for f in sys.meta_path):
             sys.meta_path.append(_TorchvisionMetadataFinder())
+    before = dict(os.environ)
     try:
         return importlib.import_module("ultralytics")
     except ModuleNotFoundError as e:
@@ -64,3 +73,13 @@ def import_ultralytics() -> types.ModuleType:
         raise ImportError(
             "ultralytics is the reference of these tests: install it as the README's test command "
             "does (`.venv/bin/pip install --no-deps ultralytics==8.4.190`)") from e
+    finally:
+        _restore_environment(before)
+
+
+def _restore_environment(before: dict[str, str]) -> None:
+    for name in set(os.environ) - set(before):
+        del os.environ[name]
+    for name, value in before.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value

@@ -231,9 +231,9 @@ def test_fine_tuning_learns_textures_and_the_cli_classifies_with_the_new_labels(
     assert right >= 11, predicted
 
 
-# The learning test's BLAS threads, whatever the session's environment holds (Ray's tests leave
-# OMP_NUM_THREADS=1 behind): float32 sums split over other thread counts round differently, and
-# this 30-step run is seeded for the 2 threads of the CI machine (1 thread: 93.8 %, 2: 100 %).
+# The learning test's BLAS threads, whatever the environment holds (a user's OMP_NUM_THREADS):
+# float32 sums split over other thread counts round differently, and this 30-step run is seeded
+# for the 2 threads of the CI machine (1 thread: 93.8 %, 2: 100 %).
 LEARN_THREADS = {"OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
 
 
