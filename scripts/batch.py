@@ -27,8 +27,8 @@ from typing import Iterator, Sequence
 
 from candle_nn import CandleNNError, Device, DeviceUnavailableError
 from candle_nn.blas import warn_if_slow_cpu
-from candle_nn_models.scripts.common import (fraction, prepare_out_dir, run_main,
-                                             yolo_input_size)
+from candle_nn_models.scripts.common import (environment_restored, fraction, prepare_out_dir,
+                                             run_main, yolo_input_size)
 from candle_nn_models.weights.spec import SPECS
 
 MODELS = ("resnet", "yolo_v8", "yolo_v8_pose", "segment_anything")
@@ -196,7 +196,7 @@ def _main(argv: Sequence[str] | None) -> int:
         warn_if_slow_cpu(local_device)
     quiet = contextlib.nullcontext() if args.verbose or ray.is_initialized() \
         else native_stderr_to_devnull()
-    with quiet:
+    with quiet, environment_restored():
         started = start_ray(args.address, local_cpus(args.actors, local_device),
                             len(Device.available()) - 1, args.verbose)
         created = not Path(args.output).exists()

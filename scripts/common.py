@@ -9,11 +9,13 @@ handling (``error: …`` on stderr, exit status 1; 130 on Ctrl-C). Inputs are li
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -264,3 +266,20 @@ def parse_device(spec: str | None, verbose: bool = False) -> Device:
     device = Device.default() if spec is None else Device.parse(spec)
     warn_if_slow_cpu(device)
     return device
+
+
+@contextlib.contextmanager
+def environment_restored() -> Iterator[None]:
+    """``os.environ`` on exit as it was on entry: around libraries that set variables in the
+    calling process (``ray.init`` sets ``PYTHONBREAKPOINT`` to Ray's debugger and
+    ``RAY_AUTH_MODE``, and ``ray.shutdown`` leaves them), so that a CLI called as a function
+    changes nothing of its caller's environment, nor of the programs that caller starts later."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(before):
+            del os.environ[name]
+        for name, value in before.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value

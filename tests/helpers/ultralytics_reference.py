@@ -20,6 +20,8 @@ import sys
 import tempfile
 import types
 
+from candle_nn_models.scripts.common import environment_restored
+
 # torch 2.13's torchvision (ultralytics' check_torchvision: torch 2.x pairs with 0.(x + 15))
 TORCHVISION_STAND_IN_VERSION = "0.28.0"
 
@@ -64,22 +66,12 @@ def import_ultralytics() -> types.ModuleType:
     except importlib.metadata.PackageNotFoundError:
         if not any(isinstance(f, _TorchvisionMetadataFinder) for f in sys.meta_path):
             sys.meta_path.append(_TorchvisionMetadataFinder())
-    before = dict(os.environ)
     try:
-        return importlib.import_module("ultralytics")
+        with environment_restored():
+            return importlib.import_module("ultralytics")
     except ModuleNotFoundError as e:
         if e.name != "ultralytics":
             raise
         raise ImportError(
             "ultralytics is the reference of these tests: install it as the README's test command "
             "does (`.venv/bin/pip install --no-deps ultralytics==8.4.190`)") from e
-    finally:
-        _restore_environment(before)
-
-
-def _restore_environment(before: dict[str, str]) -> None:
-    for name in set(os.environ) - set(before):
-        del os.environ[name]
-    for name, value in before.items():
-        if os.environ.get(name) != value:
-            os.environ[name] = value
