@@ -19,6 +19,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 from pathlib import Path
 from typing import Iterator
 
@@ -98,11 +99,15 @@ def atomic_write(path: "str | os.PathLike", suffix: str | None = None) -> Iterat
     """``with atomic_write(path) as tmp:`` write the whole file to ``tmp``; when the block ends
     normally ``tmp`` replaces ``path``, otherwise (an exception, Ctrl-C) it is removed and
     ``path`` is left as it was. Stale staging files of killed processes in the same folder are
-    removed first. See :func:`temp_beside` for ``suffix``."""
+    removed first. See :func:`temp_beside` for ``suffix``; the file gets its permissions even
+    when the writer replaced ``tmp`` by a file of its own (safetensors' ``save_file``: 0600)."""
     remove_stale_staging(Path(path).parent)
     tmp = temp_beside(path, suffix)
+    mode = stat.S_IMODE(os.stat(tmp).st_mode)
     try:
         yield tmp
+        if stat.S_IMODE(os.stat(tmp).st_mode) != mode:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         remove_quietly(tmp)

@@ -43,6 +43,23 @@ def test_usual_permissions_not_mkstemps_0600(tmp_path):
     assert tmp.suffix == ".png"
 
 
+def test_a_writer_that_replaces_the_staging_file_still_gives_the_usual_permissions(tmp_path):
+    """safetensors' ``save_file`` replaces the file it is given with a 0600 one: the finished
+    file still gets the umask's mode (as ``open(path, "w")``), so a converted checkpoint or a
+    saved embedding is readable by whoever may read the folder's other files."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    old = os.umask(0o022)
+    try:
+        with atomic_write(tmp_path / "w.safetensors") as tmp:
+            save_file({"a": np.zeros(3, np.float32)}, str(tmp))
+            assert stat.S_IMODE(tmp.stat().st_mode) == 0o600  # what the writer did
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "w.safetensors").stat().st_mode) == 0o644
+
+
 def test_suffix_for_writers_that_append_their_own(tmp_path):
     assert temp_beside(tmp_path / "w.bin", suffix=".safetensors").suffix == ".safetensors"
 
