@@ -103,8 +103,8 @@ def atomic_write(path: "str | os.PathLike", suffix: str | None = None) -> Iterat
     when the writer replaced ``tmp`` by a file of its own (safetensors' ``save_file``: 0600)."""
     remove_stale_staging(Path(path).parent)
     tmp = temp_beside(path, suffix)
-    mode = stat.S_IMODE(os.stat(tmp).st_mode)
     try:
+        mode = stat.S_IMODE(os.stat(tmp).st_mode)
         yield tmp
         if stat.S_IMODE(os.stat(tmp).st_mode) != mode:
             os.chmod(tmp, mode)
