@@ -161,7 +161,9 @@ def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) ->
     file, and for images of more than ``max_pixels`` pixels (checked from the header, before
     decoding: a 69-byte PNG can claim gigapixels).
     """
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    from PIL import Image, ImageOps
+
+    from candle_nn_models.image_folder import unreadable_reason
 
     try:  # O_NONBLOCK: opening a FIFO never waits for a writer; fstat then refuses it
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -191,14 +193,8 @@ def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) ->
                     return _to_rgb(ImageOps.exif_transpose(img))
         except ImageInputError:
             raise
-        except UnidentifiedImageError:
-            raise ImageInputError(path, "not a readable image (not a format Pillow recognises); "
-                                        "use a JPEG or PNG file") from None
-        except MemoryError:
-            raise ImageInputError(path, "not enough memory to decode this image") from None
         except Exception as exc:  # Pillow's decoders raise many types on corrupt data
-            raise ImageInputError(path, f"not a readable image: corrupt or truncated data "
-                                        f"({type(exc).__name__}: {exc})") from None
+            raise ImageInputError(path, unreadable_reason(exc)) from None
         finally:
             Image.MAX_IMAGE_PIXELS = saved
 

@@ -171,8 +171,7 @@ def main(argv: Sequence[str]) -> int:
     data = ImageFolder.read(run.data, run.val_fraction, run.seed, run.workers)
     if main_rank:
         for path, reason in data.skipped:
-            print(f"warning: {shown(path)}: skipped, not a readable image ({reason})",
-                  file=sys.stderr)
+            print(f"warning: {shown(path)}: {reason}; image skipped", file=sys.stderr)
     # a resumed run takes every weight from its checkpoint: no backbone file (or download)
     model, variant = build_model(run.variant, None if checkpoint else run.weights,
                                  not (run.no_pretrained or checkpoint), len(data.classes),
