@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import math
 import os
+import stat
 import sys
 import warnings
 from pathlib import Path
@@ -171,8 +172,11 @@ def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) ->
         raise ImageInputError(path, "image not found") from None
     except OSError as exc:
         raise ImageInputError(path, f"cannot read: {exc.strerror or exc}") from None
+    info = os.fstat(fd)
+    if stat.S_ISDIR(info.st_mode):  # os.fdopen would raise IsADirectoryError
+        os.close(fd)
+        raise ImageInputError(path, "a folder, not an image file")
     with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fd)
         empty = "an empty file (0 bytes)" if not info.st_size else None
         problem = not_regular(info.st_mode) or empty
         if problem:
