@@ -25,7 +25,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import ROOT
-from scipy.special import erf as erf64
+from helpers.activation_reference import activation64
 
 import candle_nn as cn
 from candle_nn.backends.cpu import kernels as cpu_native
@@ -68,19 +68,6 @@ def test_kernels_are_loaded_when_installed() -> None:
         assert "CPU kernels (C++)" in str(cn.info())
 
 
-def _reference(v: np.ndarray, act: str) -> np.ndarray:
-    v = v.astype(np.float64)
-    if act == "relu":
-        return np.maximum(v, 0)
-    if act == "silu":
-        return v / (1 + np.exp(-v))
-    if act == "gelu":
-        return 0.5 * v * (1 + erf64(v / math.sqrt(2)))
-    if act == "sigmoid":
-        return 1 / (1 + np.exp(-v))
-    return v
-
-
 def _bound(act: str, ref: np.ndarray, v: np.ndarray, summands: np.ndarray) -> np.ndarray:
     """Allowed |error| vs float64: float32 rounding of the sums (``summands``: the sum of their
     magnitudes; activations' slopes are <= 1.13), the 2.2-ulp exp (SiLU), erf within 1e-6
@@ -113,7 +100,7 @@ def test_bias_act_against_float64(path, act, mode, shape) -> None:
     v = x.astype(np.float64) + b
     if mode == "before":
         v = v + r
-    ref = _reference(v, act) + (r if mode == "after" else 0)
+    ref = activation64(v, act) + (r if mode == "after" else 0)
     err = np.abs(ours - ref)
     assert ours.shape == shape and ours.dtype == np.float32
     summands = np.abs(x) + np.abs(b) + (np.abs(r) if mode == "before" else 0)
@@ -132,7 +119,7 @@ def test_activations_against_float64(path, act) -> None:
         ours = np.array(fn(mx.array(x)))
         grid = mx.array(x[:200_000].reshape(400, 500))
         transposed = np.array(fn(grid.T))
-    ref = _reference(x, act)
+    ref = activation64(x, act)
     assert np.all(np.abs(ours - ref) <= _bound(act, ref, x, np.abs(x))), path
     np.testing.assert_array_equal(transposed, ours[:200_000].reshape(400, 500).T)
 
