@@ -269,21 +269,27 @@ def test_kernels_give_the_same_bits_on_one_and_two_threads() -> None:
     rng = np.random.default_rng(5)
     x = mx.array(rng.standard_normal((3, 97, 61, 40), dtype=np.float32))
     b = mx.array(rng.standard_normal((40,), dtype=np.float32))
+    _assert_same_bits_on_1_2_3_threads(lambda: [
+        kernels.bias_act(x, b, x, kernels.Act.silu, kernels.Residual.before_act),
+        kernels.softmax_last(x),
+        kernels.attention_packed(x[:, :49, 0, :36], None, 2, 0.3)])
+
+
+def _assert_same_bits_on_1_2_3_threads(run) -> None:
+    """``run()`` (a list of kernel outputs, on the CPU stream) gives the same bits with the
+    kernels on 1, 2 and 3 threads; the session's thread count is restored after."""
+    kernels = cpu_native.module()
     results = []
     try:
         for threads in (1, 2, 3):
             kernels.set_num_threads(threads)
             with mx.stream(mx.cpu):
-                results.append([np.array(kernels.bias_act(x, b, x, kernels.Act.silu,
-                                                                 kernels.Residual.before_act)),
-                                np.array(kernels.softmax_last(x)),
-                                np.array(kernels.attention_packed(x[:, :49, 0, :36], None, 2,
-                                                                  0.3))])
+                results.append([np.array(out) for out in run()])
     finally:
         cpu_native.sync_threads(force=True)
     for other in results[1:]:
-        for a, b_ in zip(results[0], other):
-            np.testing.assert_array_equal(a, b_)
+        for a, b in zip(results[0], other):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_kernels_refuse_what_they_do_not_support() -> None:
@@ -425,18 +431,8 @@ def test_depthwise_kernel_gives_the_same_bits_on_one_and_two_threads() -> None:
     x = mx.array(rng.standard_normal((2, 33, 29, 48), dtype=np.float32))
     w = mx.array(rng.standard_normal((48, 3, 3, 1), dtype=np.float32))
     b = mx.array(rng.standard_normal((48,), dtype=np.float32))
-    results = []
-    try:
-        for threads in (1, 2, 3):
-            kernels.set_num_threads(threads)
-            with mx.stream(mx.cpu):
-                results.append(np.array(kernels.depthwise_conv2d(x, w, b, None, (1, 1), (1, 1),
-                                                                  (1, 1), kernels.Act.gelu,
-                                                                  kernels.Residual.none)))
-    finally:
-        cpu_native.sync_threads(force=True)
-    for other in results[1:]:
-        np.testing.assert_array_equal(results[0], other)
+    _assert_same_bits_on_1_2_3_threads(lambda: [kernels.depthwise_conv2d(
+        x, w, b, None, (1, 1), (1, 1), (1, 1), kernels.Act.gelu, kernels.Residual.none)])
 
 
 def test_depthwise_gradients_match_the_plain_ops(path) -> None:
