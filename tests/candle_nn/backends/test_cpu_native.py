@@ -229,6 +229,16 @@ def test_multi_head_attention_against_float64(path, b, lq, lk, heads, d, dv) -> 
     assert np.abs(ours - ref).max() <= tol * np.abs(ref).max(), path
 
 
+def _assert_grad_matches_the_plain_ops(loss, arg: mx.array, path: str) -> None:
+    """``mx.grad(loss)(arg)`` on the CPU with the fast paths (``path``) against the plain MLX ops
+    (``cn.ops.disabled("cpu")``): within 1e-4 of the largest element."""
+    with mx.stream(mx.cpu):
+        ours = np.array(mx.grad(loss)(arg))
+        with cn.ops.disabled("cpu"):
+            plain = np.array(mx.grad(loss)(arg))
+    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+
+
 def test_multi_head_attention_gradients_match_the_plain_ops(path) -> None:
     rng = np.random.default_rng(24)
     q = mx.array(rng.standard_normal((2, 5, 16), dtype=np.float32))
@@ -237,11 +247,7 @@ def test_multi_head_attention_gradients_match_the_plain_ops(path) -> None:
     def loss(x: mx.array) -> mx.array:
         return (cn.multi_head_attention(x, kv, kv * 2, 4) ** 2).sum()
 
-    with mx.stream(mx.cpu):
-        ours = np.array(mx.grad(loss)(q))
-        with cn.ops.disabled("cpu"):
-            plain = np.array(mx.grad(loss)(q))
-    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+    _assert_grad_matches_the_plain_ops(loss, q, path)
 
 
 def test_packed_qkv_attention_gradients_match_the_plain_ops(path) -> None:
@@ -253,11 +259,7 @@ def test_packed_qkv_attention_gradients_match_the_plain_ops(path) -> None:
     def loss(x: mx.array) -> mx.array:
         return (cn.packed_qkv_attention(x, 2, bias=bias) ** 2).sum()
 
-    with mx.stream(mx.cpu):
-        ours = np.array(mx.grad(loss)(qkv))
-        with cn.ops.disabled("cpu"):
-            plain = np.array(mx.grad(loss)(qkv))
-    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+    _assert_grad_matches_the_plain_ops(loss, qkv, path)
 
 
 def test_kernels_give_the_same_bits_on_one_and_two_threads() -> None:
@@ -448,12 +450,7 @@ def test_depthwise_gradients_match_the_plain_ops(path) -> None:
         conv.weight = weight
         return (conv(x, activation="gelu") ** 2).sum()
 
-    with mx.stream(mx.cpu):
-        weight = conv.weight
-        ours = np.array(mx.grad(loss)(weight))
-        with cn.ops.disabled("cpu"):
-            plain = np.array(mx.grad(loss)(weight))
-    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+    _assert_grad_matches_the_plain_ops(loss, conv.weight, path)
 
 
 def test_convs_stay_on_mlx_without_an_optimized_sgemm() -> None:
@@ -522,9 +519,4 @@ def test_gradients_flow_through_the_fused_layers(path) -> None:
         y = conv(x, activation="gelu", residual=residual)
         return (cn.softmax(cn.gelu(y)) * y).sum()
 
-    with mx.stream(mx.cpu):
-        weight = conv.weight
-        ours = np.array(mx.grad(loss)(weight))
-        with cn.ops.disabled("cpu"):
-            plain = np.array(mx.grad(loss)(weight))
-    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+    _assert_grad_matches_the_plain_ops(loss, conv.weight, path)
