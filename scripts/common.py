@@ -1,5 +1,6 @@
-"""Pieces every model CLI shares: the input options, safe image loading, device parsing, the
-non-finite output check, and (re-exported from :mod:`candle_nn.cli`) the one-clear-line error
+"""Pieces every model CLI shares: the input options, the argparse number checks, safe image
+loading, device parsing, the non-finite output check, :func:`environment_restored`, and
+(re-exported from :mod:`candle_nn.cli`) the one-clear-line error
 handling (``error: …`` on stderr, exit status 1; 130 on Ctrl-C). Inputs are listed by
 :mod:`candle_nn_models.scripts.input_paths`, runs over many images are driven by
 :mod:`candle_nn_models.scripts.image_loop`, and output files are written by
