@@ -56,9 +56,12 @@ def import_ultralytics() -> types.ModuleType:
     """``ultralytics``, with torchvision's version answered where torchvision is not installed;
     raises ``ImportError`` (naming the README's test command) when ultralytics is missing.
 
-    os.environ is left as it was but for :data:`KEPT_ENVIRONMENT`: importing ultralytics sets
-    ``OMP_NUM_THREADS=1`` (and ``NUMEXPR_MAX_THREADS``, log levels; OpenCV ``LD_LIBRARY_PATH``),
-    which would otherwise reach every later test of the session and the CLIs it starts."""
+    The process is left as it was but for :data:`KEPT_ENVIRONMENT`: importing ultralytics sets
+    ``OMP_NUM_THREADS=1`` (and ``NUMEXPR_MAX_THREADS``, log levels; OpenCV ``LD_LIBRARY_PATH``)
+    in os.environ and replaces ``PIL.Image.open`` (with one that, on a file Pillow cannot
+    identify, checks for and may install ``pi-heif``, logging to the stream of whichever test
+    imported it) and ``torch.save``; all of that would otherwise reach every later test of the
+    session, and the CLIs run in it."""
     os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp(prefix="ultralytics-settings-"))
     os.environ.setdefault("YOLO_OFFLINE", "1")
     try:
@@ -66,6 +69,10 @@ def import_ultralytics() -> types.ModuleType:
     except importlib.metadata.PackageNotFoundError:
         if not any(isinstance(f, _TorchvisionMetadataFinder) for f in sys.meta_path):
             sys.meta_path.append(_TorchvisionMetadataFinder())
+    import torch
+    from PIL import Image
+
+    patched = [(Image, "open", Image.open), (torch, "save", torch.save)]
     try:
         with environment_restored():
             return importlib.import_module("ultralytics")
@@ -75,3 +82,6 @@ def import_ultralytics() -> types.ModuleType:
         raise ImportError(
             "ultralytics is the reference of these tests: install it as the README's test command "
             "does (`.venv/bin/pip install --no-deps ultralytics==8.4.190`)") from e
+    finally:
+        for owner, name, original in patched:
+            setattr(owner, name, original)

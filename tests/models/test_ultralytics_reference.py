@@ -18,13 +18,16 @@ from helpers.ultralytics_reference import KEPT_ENVIRONMENT, import_ultralytics
 TESTS = Path(__file__).resolve().parent.parent
 
 
-def test_importing_ultralytics_leaves_the_environment_as_it_was():
-    """ultralytics sets OMP_NUM_THREADS=1 (and more) when imported; through import_ultralytics
-    that stays out of os.environ, so no later test of the session, nor a CLI it starts, runs
-    with one BLAS thread. In a fresh interpreter, with the variables unset."""
+def test_importing_ultralytics_leaves_the_process_as_it_was():
+    """ultralytics sets OMP_NUM_THREADS=1 (and more) and replaces PIL.Image.open and torch.save
+    when imported; through import_ultralytics none of it outlives the import, so no later test
+    of the session, nor a CLI it runs, reads images through ultralytics' patch or runs with one
+    BLAS thread. In a fresh interpreter, with the variables unset."""
     code = ("import json, os, sys; sys.path.insert(0, sys.argv[1]); before = dict(os.environ); "
+            "import torch; from PIL import Image; functions = (Image.open, torch.save); "
             "from helpers.ultralytics_reference import import_ultralytics as i; "
             "i(); after = dict(os.environ); "
+            "assert (Image.open, torch.save) == functions, (Image.open, torch.save); "
             "print(json.dumps({k: [before.get(k), after.get(k)] for k in set(before) | set(after) "
             "if before.get(k) != after.get(k)}))")
     leaked = ("OMP_NUM_THREADS", "NUMEXPR_MAX_THREADS", "TF_CPP_MIN_LOG_LEVEL",
