@@ -219,6 +219,9 @@ def _main(argv: Sequence[str] | None) -> int:
             if started:
                 ray.shutdown()
     print(summary.line(output))
+    if summary.rows and summary.errors == summary.rows:  # as the image CLIs: 1 when none did
+        raise CandleNNError(f"no image could be processed: all {summary.rows} rows in {output} "
+                            "are errors (their 'error' column says why; a rerun retries them)")
     return 0
 
 

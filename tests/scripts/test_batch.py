@@ -340,6 +340,20 @@ def test_bad_inputs_one_error_line_and_no_output(ray_runtime, folder, tmp_path, 
         assert not output.exists()
 
 
+def test_a_job_where_every_image_failed_exits_1(ray_runtime, folder, tmp_path, capsys):
+    """As the image CLIs (exit 0 when any image succeeded, 1 when none did): the summary on
+    stdout, one error line, and the error rows kept for a rerun to retry."""
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"{folder / name}\n" for name in CORRUPT))
+    output = tmp_path / "out"
+    code, out, err = run_batch(capsys, "resnet", "--input", listing, "--output", output,
+                               "--weights", weights("resnet18"), "--device", "cpu")
+    assert code == 1
+    assert out.startswith(f"{output}: 3 images in ") and "3 error(s)" in out
+    error_line(err, "no image could be processed", f"all 3 rows in {output} are errors")
+    assert len(read_rows(output)) == 3
+
+
 def test_rerun_with_other_options_is_refused(resnet_job, folder, capsys):
     code, _, err = run_batch(capsys, "resnet", "--input", folder, "--output", resnet_job,
                              "--weights", weights("resnet18"), "--top-k", 3)
