@@ -8,7 +8,8 @@ Errors are ``OSError`` as raised; callers turn them into their own one-line mess
 Staging files are named ``.candle-nn-staging-<host>-<pid>-<random><suffix>`` whatever the
 destination's name, so the name always fits the file system's limit (NAME_MAX) and a file left by
 a killed process is recognisable: :func:`remove_stale_staging` removes those whose process (on
-this host) is gone, and nothing else.
+this host) is gone, and nothing else. A process ended by a signal (the CLIs exit from a watcher
+thread, with no unwinding) first removes its own with :func:`remove_live_staging`.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import os
 import re
 import secrets
 import socket
+import stat
 from pathlib import Path
 from typing import Iterator
 
 STAGING_PREFIX = ".candle-nn-staging-"
 _MAX_SUFFIX = 16  # bytes of the destination's suffix kept (writers pick the format from it)
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+_live: set[Path] = set()  # this process's staging files, until renamed or removed
 _STAGING = re.compile(re.escape(STAGING_PREFIX) + r"([0-9a-f]{8})-([0-9]+)-[0-9a-z]{8}(\.[^/]*)?$")
 
 
@@ -53,6 +56,9 @@ def temp_beside(path: "str | os.PathLike", suffix: str | None = None) -> Path:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         except FileExistsError:
             continue
+        if len(_live) >= 256:  # writers that rename the file themselves never say so: forget
+            _live.difference_update([p for p in list(_live) if not p.exists()])  # the renamed
+        _live.add(tmp)
         return tmp
 
 
@@ -60,6 +66,20 @@ def remove_quietly(path: "str | os.PathLike") -> None:
     """Remove a temporary file if it is still there."""
     with contextlib.suppress(OSError):
         os.remove(path)
+    _live.discard(Path(path))
+
+
+def remove_live_staging() -> list[Path]:
+    """Remove the staging files this process made and has not yet renamed or removed: for a
+    process about to end without unwinding (``os._exit`` on Ctrl-C). Safe from any thread.
+    Returns what was removed."""
+    removed = []
+    for path in list(_live):
+        with contextlib.suppress(OSError):
+            os.remove(path)
+            removed.append(path)
+        _live.discard(path)
+    return removed
 
 
 def _process_gone(pid: int) -> bool:
@@ -98,12 +118,17 @@ def atomic_write(path: "str | os.PathLike", suffix: str | None = None) -> Iterat
     """``with atomic_write(path) as tmp:`` write the whole file to ``tmp``; when the block ends
     normally ``tmp`` replaces ``path``, otherwise (an exception, Ctrl-C) it is removed and
     ``path`` is left as it was. Stale staging files of killed processes in the same folder are
-    removed first. See :func:`temp_beside` for ``suffix``."""
+    removed first. See :func:`temp_beside` for ``suffix``; the file gets its permissions even
+    when the writer replaced ``tmp`` by a file of its own (safetensors' ``save_file``: 0600)."""
     remove_stale_staging(Path(path).parent)
     tmp = temp_beside(path, suffix)
     try:
+        mode = stat.S_IMODE(os.stat(tmp).st_mode)
         yield tmp
+        if stat.S_IMODE(os.stat(tmp).st_mode) != mode:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
+        _live.discard(tmp)
     except BaseException:
         remove_quietly(tmp)
         raise

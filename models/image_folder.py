@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from candle_nn import CandleNNError
 
@@ -46,6 +46,16 @@ def decode_rgb(path: "str | os.PathLike", draft: int | None = None) -> np.ndarra
             return np.asarray(img.convert("RGB"), dtype=np.uint8)
 
 
+def unreadable_reason(exc: BaseException) -> str:
+    """Why Pillow could not decode a file, in the words every CLI and trainer uses (the file's
+    name is the caller's to add)."""
+    if isinstance(exc, UnidentifiedImageError):
+        return "not a readable image (not a format Pillow recognises); use a JPEG or PNG file"
+    if isinstance(exc, MemoryError):
+        return "not enough memory to decode this image"
+    return f"not a readable image: corrupt or truncated data ({type(exc).__name__}: {exc})"
+
+
 def _problem(path: Path) -> str | None:
     """Why ``path`` cannot be used (``None`` when it decodes)."""
     if not path.is_file():  # a FIFO would block the reader: never opened
@@ -53,7 +63,7 @@ def _problem(path: Path) -> str | None:
     try:
         decode_rgb(path, draft=32)
     except Exception as exc:  # Pillow raises many types on corrupt data
-        return f"{type(exc).__name__}: {exc}"
+        return unreadable_reason(exc)
     return None
 
 

@@ -35,6 +35,7 @@ import candle_nn as cn
 import mlx.core as mx
 
 from .yolo11_blocks import C2PSA, C3k2
+from .yolo_pan_neck import pan_forward
 from .yolo_v8 import YoloV8Seg, YoloV8Spec, _YoloV8Base
 from .yolo_v8_blocks import ConvBlock, Sppf
 from .yolo_v8_head import DetectionHead, PoseHead
@@ -79,10 +80,6 @@ def scale(variant: str) -> Scale:
     if variant not in SCALES:
         raise ValueError(f"unknown YOLO11 variant {variant!r}; choose one of {', '.join(SCALES)}")
     return SCALES[variant]
-
-
-def _upsample2(x: mx.array) -> mx.array:
-    return cn.upsample_nearest2d(x, 2 * x.shape[1], 2 * x.shape[2])
 
 
 class Yolo11Backbone(cn.Module):
@@ -144,14 +141,8 @@ class Yolo11Neck(cn.Module):
 
     def forward(self, p3: mx.array, p4: mx.array,
                 p5: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        def cat(*xs: mx.array) -> mx.array:
-            return mx.concatenate(xs, axis=-1)
-
-        x13 = self.n13(cat(_upsample2(p5), p4))
-        out3 = self.n16(cat(_upsample2(x13), p3))
-        out4 = self.n19(cat(self.n17(out3), x13))
-        out5 = self.n22(cat(self.n20(out4), p5))
-        return out3, out4, out5
+        return pan_forward(p3, p4, p5, top4=self.n13, top3=self.n16, down3=self.n17,
+                           fuse4=self.n19, down4=self.n20, fuse5=self.n22)
 
 
 class Yolo11(_YoloV8Base):

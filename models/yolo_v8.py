@@ -34,15 +34,12 @@ import mlx.core as mx
 from .yolo_v8_blocks import C2f, ConvBlock, Sppf
 from .yolo_v8_classify import YoloV8Cls
 from .yolo_v8_head import STRIDES, DetectionHead, PoseHead
+from .yolo_pan_neck import pan_forward
 from .yolo_v8_multiples import MULTIPLES, Multiples, multiples, variant_of
 from .yolo_v8_segment_head import SegmentHead, proto_channels
 
 __all__ = ["MULTIPLES", "Multiples", "DarkNet", "YoloV8Neck", "YoloV8", "YoloV8Pose", "YoloV8Seg",
            "YoloV8Cls", "YoloV8Spec", "infer_spec", "load_model", "num_anchors"]
-
-
-def _upsample2(x: mx.array) -> mx.array:
-    return cn.upsample_nearest2d(x, 2 * x.shape[1], 2 * x.shape[2])
 
 
 class DarkNet(cn.Module):
@@ -114,14 +111,8 @@ class YoloV8Neck(cn.Module):
 
     def forward(self, p3: mx.array, p4: mx.array,
                 p5: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        def cat(*xs: mx.array) -> mx.array:
-            return mx.concatenate(xs, axis=-1)
-
-        x = self.n1(cat(_upsample2(p5), p4))
-        out3 = self.n2(cat(_upsample2(x), p3))
-        out4 = self.n4(cat(self.n3(out3), x))
-        out5 = self.n6(cat(self.n5(out4), p5))
-        return out3, out4, out5
+        return pan_forward(p3, p4, p5, top4=self.n1, top3=self.n2, down3=self.n3, fuse4=self.n4,
+                           down4=self.n5, fuse5=self.n6)
 
 
 def num_anchors(height: int, width: int) -> int:

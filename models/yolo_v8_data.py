@@ -47,12 +47,17 @@ class DataConfig:
         import yaml
 
         path = Path(path)
+        expected = "(pass the data set's YAML: path, train, val, names)"
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise DataError(f"{path}: data file not found") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise DataError(f"{path}: cannot read: {exc}") from None
+        except IsADirectoryError:
+            raise DataError(f"{path}: is a folder, not a data.yaml file {expected}") from None
+        except UnicodeDecodeError:
+            raise DataError(f"{path}: not a text (YAML) file {expected}") from None
+        except OSError as exc:
+            raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
         except yaml.YAMLError as exc:
             raise DataError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
         if not isinstance(data, dict):

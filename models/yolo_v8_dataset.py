@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 from PIL import Image
 
+from .image_folder import unreadable_reason
 from .yolo_v8_augment import (AugmentConfig, Labelled, augment_mosaic, augment_single,
                               letterbox_labelled, load_resized, to_targets)
 from .yolo_v8_data import label_path, read_labels
@@ -53,7 +54,7 @@ def _check_image(path: Path) -> str | None:
         with Image.open(path) as im:
             w, h = im.size
     except Exception as exc:  # Pillow raises many kinds for broken files
-        return f"{path}: not a readable image ({type(exc).__name__}: {exc}); image skipped"
+        return f"{path}: {unreadable_reason(exc)}; image skipped"
     if min(w, h) < MIN_SIDE:
         return f"{path}: {w}x{h} pixels is under {MIN_SIDE} a side; image skipped"
     return None

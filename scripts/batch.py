@@ -27,8 +27,8 @@ from typing import Iterator, Sequence
 
 from candle_nn import CandleNNError, Device, DeviceUnavailableError
 from candle_nn.blas import warn_if_slow_cpu
-from candle_nn_models.scripts.common import prepare_out_dir, run_main
-from candle_nn_models.scripts.yolo_v8 import _fraction, _size
+from candle_nn_models.scripts.common import (environment_restored, fraction, prepare_out_dir,
+                                             run_main, yolo_input_size)
 from candle_nn_models.weights.spec import SPECS
 
 MODELS = ("resnet", "yolo_v8", "yolo_v8_pose", "segment_anything")
@@ -70,11 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--address", default=None, metavar="ray://HOST:PORT|auto",
                         help="join this Ray cluster (default: start a local Ray runtime)")
     parser.add_argument("--top-k", type=int, default=5, help="resnet: classes kept (default 5)")
-    parser.add_argument("--conf", type=_fraction, default=0.25,
+    parser.add_argument("--conf", type=fraction, default=0.25,
                         help="yolo: minimum class score (default 0.25)")
-    parser.add_argument("--iou", type=_fraction, default=0.7,
+    parser.add_argument("--iou", type=fraction, default=0.7,
                         help="yolo: NMS IoU threshold (default 0.7, as ultralytics' predict)")
-    parser.add_argument("--size", type=_size, default=640,
+    parser.add_argument("--size", type=yolo_input_size, default=640,
                         help="yolo: inputs are letterboxed to size x size (default 640)")
     parser.add_argument("--verbose", action="store_true",
                         help="show Ray's own log lines and Ray Data's progress (default: only "
@@ -196,7 +196,7 @@ def _main(argv: Sequence[str] | None) -> int:
         warn_if_slow_cpu(local_device)
     quiet = contextlib.nullcontext() if args.verbose or ray.is_initialized() \
         else native_stderr_to_devnull()
-    with quiet:
+    with quiet, environment_restored():
         started = start_ray(args.address, local_cpus(args.actors, local_device),
                             len(Device.available()) - 1, args.verbose)
         created = not Path(args.output).exists()
@@ -219,6 +219,9 @@ def _main(argv: Sequence[str] | None) -> int:
             if started:
                 ray.shutdown()
     print(summary.line(output))
+    if summary.rows and summary.errors == summary.rows:  # as the image CLIs: 1 when none did
+        raise CandleNNError(f"no image could be processed: all {summary.rows} rows in {output} "
+                            "are errors (their 'error' column says why; a rerun retries them)")
     return 0
 
 

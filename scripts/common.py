@@ -1,5 +1,6 @@
-"""Pieces every model CLI shares: the input options, safe image loading, device parsing, the
-non-finite output check, and (re-exported from :mod:`candle_nn.cli`) the one-clear-line error
+"""Pieces every model CLI shares: the input options, the argparse number checks, safe image
+loading, device parsing, the non-finite output check, :func:`environment_restored`, and
+(re-exported from :mod:`candle_nn.cli`) the one-clear-line error
 handling (``error: …`` on stderr, exit status 1; 130 on Ctrl-C). Inputs are listed by
 :mod:`candle_nn_models.scripts.input_paths`, runs over many images are driven by
 :mod:`candle_nn_models.scripts.image_loop`, and output files are written by
@@ -9,11 +10,14 @@ handling (``error: …`` on stderr, exit status 1; 130 on Ctrl-C). Inputs are li
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import stat
 import sys
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -104,9 +108,42 @@ def positive(kind: type = float):
     def check(text: str) -> "int | float":
         value = number_arg(text, kind)
         if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+            what = "whole number" if kind is int else "number"
+            raise argparse.ArgumentTypeError(f"{text} is not a positive {what}")
         return value
     return check
+
+
+def non_negative(text: str) -> int:
+    """An argparse ``type=`` for a whole number >= 0 (epochs, seeds)."""
+    value = number_arg(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number >= 0")
+    return value
+
+
+def fraction(text: str) -> float:
+    """An argparse ``type=`` for a number in [0, 1] (confidence and IoU thresholds)."""
+    value = number_arg(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not in [0, 1]")
+    return value
+
+
+MAX_YOLO_INPUT_SIZE = 4096  # 6.5x YOLOv8's 640 on a side is 41x the work; beyond, memory runs out
+
+
+def yolo_input_size(text: str) -> int:
+    """An argparse ``type=`` for a YOLO input side: a positive multiple of 32 up to
+    :data:`MAX_YOLO_INPUT_SIZE`."""
+    value = number_arg(text, int)
+    if value <= 0 or value % 32:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive multiple of 32")
+    if value > MAX_YOLO_INPUT_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"{text} is above {MAX_YOLO_INPUT_SIZE}: YOLOv8 is trained at 640, and the work grows "
+            "with the square of the size (try 640, 1280 or at most 4096)")
+    return value
 
 
 def pixel_count(text: str) -> int:
@@ -126,7 +163,9 @@ def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) ->
     file, and for images of more than ``max_pixels`` pixels (checked from the header, before
     decoding: a 69-byte PNG can claim gigapixels).
     """
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    from PIL import Image, ImageOps
+
+    from candle_nn_models.image_folder import unreadable_reason
 
     try:  # O_NONBLOCK: opening a FIFO never waits for a writer; fstat then refuses it
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -134,8 +173,11 @@ def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) ->
         raise ImageInputError(path, "image not found") from None
     except OSError as exc:
         raise ImageInputError(path, f"cannot read: {exc.strerror or exc}") from None
+    info = os.fstat(fd)
+    if stat.S_ISDIR(info.st_mode):  # os.fdopen would raise IsADirectoryError
+        os.close(fd)
+        raise ImageInputError(path, "a folder, not an image file")
     with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fd)
         empty = "an empty file (0 bytes)" if not info.st_size else None
         problem = not_regular(info.st_mode) or empty
         if problem:
@@ -156,14 +198,8 @@ def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) ->
                     return _to_rgb(ImageOps.exif_transpose(img))
         except ImageInputError:
             raise
-        except UnidentifiedImageError:
-            raise ImageInputError(path, "not a readable image (not a format Pillow recognises); "
-                                        "use a JPEG or PNG file") from None
-        except MemoryError:
-            raise ImageInputError(path, "not enough memory to decode this image") from None
         except Exception as exc:  # Pillow's decoders raise many types on corrupt data
-            raise ImageInputError(path, f"not a readable image: corrupt or truncated data "
-                                        f"({type(exc).__name__}: {exc})") from None
+            raise ImageInputError(path, unreadable_reason(exc)) from None
         finally:
             Image.MAX_IMAGE_PIXELS = saved
 
@@ -231,3 +267,20 @@ def parse_device(spec: str | None, verbose: bool = False) -> Device:
     device = Device.default() if spec is None else Device.parse(spec)
     warn_if_slow_cpu(device)
     return device
+
+
+@contextlib.contextmanager
+def environment_restored() -> Iterator[None]:
+    """``os.environ`` on exit as it was on entry: around libraries that set variables in the
+    calling process (``ray.init`` sets ``PYTHONBREAKPOINT`` to Ray's debugger and
+    ``RAY_AUTH_MODE``, and ``ray.shutdown`` leaves them), so that a CLI called as a function
+    changes nothing of its caller's environment, nor of the programs that caller starts later."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(before):
+            del os.environ[name]
+        for name, value in before.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value

@@ -5,7 +5,8 @@ MLX forward (the SAM encoder: seconds) would wait for the forward to end, and on
 prints a ``KeyboardInterrupt`` traceback. :func:`install` instead has the C-level handler write the
 signal number to a socket (``signal.set_wakeup_fd``) that a small thread waits on; MLX releases the
 GIL while it computes, so that thread runs right away: it removes the run's staged output files
-(callbacks registered with :func:`on_interrupt`), prints ``error: interrupted`` and exits with
+(callbacks registered with :func:`on_interrupt`, then every staging file of
+:mod:`candle_nn.atomic_write` not yet renamed), prints ``error: interrupted`` and exits with
 128 + the signal number (130 for Ctrl-C). Standard library only: it is installed before anything
 heavy is imported.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import threading
 from typing import Callable
 
@@ -88,6 +90,12 @@ def _exit_on(signum: int) -> None:
         try:
             callback()
         except Exception:  # exiting anyway; never a traceback
+            pass
+    staging = sys.modules.get("candle_nn.atomic_write")  # not imported: nothing staged
+    if staging is not None:
+        try:
+            staging.remove_live_staging()
+        except Exception:
             pass
     os.write(2, f"error: {_NAMES[signum]}\n".encode())
     os._exit(128 + signum)

@@ -27,7 +27,6 @@ from candle_nn_models.classify_trainer import (BEST, CHECKPOINT, LABELS, OPTIMIZ
                                                ClassifierTrainer, TrainConfig, read_checkpoint)
 from candle_nn_models.image_folder import ImageFolder
 from candle_nn_models.resnet import VARIANTS, ResNet
-from candle_nn_models.scripts import interrupt
 from candle_nn_models.scripts.common import (number_arg, parse_device, positive, resumable_parser,
                                              shown)
 from candle_nn_models.scripts.resnet_weights import open_resnet_weights
@@ -171,8 +170,7 @@ def main(argv: Sequence[str]) -> int:
     data = ImageFolder.read(run.data, run.val_fraction, run.seed, run.workers)
     if main_rank:
         for path, reason in data.skipped:
-            print(f"warning: {shown(path)}: skipped, not a readable image ({reason})",
-                  file=sys.stderr)
+            print(f"warning: {shown(path)}: {reason}; image skipped", file=sys.stderr)
     # a resumed run takes every weight from its checkpoint: no backbone file (or download)
     model, variant = build_model(run.variant, None if checkpoint else run.weights,
                                  not (run.no_pretrained or checkpoint), len(data.classes),
@@ -232,11 +230,3 @@ def _prepare_out(out: Path) -> None:
         raise CandleNNError(f"cannot create the run folder {out}: {exc.strerror or exc}") from exc
     if not os.access(out, os.W_OK | os.X_OK):
         raise CandleNNError(f"the run folder {out} is not writable; pass another --out")
-
-    def remove_partial_files() -> None:  # an interrupted atomic write leaves its temporary file
-        for tmp in out.glob(".*-*"):
-            if tmp.is_file() and tmp.stem.split("-")[0].lstrip(".") in (
-                    "checkpoint", "best", "labels", "results"):
-                tmp.unlink(missing_ok=True)
-
-    interrupt.on_interrupt(remove_partial_files)

@@ -63,8 +63,10 @@ from candle_nn_models.yolo_v8_post import (Detection, crop_box, segment_label_li
 from candle_nn_models.scripts.image_loop import Batch
 from candle_nn.cli import ArgumentParser, print_json_document
 from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments,
-                                             add_output_arguments, compile_choice, load_rgb,
-                                             number_arg, parse_device, run_main, shown)
+                                             add_output_arguments, compile_choice, fraction,
+                                             load_rgb, MAX_YOLO_INPUT_SIZE, number_arg,
+                                             parse_device, positive, run_main, shown,
+                                             yolo_input_size)
 from candle_nn_models.scripts.outputs import OutputFolder, fit_name
 from candle_nn_models.scripts.yolo_v8_classify import classify_images
 from candle_nn_models.scripts.yolo_v8_draw import draw_detections
@@ -73,7 +75,6 @@ from candle_nn_models.scripts.yolo_v8_video import check_sources, detect_video, 
 from candle_nn_models.scripts.yolo_v8_weights import load_detector
 
 SAVE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}  # others are written as PNG
-MAX_SIZE = 4096  # --size: 6.5x YOLOv8's 640 on a side is 41x the work; beyond, memory runs out
 
 
 @dataclass
@@ -89,31 +90,6 @@ class ImageResult:
         return {"image": shown(self.image), "output": shown(self.output),
                 "height": self.size_hw[0], "width": self.size_hw[1],
                 "detections": [d.to_dict(names) for d in self.detections]}
-
-
-def _fraction(text: str) -> float:
-    value = number_arg(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text} is not in [0, 1]")
-    return value
-
-
-def _size(text: str) -> int:
-    value = number_arg(text, int)
-    if value <= 0 or value % 32:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive multiple of 32")
-    if value > MAX_SIZE:
-        raise argparse.ArgumentTypeError(
-            f"{text} is above {MAX_SIZE}: YOLOv8 is trained at 640, and the work grows with the "
-            "square of the size (try 640, 1280 or at most 4096)")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = number_arg(text, int)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
-    return value
 
 
 def _class_id(text: str) -> int:
@@ -135,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--video", action="append", metavar="PATH",
                         help="a video file, or a folder of images read as a sequence (repeatable);"
                              " writes an annotated MP4 and per-frame JSON lines")
-    parser.add_argument("--batch-size", type=_positive, default=8,
+    parser.add_argument("--batch-size", type=positive(int), default=8,
                         help="--video: frames per forward pass (default 8)")
     parser.add_argument("--task", choices=TASKS, default=None,
                         help="detect (boxes), pose (boxes + keypoints), segment (boxes + masks) "
@@ -148,29 +124,29 @@ def build_parser() -> argparse.ArgumentParser:
                              "converted by candle-nn-weights convert --from ultralytics (default: "
                              "candle's yolov8{variant}[-pose].safetensors from the Hugging Face "
                              "hub)")
-    parser.add_argument("--conf", type=_fraction, default=0.25,
+    parser.add_argument("--conf", type=fraction, default=0.25,
                         help="minimum class score (default 0.25)")
-    parser.add_argument("--iou", type=_fraction, default=0.7,
+    parser.add_argument("--iou", type=fraction, default=0.7,
                         help="NMS IoU threshold: a box overlapping a better one by more than "
                              "this is dropped (default 0.7, as ultralytics' yolo predict)")
-    parser.add_argument("--size", type=_size, default=640,
-                        help=f"longest side of the model input, a multiple of 32 up to {MAX_SIZE} "
-                             "(default 640)")
+    parser.add_argument("--size", type=yolo_input_size, default=640,
+                        help="longest side of the model input, a multiple of 32 up to "
+                             f"{MAX_YOLO_INPUT_SIZE} (default 640)")
     parser.add_argument("--square", action="store_true",
                         help="pad every input to size x size "
                              "(default: pad only up to a multiple of 32)")
-    parser.add_argument("--top-k", type=_positive, default=5,
+    parser.add_argument("--top-k", type=positive(int), default=5,
                         help="--task classify: classes printed per image (default 5)")
     add_device_argument(parser)
     add_output_arguments(parser, "runs/<task>/predict, e.g. runs/detect/predict")
     yolo = parser.add_argument_group("ultralytics-style options (same meanings as yolo predict)")
     yolo.add_argument("--classes", type=_class_id, nargs="+", metavar="N", default=None,
                       help="keep only these class ids, e.g. --classes 0 2 3")
-    yolo.add_argument("--max-det", type=_positive, default=300,
+    yolo.add_argument("--max-det", type=positive(int), default=300,
                       help="maximum detections per image (default 300)")
     for flag, text in ULTRALYTICS_SWITCHES.items():
         yolo.add_argument(flag, action="store_true", help=text)
-    yolo.add_argument("--line-width", type=_positive, default=None, metavar="PX",
+    yolo.add_argument("--line-width", type=positive(int), default=None, metavar="PX",
                       help="box line width in pixels (default: scaled to the image)")
     return parser
 

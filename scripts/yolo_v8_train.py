@@ -33,29 +33,15 @@ from candle_nn_models.yolo_v8_data import DataConfig, DataError
 from candle_nn_models.yolo_v8_dataset import DetectionDataset
 from candle_nn_models.yolo_v8_trainer import (BEST, CHECKPOINT, DetectionTrainer, TrainConfig,
                                               new_class_head, read_checkpoint)
-from candle_nn_models.scripts.common import (add_device_argument, compile_choice, number_arg,
+from candle_nn_models.scripts.common import (add_device_argument, compile_choice, non_negative,
                                              parse_device, positive, resumable_parser, run_main,
-                                             shown)
+                                             shown, yolo_input_size)
 from candle_nn_models.weights.metadata import WeightsMetadata
 from candle_nn_models.weights.registry import resolve_weights
 
 # what a resumed run may change: where it runs, not what it computes
 RESUME_MAY_SET = {"resume", "out", "project", "name", "device", "workers", "verbose", "compile",
                   "stop_after", "no_progress"}
-
-
-def _non_negative(text: str) -> int:
-    value = number_arg(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a whole number >= 0")
-    return value
-
-
-def _imgsz(text: str) -> int:
-    value = positive(int)(text)
-    if value % 32 or value > 4096:
-        raise argparse.ArgumentTypeError(f"{text} is not a multiple of 32 up to 4096")
-    return value
 
 
 def _optimizer(text: str) -> str:
@@ -79,7 +65,7 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
                         help="model size (default: what --weights holds, else n)")
     parser.add_argument("--epochs", type=positive(int), metavar="N", **d(100),
                         help="default 100")
-    parser.add_argument("--imgsz", type=_imgsz, metavar="PX", **d(640),
+    parser.add_argument("--imgsz", type=yolo_input_size, metavar="PX", **d(640),
                         help="square training input side, a multiple of 32 (default 640)")
     parser.add_argument("--batch", type=positive(int), metavar="N", **d(16),
                         help="images per batch (default 16; gradients are summed to 64; under "
@@ -89,9 +75,9 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--lr0", type=positive(float), metavar="LR", **d(0.01),
                         help="initial learning rate for SGD/AdamW (auto picks its own; "
                              "default 0.01)")
-    parser.add_argument("--close-mosaic", type=_non_negative, metavar="N", **d(10),
+    parser.add_argument("--close-mosaic", type=non_negative, metavar="N", **d(10),
                         help="epochs at the end without mosaic (default 10)")
-    parser.add_argument("--warmup-epochs", type=_non_negative, metavar="N", **d(3),
+    parser.add_argument("--warmup-epochs", type=non_negative, metavar="N", **d(3),
                         help="warm-up epochs (never the last epoch; 0: none; default 3)")
     parser.add_argument("--nbs", type=positive(int), metavar="N", **d(64),
                         help="nominal batch: gradients of round(N / --batch) batches are summed "
@@ -99,7 +85,7 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--freeze-bn", action="store_true", **d(False),
                         help="BatchNorm keeps the pretrained running statistics (its scale and "
                              "shift still learn): better for short fine-tuning on small sets")
-    parser.add_argument("--seed", type=_non_negative, metavar="N", **d(0),
+    parser.add_argument("--seed", type=non_negative, metavar="N", **d(0),
                         help="seed of the new head, data order and augmentation (default 0)")
     parser.add_argument("--project", metavar="DIR", **d("runs/detect"),
                         help="folder of runs (default runs/detect)")

@@ -36,30 +36,9 @@ from candle_nn_models.yolo_v8 import MULTIPLES
 from candle_nn_models.yolo_v8_data import DataConfig, DataError, label_path, read_labels
 from candle_nn_models.yolo_v8_metrics import DetectionMetrics
 from candle_nn_models.yolo_v8_post import validation_detections
-from candle_nn_models.scripts.common import (ImageInputError, add_device_argument, check_finite,
-                                             compile_choice, load_rgb, number_arg, parse_device,
-                                             run_main, shown)
-
-def _fraction(text: str) -> float:
-    value = number_arg(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text} is not in [0, 1]")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = number_arg(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
-    return value
-
-
-def _imgsz(text: str) -> int:
-    value = _positive(text)
-    if value % 32 or value > 4096:
-        raise argparse.ArgumentTypeError(f"{text} is not a multiple of 32 up to 4096")
-    return value
-
+from candle_nn_models.scripts.common import (add_device_argument, check_finite, compile_choice,
+                                             fraction, ImageInputError, load_rgb, parse_device,
+                                             positive, run_main, shown, yolo_input_size)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -75,16 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "yolov8{variant})")
     parser.add_argument("--variant", choices=tuple(MULTIPLES), default=None,
                         help="model size when --weights is not given (default: n)")
-    parser.add_argument("--imgsz", type=_imgsz, default=640,
+    parser.add_argument("--imgsz", type=yolo_input_size, default=640,
                         help="square input side, a multiple of 32 (default 640)")
-    parser.add_argument("--batch", type=_positive, default=16,
+    parser.add_argument("--batch", type=positive(int), default=16,
                         help="images per model call (default 16)")
-    parser.add_argument("--conf", type=_fraction, default=0.001,
+    parser.add_argument("--conf", type=fraction, default=0.001,
                         help="minimum class score of a detection (default 0.001, ultralytics' "
                              "for validation)")
-    parser.add_argument("--iou", type=_fraction, default=0.7,
+    parser.add_argument("--iou", type=fraction, default=0.7,
                         help="NMS IoU threshold (default 0.7, ultralytics' for validation)")
-    parser.add_argument("--max-det", type=_positive, default=300,
+    parser.add_argument("--max-det", type=positive(int), default=300,
                         help="detections kept per image (default 300)")
     parser.add_argument("--half", action="store_true", help="run the model in float16")
     parser.add_argument("--json", action="store_true",

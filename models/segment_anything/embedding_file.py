@@ -74,9 +74,13 @@ def read_image_embedding(path: "str | os.PathLike", model: str,
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise EmbeddingFileError(f"embedding file not found: {path} (make one with "
                                  "--save-embedding FILE)")
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "not a regular file"
+        raise EmbeddingFileError(f"embedding file {path} is {what}: pass the file "
+                                 "--save-embedding wrote")
     try:
         with safe_open(str(path), framework="numpy") as fh:
             metadata = fh.metadata() or {}

@@ -8,7 +8,8 @@ import stat
 
 import pytest
 
-from candle_nn.atomic_write import (atomic_write, is_staging, remove_stale_staging, staging_name,
+from candle_nn.atomic_write import (atomic_write, is_staging, remove_live_staging,
+                                    remove_stale_staging, staging_name,
                                     temp_beside)
 
 
@@ -41,6 +42,40 @@ def test_usual_permissions_not_mkstemps_0600(tmp_path):
         os.umask(old)
     assert stat.S_IMODE(tmp.stat().st_mode) == 0o644
     assert tmp.suffix == ".png"
+
+
+def test_a_writer_that_replaces_the_staging_file_still_gives_the_usual_permissions(tmp_path):
+    """safetensors' ``save_file`` replaces the file it is given with a 0600 one: the finished
+    file still gets the umask's mode (as ``open(path, "w")``), so a converted checkpoint or a
+    saved embedding is readable by whoever may read the folder's other files."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    old = os.umask(0o022)
+    try:
+        with atomic_write(tmp_path / "w.safetensors") as tmp:
+            save_file({"a": np.zeros(3, np.float32)}, str(tmp))
+            assert stat.S_IMODE(tmp.stat().st_mode) == 0o600  # what the writer did
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "w.safetensors").stat().st_mode) == 0o644
+
+
+def test_live_staging_files_are_removed_for_an_exit_without_unwinding(tmp_path):
+    """What a CLI's signal thread removes before ``os._exit``: this process's staging files
+    not yet renamed, never a file already committed nor one it did not make."""
+    remove_live_staging()  # earlier tests' leftovers, if any
+    pending = temp_beside(tmp_path / "a.mp4")
+    renamed = temp_beside(tmp_path / "b.jsonl")
+    os.replace(renamed, tmp_path / "b.jsonl")
+    with atomic_write(tmp_path / "c.txt") as tmp:
+        tmp.write_text("done")
+    (tmp_path / staging_name(".png")).write_text("someone else's")
+    assert remove_live_staging() == [pending]
+    assert sorted(p.name for p in tmp_path.iterdir() if not is_staging(p.name)) == [
+        "b.jsonl", "c.txt"]
+    assert len([p for p in tmp_path.iterdir() if is_staging(p.name)]) == 1
+    assert remove_live_staging() == []
 
 
 def test_suffix_for_writers_that_append_their_own(tmp_path):

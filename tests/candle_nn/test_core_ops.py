@@ -15,6 +15,7 @@ import mlx.nn as mlx_nn
 import numpy as np
 import pytest
 from conftest import rel_err
+from helpers.activation_reference import ACTIVATIONS
 
 import candle_nn as cn
 from candle_nn.pairs import pair
@@ -128,9 +129,6 @@ def ref_softmax(x, axis=-1):
     x = f64(x)
     e = np.exp(x - x.max(axis, keepdims=True))
     return e / e.sum(axis, keepdims=True)
-
-
-_erf = np.vectorize(math.erf)
 
 
 # -- Linear --------------------------------------------------------------------------------------
@@ -438,13 +436,7 @@ def test_sequential(device):
 
 
 # -- activations ---------------------------------------------------------------------------------
-ACT_REFS = {
-    "relu": lambda x: np.maximum(x, 0),
-    "silu": lambda x: x / (1 + np.exp(-x)),
-    "gelu": lambda x: 0.5 * x * (1 + _erf(x / math.sqrt(2))),
-    "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
-    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
-}
+ACT_REFS = ACTIVATIONS
 
 
 @pytest.mark.parametrize("name", list(ACT_REFS))

@@ -20,6 +20,8 @@ import sys
 import tempfile
 import types
 
+from candle_nn_models.scripts.common import environment_restored
+
 # torch 2.13's torchvision (ultralytics' check_torchvision: torch 2.x pairs with 0.(x + 15))
 TORCHVISION_STAND_IN_VERSION = "0.28.0"
 
@@ -46,9 +48,20 @@ class _TorchvisionMetadataFinder(importlib.metadata.DistributionFinder):
             yield _TorchvisionMetadata()
 
 
+# What import_ultralytics leaves set in os.environ: ultralytics reads both when imported.
+KEPT_ENVIRONMENT = ("YOLO_CONFIG_DIR", "YOLO_OFFLINE")
+
+
 def import_ultralytics() -> types.ModuleType:
     """``ultralytics``, with torchvision's version answered where torchvision is not installed;
-    raises ``ImportError`` (naming the README's test command) when ultralytics is missing."""
+    raises ``ImportError`` (naming the README's test command) when ultralytics is missing.
+
+    The process is left as it was but for :data:`KEPT_ENVIRONMENT`: importing ultralytics sets
+    ``OMP_NUM_THREADS=1`` (and ``NUMEXPR_MAX_THREADS``, log levels; OpenCV ``LD_LIBRARY_PATH``)
+    in os.environ and replaces ``PIL.Image.open`` (with one that, on a file Pillow cannot
+    identify, checks for and may install ``pi-heif``, logging to the stream of whichever test
+    imported it) and ``torch.save``; all of that would otherwise reach every later test of the
+    session, and the CLIs run in it."""
     os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp(prefix="ultralytics-settings-"))
     os.environ.setdefault("YOLO_OFFLINE", "1")
     try:
@@ -56,11 +69,19 @@ def import_ultralytics() -> types.ModuleType:
     except importlib.metadata.PackageNotFoundError:
         if not any(isinstance(f, _TorchvisionMetadataFinder) for f in sys.meta_path):
             sys.meta_path.append(_TorchvisionMetadataFinder())
+    import torch
+    from PIL import Image
+
+    patched = [(Image, "open", Image.open), (torch, "save", torch.save)]
     try:
-        return importlib.import_module("ultralytics")
+        with environment_restored():
+            return importlib.import_module("ultralytics")
     except ModuleNotFoundError as e:
         if e.name != "ultralytics":
             raise
         raise ImportError(
             "ultralytics is the reference of these tests: install it as the README's test command "
             "does (`.venv/bin/pip install --no-deps ultralytics==8.4.190`)") from e
+    finally:
+        for owner, name, original in patched:
+            setattr(owner, name, original)

@@ -4,10 +4,40 @@ tolerance of ``../shared/fixtures/README.md``: 1e-4 relative to the largest valu
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import torch
 
-from helpers.ultralytics_reference import import_ultralytics
+from helpers.ultralytics_reference import KEPT_ENVIRONMENT, import_ultralytics
+
+TESTS = Path(__file__).resolve().parent.parent
+
+
+def test_importing_ultralytics_leaves_the_process_as_it_was():
+    """ultralytics sets OMP_NUM_THREADS=1 (and more) and replaces PIL.Image.open and torch.save
+    when imported; through import_ultralytics none of it outlives the import, so no later test
+    of the session, nor a CLI it runs, reads images through ultralytics' patch or runs with one
+    BLAS thread. In a fresh interpreter, with the variables unset."""
+    code = ("import json, os, sys; sys.path.insert(0, sys.argv[1]); before = dict(os.environ); "
+            "import torch; from PIL import Image; functions = (Image.open, torch.save); "
+            "from helpers.ultralytics_reference import import_ultralytics as i; "
+            "i(); after = dict(os.environ); "
+            "assert (Image.open, torch.save) == functions, (Image.open, torch.save); "
+            "print(json.dumps({k: [before.get(k), after.get(k)] for k in set(before) | set(after) "
+            "if before.get(k) != after.get(k)}))")
+    leaked = ("OMP_NUM_THREADS", "NUMEXPR_MAX_THREADS", "TF_CPP_MIN_LOG_LEVEL",
+              "TORCH_CPP_LOG_LEVEL", "KINETO_LOG_LEVEL", "LD_LIBRARY_PATH")
+    env = {k: v for k, v in os.environ.items() if k not in leaked + KEPT_ENVIRONMENT}
+    done = subprocess.run([sys.executable, "-c", code, str(TESTS)], env=env, timeout=300,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    changed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(changed) == set(KEPT_ENVIRONMENT), changed
 
 
 def test_ultralytics_yolov8n_from_yaml_matches_ours_on_its_seeded_weights(tmp_path):

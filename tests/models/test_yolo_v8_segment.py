@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from conftest import FIXTURES
-from helpers.ultralytics_models import convert_and_save, seeded, tolerance
+from helpers.segment_parity import assert_head_matches, assert_masks_match, iou
+from helpers.ultralytics_models import convert_and_save, seeded
 
 SIZE = 160  # small: the parity does not depend on the size, CI has 2 cores
 
@@ -42,76 +43,28 @@ def setup(tmp_path_factory):
     return ref, ours, lb
 
 
-def _reference(ref, x, dtype):
-    with torch.no_grad():
-        (pred, proto), _ = ref.to(dtype)(torch.from_numpy(x).permute(0, 3, 1, 2).to(dtype))
-    ref.float()
-    return pred, proto
-
-
 def test_head_output_and_prototypes_match_ultralytics(setup, device):
     ref, ours, lb = setup
-    x = lb.as_input()
     pred, protos = ours(device)
-    f32, f64 = (_reference(ref, x, d) for d in (torch.float32, torch.float64))
-    want_pred, want_proto = (t.numpy() for t in f32)
-    assert pred.shape == want_pred.shape == (1, 4 + 80 + 32, 16 * 20 + 8 * 10 + 4 * 5)
+    assert pred.shape == (1, 4 + 80 + 32, 16 * 20 + 8 * 10 + 4 * 5)
     assert protos.shape == (1, 32, 40, 32)  # (N, H/4, W/4, masks) of the 128x160 input
-    for got, want, index in ((pred, want_pred, 0),
-                             (protos.transpose(0, 3, 1, 2), want_proto, 1)):
-        tol = tolerance(f32[index].double().numpy(), f64[index].numpy())
-        err = np.abs(got - want).max() / np.abs(want).max()
-        print(f"{('pred', 'protos')[index]} on {device}: rel err {err:.2e} (tolerance {tol:.2e})")
-        assert err <= tol, (index, err, tol)
+    assert_head_matches(ref, lb.as_input(), pred, protos, str(device))
 
 
 @pytest.mark.parametrize("retina", [False, True])
 def test_masks_match_ultralytics_process_mask(setup, retina, device):
     from ultralytics.utils import ops
-    from ultralytics.utils.nms import non_max_suppression
-
-    from candle_nn_models.yolo_v8_masks import segment_postprocess
 
     ref, ours, lb = setup
-    x = lb.as_input()
     pred, protos = ours(device)
-    ((detections, masks),) = segment_postprocess(pred, protos, [lb], num_classes=80,
-                                                 num_masks=32, retina=retina, conf=0.25,
-                                                 iou=0.7)
-    want_pred, want_proto = _reference(ref, x, torch.float32)
-    want = non_max_suppression(want_pred, 0.25, 0.7, nc=80)[0]
-    assert 3 <= len(want) <= 300, len(want)  # the seeded class biases give real detections
-    if retina:
-        want[:, :4] = ops.scale_boxes(x.shape[1:3], want[:, :4], lb.orig_hw)
-        want_masks = ops.process_mask_native(want_proto[0], want[:, 6:], want[:, :4], lb.orig_hw)
-    else:
-        want_masks = ops.process_mask(want_proto[0], want[:, 6:], want[:, :4], x.shape[1:3],
-                                      upsample=True)
-        want[:, :4] = ops.scale_boxes(x.shape[1:3], want[:, :4], lb.orig_hw)
-    keep = want_masks.amax((-2, -1)) > 0
-    want, want_masks = want[keep].numpy(), want_masks[keep].numpy()
-    assert len(detections) == len(want)
-    np.testing.assert_allclose(np.stack([d.box_xyxy for d in detections]), want[:, :4],
-                               atol=1e-3 * SIZE)
-    assert [d.class_id for d in detections] == want[:, 5].astype(int).tolist()
-    assert masks.data.shape == want_masks.shape
-    for got, ref_mask in zip(masks.data.astype(bool), want_masks.astype(bool)):
-        iou = (got & ref_mask).sum() / max((got | ref_mask).sum(), 1)
-        assert iou >= 0.999, iou
+    detections, masks, want_masks = assert_masks_match(ref, lb, pred, protos, retina)
     print(f"{len(detections)} masks (retina={retina}) on {device}: min IoU "
-          f"{min(_iou(g, w) for g, w in zip(masks.data, want_masks)):.6f}")
+          f"{min(iou(g, w) for g, w in zip(masks.data, want_masks)):.6f}")
     # on the original image: ultralytics' scale_masks of the 0/1 masks
     scaled = ops.scale_masks(torch.from_numpy(want_masks[None]).float(), lb.orig_hw)[0] > 0.5
     for det, ref_mask in zip(detections, scaled.numpy()):
         assert det.mask.shape == lb.orig_hw
-        iou = (det.mask & ref_mask).sum() / max((det.mask | ref_mask).sum(), 1)
-        assert iou >= 0.999, iou
-
-
-def _iou(a, b) -> float:
-    a, b = a.astype(bool), b.astype(bool)
-    union = (a | b).sum()
-    return float((a & b).sum() / union) if union else 1.0  # two empty masks agree
+        assert iou(det.mask, ref_mask) >= 0.999
 
 
 def test_polygons_match_ultralytics_masks_xyn(setup):
@@ -148,4 +101,4 @@ def test_prototype_resolution_masks_match_ultralytics(setup):
     got = process_mask(protos[0], kept[:, 6:].numpy(), kept[:, :4].numpy(), lb.input_hw,
                        upsample=False)
     assert got.shape == want.shape == (len(kept), *protos.shape[1:3])
-    assert min(_iou(g, w) for g, w in zip(got, want)) >= 0.999
+    assert min(iou(g, w) for g, w in zip(got, want)) >= 0.999

@@ -30,6 +30,7 @@ from conftest import error_line, fixture_dir, load_fixture
 from PIL import Image
 
 import candle_nn_models.scripts.batch as batch_cli
+from candle_nn_models.scripts.common import environment_restored
 
 import ray  # not importorskip: without Ray these tests fail
 CORRUPT = ("bad_garbage.jpg", "bad_truncated.jpg", "bad_empty.png")
@@ -37,10 +38,12 @@ CORRUPT = ("bad_garbage.jpg", "bad_truncated.jpg", "bad_empty.png")
 
 @pytest.fixture(scope="module")
 def ray_runtime():
-    """One local Ray runtime for the module (Ray's start-up is the costly part)."""
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
+    """One local Ray runtime for the module (Ray's start-up is the costly part); the variables
+    ray.init sets in os.environ (PYTHONBREAKPOINT, RAY_AUTH_MODE...) go with it."""
+    with environment_restored():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+        yield
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -337,6 +340,20 @@ def test_bad_inputs_one_error_line_and_no_output(ray_runtime, folder, tmp_path, 
         assert not output.exists()
 
 
+def test_a_job_where_every_image_failed_exits_1(ray_runtime, folder, tmp_path, capsys):
+    """As the image CLIs (exit 0 when any image succeeded, 1 when none did): the summary on
+    stdout, one error line, and the error rows kept for a rerun to retry."""
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"{folder / name}\n" for name in CORRUPT))
+    output = tmp_path / "out"
+    code, out, err = run_batch(capsys, "resnet", "--input", listing, "--output", output,
+                               "--weights", weights("resnet18"), "--device", "cpu")
+    assert code == 1
+    assert out.startswith(f"{output}: 3 images in ") and "3 error(s)" in out
+    error_line(err, "no image could be processed", f"all 3 rows in {output} are errors")
+    assert len(read_rows(output)) == 3
+
+
 def test_rerun_with_other_options_is_refused(resnet_job, folder, capsys):
     code, _, err = run_batch(capsys, "resnet", "--input", folder, "--output", resnet_job,
                              "--weights", weights("resnet18"), "--top-k", 3)
@@ -543,6 +560,29 @@ def test_quiet_by_default_and_files_with_the_users_mode(folder, tmp_path):
     assert len(files) == 2  # the manifest and one shard
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in files} == {
         p.name: "0o640" for p in files}
+
+
+def test_called_as_a_function_it_leaves_the_callers_environment(folder, tmp_path):
+    """``batch.main`` starts and stops its own Ray; what ``ray.init`` sets in ``os.environ``
+    (``PYTHONBREAKPOINT`` pointing at Ray's debugger, ``RAY_AUTH_MODE``) must not outlive it in
+    the caller's process. A fresh process: this module's Ray runtime must not be running."""
+    import subprocess
+
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"{folder / 'bike.jpg'}\n")
+    code = ("import json, os, sys; import ray; before = dict(os.environ); "
+            "from candle_nn_models.scripts.batch import main; code = main(sys.argv[1:]); "
+            "after = dict(os.environ); print(json.dumps([code, {k: [before.get(k), after.get(k)] "
+            "for k in set(before) | set(after) if before.get(k) != after.get(k)}]))")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("RAY_") and k != "PYTHONBREAKPOINT"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "resnet", "--input", str(listing), "--output",
+         str(tmp_path / "out"), "--weights", str(weights("resnet18")), "--device", "cpu",
+         "--actors", "1"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    code, changed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert code == 0 and changed == {}, changed
 
 
 def test_verbose_shows_rays_own_lines(monkeypatch):

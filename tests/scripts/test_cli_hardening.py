@@ -66,6 +66,16 @@ def test_fifo_as_the_image_is_refused_at_once(cli, weights, tmp_path):
     error_line(proc.stderr, "photo.jpg", "FIFO")
 
 
+def test_a_folder_where_an_image_file_is_expected_is_one_message(tmp_path):
+    """load_rgb on a folder (candle-nn-app --sample DIR): an ImageInputError, not the
+    IsADirectoryError of os.fdopen (a traceback in the app)."""
+    from candle_nn_models.scripts.common import ImageInputError, load_rgb
+
+    with pytest.raises(ImageInputError) as err:
+        load_rgb(tmp_path)
+    assert str(err.value) == f"{tmp_path}: a folder, not an image file"
+
+
 # --- item 4: decompression bombs -----------------------------------------------------------
 
 @pytest.mark.parametrize("cli", ["resnet", "yolo", "sam"])

@@ -192,6 +192,7 @@ def test_embedding_of_another_image_or_model_is_refused(capsys, tmp_path, monkey
         (["--image", str(other), "--embedding", embedding], "embedding of another image"),
         (["--image", IMAGE, "--embedding", WEIGHTS], "not a SAM image embedding"),
         (["--image", IMAGE, "--embedding", str(tmp_path / "nope.safetensors")], "not found"),
+        (["--image", IMAGE, "--embedding", str(folder)], f"embedding file {folder} is a folder"),
         (["--image", IMAGE, "--save-embedding", str(tmp_path / "no" / "e.safetensors")],
          "does not exist"),
         (["--image", IMAGE, "--everything", "--point", "1,1"], "drop --point"),

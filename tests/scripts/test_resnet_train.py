@@ -88,6 +88,11 @@ def test_image_folder_splits_and_skips_bad_images(tmp_path):
     assert len(data.train) == 32 and len(data.val) == 8
     assert np.bincount(data.val.labels).tolist() == [2, 2, 2, 2]  # stratified
     assert sorted(p.name for p, _ in data.skipped) == sorted(p.name for p in bad)
+    # the plain CLIs' words (scripts/common.load_rgb), not Pillow's exception text
+    reasons = {p.name: reason for p, reason in data.skipped}
+    assert reasons["text.jpg"] == ("not a readable image (not a format Pillow recognises); use a "
+                                   "JPEG or PNG file")
+    assert reasons["truncated.png"].startswith("not a readable image: corrupt or truncated data")
     again = ImageFolder.read(root, val_fraction=0.2, seed=3)
     assert again.val.paths == data.val.paths
     assert ImageFolder.read(root, val_fraction=0.2, seed=4).val.paths != data.val.paths
@@ -231,9 +236,9 @@ def test_fine_tuning_learns_textures_and_the_cli_classifies_with_the_new_labels(
     assert right >= 11, predicted
 
 
-# The learning test's BLAS threads, whatever the session's environment holds (Ray's tests leave
-# OMP_NUM_THREADS=1 behind): float32 sums split over other thread counts round differently, and
-# this 30-step run is seeded for the 2 threads of the CI machine (1 thread: 93.8 %, 2: 100 %).
+# The learning test's BLAS threads, whatever the environment holds (a user's OMP_NUM_THREADS):
+# float32 sums split over other thread counts round differently, and this 30-step run is seeded
+# for the 2 threads of the CI machine (1 thread: 93.8 %, 2: 100 %).
 LEARN_THREADS = {"OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
 
 

@@ -240,3 +240,25 @@ def test_bad_numbers_say_what_was_expected(capsys, argv, message):
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["--image", "a.jpg", *argv])
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("size", "100", "100 is not a positive multiple of 32"),
+    ("size", "8192", "8192 is above 4096"),
+    ("conf", "1.5", "1.5 is not in [0, 1]"),
+    ("max-det", "0", "0 is not a positive whole number"),
+])
+def test_predict_val_and_train_check_numbers_alike(capsys, option, value, message):
+    """predict, val and train share the checks of scripts/common (val and train call --size
+    --imgsz; train has no --conf/--max-det)."""
+    from candle_nn_models.scripts import yolo_v8_train, yolo_v8_val
+
+    parsers = {"predict": (cli.build_parser(), ["--image", "a.jpg"], option),
+               "val": (yolo_v8_val.build_parser(), ["--data", "d.yaml"],
+                       "imgsz" if option == "size" else option)}
+    if option == "size":
+        parsers["train"] = (yolo_v8_train.build_parser(), ["--data", "d.yaml"], "imgsz")
+    for parser, base, flag in parsers.values():
+        with pytest.raises(SystemExit):
+            parser.parse_args([*base, f"--{flag}", value])
+        assert f"argument --{flag}: {message}" in capsys.readouterr().err

@@ -137,6 +137,21 @@ def test_data_yaml_forms(tmp_path) -> None:
     assert label_path("/d/images/train/images/p.jpg").as_posix() == "/d/images/train/labels/p.txt"
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.mkdir(), "is a folder, not a data.yaml file"),
+    (lambda p: p.write_bytes(b"\xff\xd8\xff\xe0 JFIF"), "not a text (YAML) file"),
+])
+def test_data_that_is_no_yaml_file_is_one_plain_message(tmp_path, make, message) -> None:
+    """A folder or an image given to --data: what it is and what to pass, no errno or codec
+    text."""
+    path = tmp_path / "data"
+    make(path)
+    with pytest.raises(DataError) as err:
+        DataConfig.load(path)
+    assert str(err.value) == (f"{path}: {message} (pass the data set's YAML: path, train, val, "
+                              "names)")
+
+
 def test_label_lines(tmp_path) -> None:
     path = tmp_path / "l.txt"
     path.write_text("0 0.5 0.5 0.2 0.4\n"

@@ -157,3 +157,36 @@ def test_video_errors(capsys, weights, tmp_path) -> None:
     Image.fromarray(_frames()[0]).save(tmp_path / "seq" / "0.png")
     code, _, err = run(capsys, "--video", tmp_path / "seq", "--weights", weights, "--classes", 80)
     assert code == 1 and err == "error: --classes 80: the model has 80 classes (0..79)\n"
+
+
+def test_ctrl_c_mid_video_leaves_no_staged_file(weights, tmp_path) -> None:
+    """SIGINT while the annotated video and its JSON lines are being written: the CLI exits
+    from its signal thread (no unwinding), which must first remove both staging files."""
+    import signal
+    import subprocess
+    import time
+
+    from helpers.cli import cli_command, cli_env
+
+    frames = _frames()
+    with av.open(str(tmp_path / "long.mp4"), "w") as container:
+        stream = container.add_stream("libx264", rate=10)
+        stream.width, stream.height, stream.pix_fmt = W, H, "yuv420p"
+        for i in range(400):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frames[i % FRAMES],
+                                                                   format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(cli_command("yolo", "--video", tmp_path / "long.mp4", "--weights",
+                                        weights, "--out", out, "--size", 128),
+                            env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (out.is_dir() and len(list(out.glob(".candle-nn-staging-*"))) == 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert [p.name for p in out.iterdir() if p.name.startswith(".candle-nn-staging-")] == []

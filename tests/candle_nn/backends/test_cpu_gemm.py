@@ -12,6 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from helpers.activation_reference import activation64
 import candle_nn as cn
 from candle_nn.backends.cpu import kernels as cpu_native, packed_gemm, weight_cache
 
@@ -52,20 +53,6 @@ def _conv64(x: np.ndarray, w: np.ndarray, stride: tuple[int, int],
     return y
 
 
-def _act64(v: np.ndarray, act: int) -> np.ndarray:
-    from scipy.special import erf
-
-    if act == 1:
-        return np.maximum(v, 0.0)
-    if act == 2:
-        return v / (1.0 + np.exp(-v))
-    if act == 3:
-        return 0.5 * v * (1.0 + erf(v / np.sqrt(2.0)))
-    if act == 4:
-        return 1.0 / (1.0 + np.exp(-v))
-    return v
-
-
 # (batch, H, W, C, O, kH, kW, stride, padding): M = batch * H' * W' from 1 to a few hundred
 # (tails of the 12-row tile), O across the 16/32-column panels, K across the 512-wide K blocks,
 # problems below and above the size that goes multithreaded (2 MFLOP).
@@ -103,7 +90,8 @@ def test_conv2d_packed_against_float64(isa, shape, act, mode) -> None:
     bias = rng.standard_normal(o, dtype=np.float32)
     v = _conv64(x, w, stride, pad) + bias
     residual = rng.standard_normal(v.shape, dtype=np.float32)
-    ref = _act64(v + (residual if mode == 1 else 0.0), act) + (residual if mode == 2 else 0.0)
+    ref = activation64(v + (residual if mode == 1 else 0.0), ACTS[act]) + (
+        residual if mode == 2 else 0.0)
     with mx.stream(mx.cpu):
         packed = KERNELS.pack_gemm_weight(mx.array(w).reshape(o, -1))
         ours = KERNELS.conv2d_packed(mx.array(x), packed, mx.array(bias),
@@ -163,8 +151,7 @@ def test_linear_against_float64(isa, packed: bool, activation: str | None) -> No
     x = rng.standard_normal((2, 5, 7, 333), dtype=np.float32)
     layer = cn.Linear.load(cn.VarBuilder.from_tensors({"weight": w, "bias": b},
                                                       device=cn.Device.cpu()), 333, 70)
-    ref = _act64(x.astype(np.float64) @ w.T.astype(np.float64) + b,
-                 {None: 0, "silu": 2, "gelu": 3}[activation])
+    ref = activation64(x.astype(np.float64) @ w.T.astype(np.float64) + b, activation)
     with cn.ops.disabled(*(() if packed else ("packed_gemm",))), mx.stream(mx.cpu):
         row = next(r for r in cn.ops.status() if r["op"] == "linear"
                    and r["name"] == "packed_gemm")

@@ -25,7 +25,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import ROOT
-from scipy.special import erf as erf64
+from helpers.activation_reference import activation64
 
 import candle_nn as cn
 from candle_nn.backends.cpu import kernels as cpu_native
@@ -68,19 +68,6 @@ def test_kernels_are_loaded_when_installed() -> None:
         assert "CPU kernels (C++)" in str(cn.info())
 
 
-def _reference(v: np.ndarray, act: str) -> np.ndarray:
-    v = v.astype(np.float64)
-    if act == "relu":
-        return np.maximum(v, 0)
-    if act == "silu":
-        return v / (1 + np.exp(-v))
-    if act == "gelu":
-        return 0.5 * v * (1 + erf64(v / math.sqrt(2)))
-    if act == "sigmoid":
-        return 1 / (1 + np.exp(-v))
-    return v
-
-
 def _bound(act: str, ref: np.ndarray, v: np.ndarray, summands: np.ndarray) -> np.ndarray:
     """Allowed |error| vs float64: float32 rounding of the sums (``summands``: the sum of their
     magnitudes; activations' slopes are <= 1.13), the 2.2-ulp exp (SiLU), erf within 1e-6
@@ -113,7 +100,7 @@ def test_bias_act_against_float64(path, act, mode, shape) -> None:
     v = x.astype(np.float64) + b
     if mode == "before":
         v = v + r
-    ref = _reference(v, act) + (r if mode == "after" else 0)
+    ref = activation64(v, act) + (r if mode == "after" else 0)
     err = np.abs(ours - ref)
     assert ours.shape == shape and ours.dtype == np.float32
     summands = np.abs(x) + np.abs(b) + (np.abs(r) if mode == "before" else 0)
@@ -132,7 +119,7 @@ def test_activations_against_float64(path, act) -> None:
         ours = np.array(fn(mx.array(x)))
         grid = mx.array(x[:200_000].reshape(400, 500))
         transposed = np.array(fn(grid.T))
-    ref = _reference(x, act)
+    ref = activation64(x, act)
     assert np.all(np.abs(ours - ref) <= _bound(act, ref, x, np.abs(x))), path
     np.testing.assert_array_equal(transposed, ours[:200_000].reshape(400, 500).T)
 
@@ -242,6 +229,16 @@ def test_multi_head_attention_against_float64(path, b, lq, lk, heads, d, dv) -> 
     assert np.abs(ours - ref).max() <= tol * np.abs(ref).max(), path
 
 
+def _assert_grad_matches_the_plain_ops(loss, arg: mx.array, path: str) -> None:
+    """``mx.grad(loss)(arg)`` on the CPU with the fast paths (``path``) against the plain MLX ops
+    (``cn.ops.disabled("cpu")``): within 1e-4 of the largest element."""
+    with mx.stream(mx.cpu):
+        ours = np.array(mx.grad(loss)(arg))
+        with cn.ops.disabled("cpu"):
+            plain = np.array(mx.grad(loss)(arg))
+    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+
+
 def test_multi_head_attention_gradients_match_the_plain_ops(path) -> None:
     rng = np.random.default_rng(24)
     q = mx.array(rng.standard_normal((2, 5, 16), dtype=np.float32))
@@ -250,11 +247,7 @@ def test_multi_head_attention_gradients_match_the_plain_ops(path) -> None:
     def loss(x: mx.array) -> mx.array:
         return (cn.multi_head_attention(x, kv, kv * 2, 4) ** 2).sum()
 
-    with mx.stream(mx.cpu):
-        ours = np.array(mx.grad(loss)(q))
-        with cn.ops.disabled("cpu"):
-            plain = np.array(mx.grad(loss)(q))
-    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+    _assert_grad_matches_the_plain_ops(loss, q, path)
 
 
 def test_packed_qkv_attention_gradients_match_the_plain_ops(path) -> None:
@@ -266,11 +259,7 @@ def test_packed_qkv_attention_gradients_match_the_plain_ops(path) -> None:
     def loss(x: mx.array) -> mx.array:
         return (cn.packed_qkv_attention(x, 2, bias=bias) ** 2).sum()
 
-    with mx.stream(mx.cpu):
-        ours = np.array(mx.grad(loss)(qkv))
-        with cn.ops.disabled("cpu"):
-            plain = np.array(mx.grad(loss)(qkv))
-    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+    _assert_grad_matches_the_plain_ops(loss, qkv, path)
 
 
 def test_kernels_give_the_same_bits_on_one_and_two_threads() -> None:
@@ -282,21 +271,27 @@ def test_kernels_give_the_same_bits_on_one_and_two_threads() -> None:
     rng = np.random.default_rng(5)
     x = mx.array(rng.standard_normal((3, 97, 61, 40), dtype=np.float32))
     b = mx.array(rng.standard_normal((40,), dtype=np.float32))
+    _assert_same_bits_on_1_2_3_threads(lambda: [
+        kernels.bias_act(x, b, x, kernels.Act.silu, kernels.Residual.before_act),
+        kernels.softmax_last(x),
+        kernels.attention_packed(x[:, :49, 0, :36], None, 2, 0.3)])
+
+
+def _assert_same_bits_on_1_2_3_threads(run) -> None:
+    """``run()`` (a list of kernel outputs, on the CPU stream) gives the same bits with the
+    kernels on 1, 2 and 3 threads; the session's thread count is restored after."""
+    kernels = cpu_native.module()
     results = []
     try:
         for threads in (1, 2, 3):
             kernels.set_num_threads(threads)
             with mx.stream(mx.cpu):
-                results.append([np.array(kernels.bias_act(x, b, x, kernels.Act.silu,
-                                                                 kernels.Residual.before_act)),
-                                np.array(kernels.softmax_last(x)),
-                                np.array(kernels.attention_packed(x[:, :49, 0, :36], None, 2,
-                                                                  0.3))])
+                results.append([np.array(out) for out in run()])
     finally:
         cpu_native.sync_threads(force=True)
     for other in results[1:]:
-        for a, b_ in zip(results[0], other):
-            np.testing.assert_array_equal(a, b_)
+        for a, b in zip(results[0], other):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_kernels_refuse_what_they_do_not_support() -> None:
@@ -438,18 +433,8 @@ def test_depthwise_kernel_gives_the_same_bits_on_one_and_two_threads() -> None:
     x = mx.array(rng.standard_normal((2, 33, 29, 48), dtype=np.float32))
     w = mx.array(rng.standard_normal((48, 3, 3, 1), dtype=np.float32))
     b = mx.array(rng.standard_normal((48,), dtype=np.float32))
-    results = []
-    try:
-        for threads in (1, 2, 3):
-            kernels.set_num_threads(threads)
-            with mx.stream(mx.cpu):
-                results.append(np.array(kernels.depthwise_conv2d(x, w, b, None, (1, 1), (1, 1),
-                                                                  (1, 1), kernels.Act.gelu,
-                                                                  kernels.Residual.none)))
-    finally:
-        cpu_native.sync_threads(force=True)
-    for other in results[1:]:
-        np.testing.assert_array_equal(results[0], other)
+    _assert_same_bits_on_1_2_3_threads(lambda: [kernels.depthwise_conv2d(
+        x, w, b, None, (1, 1), (1, 1), (1, 1), kernels.Act.gelu, kernels.Residual.none)])
 
 
 def test_depthwise_gradients_match_the_plain_ops(path) -> None:
@@ -465,12 +450,7 @@ def test_depthwise_gradients_match_the_plain_ops(path) -> None:
         conv.weight = weight
         return (conv(x, activation="gelu") ** 2).sum()
 
-    with mx.stream(mx.cpu):
-        weight = conv.weight
-        ours = np.array(mx.grad(loss)(weight))
-        with cn.ops.disabled("cpu"):
-            plain = np.array(mx.grad(loss)(weight))
-    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+    _assert_grad_matches_the_plain_ops(loss, conv.weight, path)
 
 
 def test_convs_stay_on_mlx_without_an_optimized_sgemm() -> None:
@@ -539,9 +519,4 @@ def test_gradients_flow_through_the_fused_layers(path) -> None:
         y = conv(x, activation="gelu", residual=residual)
         return (cn.softmax(cn.gelu(y)) * y).sum()
 
-    with mx.stream(mx.cpu):
-        weight = conv.weight
-        ours = np.array(mx.grad(loss)(weight))
-        with cn.ops.disabled("cpu"):
-            plain = np.array(mx.grad(loss)(weight))
-    assert np.abs(ours - plain).max() <= 1e-4 * np.abs(plain).max(), path
+    _assert_grad_matches_the_plain_ops(loss, conv.weight, path)

@@ -14,8 +14,8 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from scipy.special import erf as erf64
 
+from helpers.activation_reference import activation64
 import candle_nn as cn
 from candle_nn.backends.cpu import kernels as cpu_native, weight_cache
 from candle_nn.backends.cpu import winograd as cpu_winograd
@@ -31,16 +31,6 @@ def _conv64(x: np.ndarray, w: np.ndarray, padding: tuple[int, int]) -> np.ndarra
     xp = np.pad(x.astype(np.float64), [(0, 0), (ph, ph), (pw, pw), (0, 0)])
     windows = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(1, 2))
     return np.einsum("nhwcij,oijc->nhwo", windows, w.astype(np.float64))
-
-
-def _act64(v: np.ndarray, act: str) -> np.ndarray:
-    if act == "relu":
-        return np.maximum(v, 0)
-    if act == "silu":
-        return v / (1 + np.exp(-v))
-    if act == "gelu":
-        return 0.5 * v * (1 + erf64(v / math.sqrt(2)))
-    return v
 
 
 def _data(n: int, h: int, w: int, c: int, o: int, seed: int):
@@ -79,7 +69,7 @@ def test_winograd_conv_against_float64(avx512, act, mode, n, h, w, c, o, padding
     cpu_native.apply_plan(cpu_native.plan())
     if mode == "before":
         ref = ref + r
-    ref = _act64(ref, act) + (r if mode == "after" else 0)
+    ref = activation64(ref, act) + (r if mode == "after" else 0)
     assert ours.shape == ref.shape and ours.dtype == np.float32
     err = np.abs(ours - ref).max() / np.abs(ref).max()
     assert err <= REL_BOUND, err

@@ -4,12 +4,12 @@ implementations on and off against a float64 reference (the ``op_paths`` fixture
 
 from __future__ import annotations
 
-import math
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
+from helpers.activation_reference import activation64
 import candle_nn as cn
 from candle_nn.backends.cpu import kernels
 
@@ -102,12 +102,6 @@ def _rel(ours: mx.array, ref: np.ndarray) -> float:
     return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
-def _act64(v: np.ndarray, name: str | None) -> np.ndarray:
-    erf = np.vectorize(math.erf)
-    return {None: v, "relu": np.maximum(v, 0), "silu": v / (1 + np.exp(-v)),
-            "gelu": 0.5 * v * (1 + erf(v / math.sqrt(2))), "sigmoid": 1 / (1 + np.exp(-v))}[name]
-
-
 def _conv64(x, w, stride, padding, groups=1):
     n, h, wd, c = x.shape
     o, kh, kw, cg = w.shape
@@ -140,7 +134,7 @@ def test_conv2d(op_paths, kernel, stride, padding, act) -> None:
     with mx.stream(mx.cpu):
         ours = cn.ops.conv2d(mx.array(x), mx.array(w), mx.array(b), (stride, stride),
                              (padding, padding), activation=act, residual=mx.array(r))
-    assert _rel(ours, _act64(ref + r, act)) <= 2e-5, op_paths
+    assert _rel(ours, activation64(ref + r, act)) <= 2e-5, op_paths
 
 
 @pytest.mark.parametrize("stride,act", [(1, "gelu"), (2, None)])
@@ -151,7 +145,7 @@ def test_depthwise_conv2d(op_paths, stride, act) -> None:
     with mx.stream(mx.cpu):
         ours = cn.ops.depthwise_conv2d(mx.array(x), mx.array(w), mx.array(b), (stride, stride),
                                        (1, 1), activation=act)
-    assert _rel(ours, _act64(ref, act)) <= 1e-5, op_paths
+    assert _rel(ours, activation64(ref, act)) <= 1e-5, op_paths
 
 
 @pytest.mark.parametrize("kernel,act", [((2, 2), "gelu"), ((2, 3), None), ((1, 1), "relu")])
@@ -160,7 +154,7 @@ def test_conv_transpose2d_blocks(op_paths, kernel, act) -> None:
     (kh, kw), (n, h, w, c, o) = kernel, (2, 5, 7, 19, 20)
     x, wt, b = _f32(n, h, w, c), _f32(o, kh, kw, c), _f32(o)
     blocks = np.einsum("nhwc,oijc->nhiwjo", x.astype(np.float64), wt.astype(np.float64))
-    ref = _act64(blocks.reshape(n, h * kh, w * kw, o) + b, act)
+    ref = activation64(blocks.reshape(n, h * kh, w * kw, o) + b, act)
     with mx.stream(mx.cpu):
         ours = cn.ops.conv_transpose2d_blocks(mx.array(x), mx.array(wt), mx.array(b), act)
     assert _rel(ours, ref) <= 1e-5, op_paths
@@ -170,7 +164,7 @@ def test_conv_transpose2d_blocks(op_paths, kernel, act) -> None:
 def test_linear(op_paths, rows) -> None:
     x, w, b = _f32(rows, 33), _f32(20, 33), _f32(20)
     res = _f32(rows, 20)
-    ref = _act64(x.astype(np.float64) @ w.T.astype(np.float64) + b, "silu") + res
+    ref = activation64(x.astype(np.float64) @ w.T.astype(np.float64) + b, "silu") + res
     with mx.stream(mx.cpu):
         ours = cn.ops.linear(mx.array(x), mx.array(w), mx.array(b), "silu", mx.array(res))
     assert _rel(ours, ref) <= 1e-5, op_paths
@@ -180,9 +174,9 @@ def test_linear(op_paths, rows) -> None:
 def test_activations_and_bias_act(op_paths, name) -> None:
     y, b = _f32(7, 13) * 4, _f32(13)
     with mx.stream(mx.cpu):
-        assert _rel(cn.ACTIVATIONS[name](mx.array(y)), _act64(y.astype(np.float64), name)) <= 1e-6
+        assert _rel(cn.ACTIVATIONS[name](mx.array(y)), activation64(y, name)) <= 1e-6
         ours = cn.ops.bias_act(mx.array(y), mx.array(b), name, mx.array(y), True)
-    assert _rel(ours, _act64(y.astype(np.float64) + b, name) + y) <= 1e-6, op_paths
+    assert _rel(ours, activation64(y.astype(np.float64) + b, name) + y) <= 1e-6, op_paths
 
 
 def test_softmax_and_layer_norm(op_paths) -> None:
