@@ -156,14 +156,19 @@ def test_depthwise_conv2d(op_paths, stride, act) -> None:
 
 @pytest.mark.parametrize("kernel,act", [((2, 2), "gelu"), ((2, 3), None), ((1, 1), "relu")])
 def test_conv_transpose2d_blocks(op_paths, kernel, act) -> None:
-    """Stride = kernel: every input pixel's own ``kH x kW`` output block."""
+    """Stride = kernel: every input pixel's own ``kH x kW`` output block, in block layout, and
+    in image order through ``blocks_to_image``."""
     (kh, kw), (n, h, w, c, o) = kernel, (2, 5, 7, 19, 20)
     x, wt, b = _f32(n, h, w, c), _f32(o, kh, kw, c), _f32(o)
-    blocks = np.einsum("nhwc,oijc->nhiwjo", x.astype(np.float64), wt.astype(np.float64))
-    ref = _act64(blocks.reshape(n, h * kh, w * kw, o) + b, act)
+    blocks = _act64(np.einsum("nhwc,oijc->nhwijo", x.astype(np.float64),
+                              wt.astype(np.float64)) + b, act)
     with mx.stream(mx.cpu):
         ours = cn.ops.conv_transpose2d_blocks(mx.array(x), mx.array(wt), mx.array(b), act)
-    assert _rel(ours, ref) <= 1e-5, op_paths
+        image = cn.ops.blocks_to_image(ours, (kh, kw))
+    assert ours.shape == (n, h, w, kh * kw * o)
+    assert _rel(ours, blocks.reshape(n, h, w, -1)) <= 1e-5, op_paths
+    ref = blocks.transpose(0, 1, 3, 2, 4, 5).reshape(n, h * kh, w * kw, o)
+    assert _rel(image, ref) <= 1e-5, op_paths
 
 
 @pytest.mark.parametrize("rows", [1, 5, 40])
