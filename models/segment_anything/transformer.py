@@ -6,6 +6,8 @@ image is taken NHWC ``(B, H, W, 256)`` and flattened row-major to ``(B, H*W, 256
 
 from __future__ import annotations
 
+import math
+
 import candle_nn as cn
 from candle_nn import LayerNorm, Linear, Module, VarBuilder
 import mlx.core as mx
@@ -33,9 +35,77 @@ class Attention(Module):
                      for name in ("q_proj", "k_proj", "v_proj")),
                    Linear.load(vb.pp("out_proj"), internal, dim), num_heads)
 
-    def forward(self, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
-        return self.out_proj(cn.multi_head_attention(self.q_proj(q), self.k_proj(k),
-                                                     self.v_proj(v), self.num_heads))
+    def forward(self, q: mx.array, k: mx.array, v: mx.array,
+                residual: mx.array | None = None) -> mx.array:
+        """``[residual +] out_proj(attention(q_proj(q), k_proj(k), v_proj(v)))``.
+
+        Between a few prompt tokens and the many image tokens (``heads * few`` below the
+        internal width and the other length), the few tokens' side is folded into the
+        projection weights, so the image tokens are never projected: see
+        :meth:`_few_queries` and :meth:`_few_keys`. The same function in another order (equal
+        within float32 rounding), and differentiable as the direct one."""
+        internal, heads = self.q_proj.weight.shape[0], self.num_heads
+        lq, lk = q.shape[1], k.shape[1]
+        if heads * lq < min(internal, lk):
+            out = self._few_queries(q, k, v)
+        elif heads * lk < min(internal, lq):
+            return self._few_keys(q, k, v, residual)
+        else:
+            out = self.out_proj(cn.multi_head_attention(self.q_proj(q), self.k_proj(k),
+                                                        self.v_proj(v), heads))
+        return out if residual is None else residual + out
+
+    def _few_queries(self, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
+        """Few queries ``q (B, T, C)``, many keys and values ``(B or 1, N, C)``.
+
+        Per head, scores ``(q Wkᵀ) kᵀ`` are ``(q Wk) kᵀ`` against the raw keys (``q``'s dot
+        with the key bias is the same for every key, so the softmax drops it) and the output
+        ``P (v Wvᵀ + bv)`` is ``(P v) Wvᵀ + bv`` (each row of ``P`` sums to 1): products with
+        ``N`` rows of inner size ``heads * T`` where the projections have ``C x internal``."""
+        b, t, c = q.shape
+        heads = self.num_heads
+        qh = _split_heads(self.q_proj(q), heads)  # (B, heads, T, d)
+        d = qh.shape[-1]
+        folded = ((qh * (1.0 / math.sqrt(d))) @ _head_weights(self.k_proj.weight, heads))
+        probs = cn.softmax(folded.reshape(b, heads * t, c) @ k.swapaxes(1, 2))  # (B, heads T, N)
+        pooled = (probs @ v).reshape(b, heads, t, c)
+        out = pooled @ _head_weights(self.v_proj.weight, heads).swapaxes(1, 2)  # (B, h, T, d)
+        out = out + self.v_proj.bias.reshape(heads, 1, d)
+        return self.out_proj(out.transpose(0, 2, 1, 3).reshape(b, t, heads * d))
+
+    def _few_keys(self, q: mx.array, k: mx.array, v: mx.array,
+                  residual: mx.array | None) -> mx.array:
+        """Many queries ``q (B, N, C)``, few keys and values ``(B, T, C)``.
+
+        Per head, scores ``(q Wqᵀ + bq) kᵀ`` are ``q (Wqᵀ k) + bq kᵀ`` and the output
+        ``Σ_heads P (v Wo_headᵀ) + bo`` one product with the values already through the output
+        projection: products with ``N`` rows of inner size ``heads * T``."""
+        b, t, c = k.shape
+        n, heads = q.shape[1], self.num_heads
+        kh = _split_heads(self.k_proj(k), heads)  # (B, heads, T, d)
+        d = kh.shape[-1]
+        kh = kh * (1.0 / math.sqrt(d))
+        folded = (kh @ _head_weights(self.q_proj.weight, heads)).reshape(b, heads * t, c)
+        bias = (kh @ self.q_proj.bias.reshape(heads, d, 1)).reshape(b, 1, heads * t)
+        scores = mx.addmm(bias, q, folded.swapaxes(1, 2))  # (B, N, heads T)
+        probs = cn.softmax(scores.reshape(b, n, heads, t)).reshape(b, n, heads * t)
+        vh = _split_heads(self.v_proj(v), heads)  # (B, heads, T, d)
+        wo = self.out_proj.weight.T.reshape(heads, d, -1)  # (heads, d, C): head h's rows of Woᵀ
+        values = (vh @ wo).reshape(b, heads * t, -1) + self.out_proj.bias / heads
+        if residual is None:
+            return probs @ values
+        return mx.addmm(residual, probs, values)
+
+
+def _split_heads(x: mx.array, heads: int) -> mx.array:
+    """``(B, L, heads * d)`` → ``(B, heads, L, d)``."""
+    b, length, _ = x.shape
+    return x.reshape(b, length, heads, -1).transpose(0, 2, 1, 3)
+
+
+def _head_weights(weight: mx.array, heads: int) -> mx.array:
+    """A projection's ``(heads * d, C)`` weight (out, in) → ``(heads, d, C)``."""
+    return weight.reshape(heads, -1, weight.shape[-1])
 
 
 class MlpBlock(Module):
@@ -101,7 +171,7 @@ class TwoWayAttentionBlock(Module):
         queries = self.norm3(queries + self.mlp(queries))
 
         q, k = queries + query_pe, keys + key_pe
-        keys = self.norm4(keys + self.cross_attn_image_to_token(k, q, queries))
+        keys = self.norm4(self.cross_attn_image_to_token(k, q, queries, residual=keys))
         return queries, keys
 
 
