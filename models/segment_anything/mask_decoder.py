@@ -127,8 +127,10 @@ class MaskDecoder(Module):
         up = self.upscale(src.reshape(-1, h, w, c))  # (B, h w 16, c/8), block layout
         hyper_in = mx.stack([mlp(mask_tokens_out[:, i])
                              for i, mlp in enumerate(self.output_hypernetworks_mlps)], axis=1)
-        masks = self.blocks_to_image(up @ hyper_in.swapaxes(1, 2), (h, w))  # (B, 4h, 4w, M)
-        return masks, self.iou_prediction_head(iou_token_out)
+        # Per prompt a Linear of M outputs over its 16 h w upscaled pixels (cn.ops.linear).
+        masks = mx.stack([cn.ops.linear(up[i if up.shape[0] > 1 else 0], hyper_in[i])
+                          for i in range(hyper_in.shape[0])])  # (B, h w 16, M)
+        return self.blocks_to_image(masks, (h, w)), self.iou_prediction_head(iou_token_out)
 
     def upscale(self, src: mx.array) -> mx.array:
         """The output upscaling of the image tokens ``src (B, h, w, c)``: transposed conv 2x2/2,

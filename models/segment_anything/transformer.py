@@ -39,62 +39,45 @@ class Attention(Module):
                 residual: mx.array | None = None) -> mx.array:
         """``[residual +] out_proj(attention(q_proj(q), k_proj(k), v_proj(v)))``.
 
-        Between a few prompt tokens and the many image tokens (``heads * few`` below the
-        internal width and the other length), the few tokens' side is folded into the
-        projection weights, so the image tokens are never projected: see
-        :meth:`_few_queries` and :meth:`_few_keys`. The same function in another order (equal
-        within float32 rounding), and differentiable as the direct one."""
+        Many image tokens attending to a few prompt tokens (``heads * few`` below the internal
+        width and the number of queries) take :meth:`_few_keys`: the few tokens' side folded
+        into the query and output projections, so the image tokens are never projected. The
+        same function in another order (equal within float32 rounding), differentiable as the
+        direct one."""
         internal, heads = self.q_proj.weight.shape[0], self.num_heads
-        lq, lk = q.shape[1], k.shape[1]
-        if heads * lq < min(internal, lk):
-            out = self._few_queries(q, k, v)
-        elif heads * lk < min(internal, lq):
+        if heads * k.shape[1] < min(internal, q.shape[1]):
             return self._few_keys(q, k, v, residual)
-        else:
-            out = self.out_proj(cn.multi_head_attention(self.q_proj(q), self.k_proj(k),
-                                                        self.v_proj(v), heads))
+        out = self.out_proj(cn.multi_head_attention(self.q_proj(q), self.k_proj(k),
+                                                    self.v_proj(v), heads))
         return out if residual is None else residual + out
-
-    def _few_queries(self, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
-        """Few queries ``q (B, T, C)``, many keys and values ``(B or 1, N, C)``.
-
-        Per head, scores ``(q Wkᵀ) kᵀ`` are ``(q Wk) kᵀ`` against the raw keys (``q``'s dot
-        with the key bias is the same for every key, so the softmax drops it) and the output
-        ``P (v Wvᵀ + bv)`` is ``(P v) Wvᵀ + bv`` (each row of ``P`` sums to 1): products with
-        ``N`` rows of inner size ``heads * T`` where the projections have ``C x internal``."""
-        b, t, c = q.shape
-        heads = self.num_heads
-        qh = _split_heads(self.q_proj(q), heads)  # (B, heads, T, d)
-        d = qh.shape[-1]
-        folded = ((qh * (1.0 / math.sqrt(d))) @ _head_weights(self.k_proj.weight, heads))
-        probs = cn.softmax(folded.reshape(b, heads * t, c) @ k.swapaxes(1, 2))  # (B, heads T, N)
-        pooled = (probs @ v).reshape(b, heads, t, c)
-        out = pooled @ _head_weights(self.v_proj.weight, heads).swapaxes(1, 2)  # (B, h, T, d)
-        out = out + self.v_proj.bias.reshape(heads, 1, d)
-        return self.out_proj(out.transpose(0, 2, 1, 3).reshape(b, t, heads * d))
 
     def _few_keys(self, q: mx.array, k: mx.array, v: mx.array,
                   residual: mx.array | None) -> mx.array:
-        """Many queries ``q (B, N, C)``, few keys and values ``(B, T, C)``.
+        """Many queries ``q (B or 1, N, C)``, few keys and values ``(B, T, C)``.
 
         Per head, scores ``(q Wqᵀ + bq) kᵀ`` are ``q (Wqᵀ k) + bq kᵀ`` and the output
         ``Σ_heads P (v Wo_headᵀ) + bo`` one product with the values already through the output
-        projection: products with ``N`` rows of inner size ``heads * T``."""
+        projection: per prompt two products with ``N`` rows of inner size ``heads * T``, each a
+        Linear layer whose small weight is the prompt's (``cn.ops.linear``: the image tokens are
+        streamed, the residual rides on the second)."""
         b, t, c = k.shape
         n, heads = q.shape[1], self.num_heads
         kh = _split_heads(self.k_proj(k), heads)  # (B, heads, T, d)
         d = kh.shape[-1]
         kh = kh * (1.0 / math.sqrt(d))
         folded = (kh @ _head_weights(self.q_proj.weight, heads)).reshape(b, heads * t, c)
-        bias = (kh @ self.q_proj.bias.reshape(heads, d, 1)).reshape(b, 1, heads * t)
-        scores = mx.addmm(bias, q, folded.swapaxes(1, 2))  # (B, N, heads T)
-        probs = cn.softmax(scores.reshape(b, n, heads, t)).reshape(b, n, heads * t)
+        bias = (kh @ self.q_proj.bias.reshape(heads, d, 1)).reshape(b, heads * t)
         vh = _split_heads(self.v_proj(v), heads)  # (B, heads, T, d)
         wo = self.out_proj.weight.T.reshape(heads, d, -1)  # (heads, d, C): head h's rows of Woᵀ
         values = (vh @ wo).reshape(b, heads * t, -1) + self.out_proj.bias / heads
-        if residual is None:
-            return probs @ values
-        return mx.addmm(residual, probs, values)
+        values = mx.contiguous(values.swapaxes(1, 2))  # (B, C, heads T): Linear weights
+        out = []
+        for i in range(b):
+            scores = cn.ops.linear(q[i if q.shape[0] > 1 else 0], folded[i], bias[i])
+            probs = cn.softmax(scores.reshape(n, heads, t)).reshape(n, heads * t)
+            res = None if residual is None else residual[i if residual.shape[0] > 1 else 0]
+            out.append(cn.ops.linear(probs, values[i], residual=res))
+        return out[0][None] if b == 1 else mx.stack(out)
 
 
 def _split_heads(x: mx.array, heads: int) -> mx.array:

@@ -1,7 +1,7 @@
-"""The mask decoder's reordered computations against the direct ones: attention between a few
-prompt tokens and many image tokens with the few tokens' side folded into the projection
-weights (float64 NumPy reference, and the gradient of the direct form), and the dense
-positional encoding computed once per grid and matrix."""
+"""The mask decoder's reordered computations against the direct ones: many image tokens
+attending to a few prompt tokens with the few tokens' side folded into the projection weights
+(float64 NumPy reference, and the gradient of the direct form), and the dense positional
+encoding computed once per grid and matrix."""
 
 from __future__ import annotations
 
@@ -17,6 +17,20 @@ from candle_nn_models.segment_anything.prompt_encoder import PositionEmbeddingRa
 from candle_nn_models.segment_anything.transformer import Attention
 
 DIM, HEADS, TOKENS, IMAGE = 64, 4, 5, 48  # folded: HEADS * TOKENS < min(DIM, IMAGE)
+
+
+def test_image_to_tokens_takes_the_folded_path(monkeypatch):
+    """The decoder's shapes take :meth:`Attention._few_keys` (and only the image → tokens
+    direction does)."""
+    attn, calls = attention(), []
+    original = Attention._few_keys
+    monkeypatch.setattr(Attention, "_few_keys", lambda *a: calls.append(1) or original(*a))
+    tokens, image = mx.zeros((1, TOKENS, DIM)), mx.zeros((1, IMAGE, DIM))
+    with attn.on_device():
+        attn(tokens, image, image)
+        assert not calls
+        attn(image, tokens, tokens)
+    assert calls
 
 
 def attention() -> Attention:
@@ -53,8 +67,8 @@ def params64(attn: Attention) -> dict:
 
 @pytest.mark.parametrize("image_batch", [2, 1])
 def test_folded_attention_matches_float64(image_batch):
-    """Tokens → image (few queries; one image broadcast over the prompts when its batch is 1)
-    and image → tokens (few keys, with the residual) against float64."""
+    """Image → tokens (few keys, with the residual; one image broadcast over the prompts when
+    its batch is 1: the folded path) and tokens → image (the direct path) against float64."""
     attn = attention()
     rng = np.random.default_rng(5)
     tokens = rng.standard_normal((2, TOKENS, DIM)).astype(np.float32)
@@ -72,7 +86,7 @@ def test_folded_attention_matches_float64(image_batch):
 
 
 def test_folded_attention_gradients_match_the_direct_order():
-    """``mx.grad`` through both folded paths: every parameter's and input's gradient equals the
+    """``mx.grad`` through both directions: every parameter's and input's gradient equals the
     direct order's."""
     attn = attention()
     rng = np.random.default_rng(6)
@@ -128,3 +142,26 @@ def test_dense_positional_encoding_is_computed_once_per_grid_and_matrix():
         w = np.array(want["positional_encoding_gaussian_matrix"])
         assert np.abs(w).max() > 0 and np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
         np.testing.assert_array_equal(np.array(pe(6, 5)), np.array(second))
+
+
+def test_a_batch_of_prompts_decodes_as_each_prompt_alone():
+    """``Sam.forward`` with two point prompts (one image, the per-prompt products of the folded
+    attention and of the masks' Linear) equals two calls with one prompt each."""
+    from conftest import fixture_dir
+
+    from candle_nn_models.segment_anything import Sam
+
+    sam = Sam.load(cn.VarBuilder.from_safetensors(fixture_dir("mobile_sam") /
+                                                  "weights.safetensors"))
+    rng = np.random.default_rng(8)
+    embedding = mx.array(rng.standard_normal((1, 64, 64, 256)).astype(np.float32))
+    coords = mx.array(rng.uniform(0, 1024, (2, 2, 2)).astype(np.float32))
+    labels = mx.array([[1, 0], [1, 1]])
+    masks, iou = sam(embedding, (coords, labels))
+    assert masks.shape == (2, 256, 256, 3) and iou.shape == (2, 3)
+    for i in range(2):
+        one, one_iou = sam(embedding, (coords[i:i + 1], labels[i:i + 1]))
+        scale = float(np.abs(np.array(one)).max())
+        assert np.abs(np.array(masks[i:i + 1]) - np.array(one)).max() <= 1e-5 * scale
+        np.testing.assert_allclose(np.array(iou[i:i + 1]), np.array(one_iou), rtol=1e-5,
+                                   atol=1e-6)
