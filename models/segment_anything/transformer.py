@@ -39,17 +39,46 @@ class Attention(Module):
                 residual: mx.array | None = None) -> mx.array:
         """``[residual +] out_proj(attention(q_proj(q), k_proj(k), v_proj(v)))``.
 
-        Many image tokens attending to a few prompt tokens (``heads * few`` below the internal
-        width and the number of queries) take :meth:`_few_keys`: the few tokens' side folded
-        into the query and output projections, so the image tokens are never projected. The
-        same function in another order (equal within float32 rounding), differentiable as the
-        direct one."""
+        Between a few prompt tokens and many image tokens (``heads * few`` below the internal
+        width and the other length) the few tokens' side is folded into the projection
+        weights, so the image tokens are never projected: :meth:`_few_queries` (tokens →
+        image), :meth:`_few_keys` (image → tokens). The same function in another order (equal
+        within float32 rounding), differentiable as the direct one."""
         internal, heads = self.q_proj.weight.shape[0], self.num_heads
         if heads * k.shape[1] < min(internal, q.shape[1]):
             return self._few_keys(q, k, v, residual)
-        out = self.out_proj(cn.multi_head_attention(self.q_proj(q), self.k_proj(k),
-                                                    self.v_proj(v), heads))
+        if heads * q.shape[1] < min(internal, k.shape[1]):
+            out = self._few_queries(q, k, v)
+        else:
+            out = self.out_proj(cn.multi_head_attention(self.q_proj(q), self.k_proj(k),
+                                                        self.v_proj(v), heads))
         return out if residual is None else residual + out
+
+    def _few_queries(self, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
+        """Few queries ``q (B, T, C)``, many keys and values ``(B or 1, N, C)``.
+
+        Per head, scores ``(q Wqᵀ) (k Wkᵀ)ᵀ`` are ``((q Wqᵀ) Wk) kᵀ`` against the raw keys
+        (``q``'s dot with the key bias is the same for every key: the softmax drops it), and
+        the output ``P (v Wvᵀ + bv)`` is ``(P v) Wvᵀ + bv`` (each row of ``P`` sums to 1). Per
+        prompt two products with ``N`` rows of inner size ``heads * T``, Linear layers whose
+        small weights are the prompt's (``cn.ops.linear``): the scores transposed, ``k`` as
+        the rows, and ``(P v)ᵀ`` with ``vᵀ`` as the rows."""
+        b, t, c = q.shape
+        heads = self.num_heads
+        qh = _split_heads(self.q_proj(q), heads)  # (B, heads, T, d)
+        d = qh.shape[-1]
+        folded = (qh * (1.0 / math.sqrt(d))) @ _head_weights(self.k_proj.weight, heads)
+        folded = folded.reshape(b, heads * t, c)
+        values_t = [mx.contiguous(v[i].T) for i in range(v.shape[0])]  # (C, N) each
+        pooled = []
+        for i in range(b):
+            scores_t = cn.ops.linear(k[i if k.shape[0] > 1 else 0], folded[i])  # (N, heads T)
+            probs = cn.softmax(scores_t.T)  # (heads T, N)
+            pooled.append(cn.ops.linear(values_t[i if v.shape[0] > 1 else 0], probs))
+        pooled = mx.stack(pooled).swapaxes(1, 2).reshape(b, heads, t, c)  # P v per head
+        out = pooled @ _head_weights(self.v_proj.weight, heads).swapaxes(1, 2)  # (B, h, T, d)
+        out = out + self.v_proj.bias.reshape(heads, 1, d)
+        return self.out_proj(out.transpose(0, 2, 1, 3).reshape(b, t, heads * d))
 
     def _few_keys(self, q: mx.array, k: mx.array, v: mx.array,
                   residual: mx.array | None) -> mx.array:

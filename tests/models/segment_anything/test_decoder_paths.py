@@ -1,7 +1,7 @@
-"""The mask decoder's reordered computations against the direct ones: many image tokens
-attending to a few prompt tokens with the few tokens' side folded into the projection weights
-(float64 NumPy reference, and the gradient of the direct form), and the dense positional
-encoding computed once per grid and matrix."""
+"""The mask decoder's reordered computations against the direct ones: attention between a few
+prompt tokens and many image tokens with the few tokens' side folded into the projection
+weights (float64 NumPy reference, and the gradient of the direct form), and the dense
+positional encoding computed once per grid and matrix."""
 
 from __future__ import annotations
 
@@ -19,18 +19,20 @@ from candle_nn_models.segment_anything.transformer import Attention
 DIM, HEADS, TOKENS, IMAGE = 64, 4, 5, 48  # folded: HEADS * TOKENS < min(DIM, IMAGE)
 
 
-def test_image_to_tokens_takes_the_folded_path(monkeypatch):
-    """The decoder's shapes take :meth:`Attention._few_keys` (and only the image → tokens
-    direction does)."""
+def test_the_decoder_shapes_take_the_folded_paths(monkeypatch):
+    """Tokens → image takes :meth:`Attention._few_queries`, image → tokens
+    :meth:`Attention._few_keys`, tokens → tokens the direct order."""
     attn, calls = attention(), []
-    original = Attention._few_keys
-    monkeypatch.setattr(Attention, "_few_keys", lambda *a: calls.append(1) or original(*a))
+    for name in ("_few_queries", "_few_keys"):
+        original = getattr(Attention, name)
+        monkeypatch.setattr(Attention, name,
+                            lambda *a, n=name, f=original: calls.append(n) or f(*a))
     tokens, image = mx.zeros((1, TOKENS, DIM)), mx.zeros((1, IMAGE, DIM))
     with attn.on_device():
         attn(tokens, image, image)
-        assert not calls
         attn(image, tokens, tokens)
-    assert calls
+        attn(tokens, tokens, tokens)
+    assert calls == ["_few_queries", "_few_keys"]
 
 
 def attention() -> Attention:
@@ -67,8 +69,8 @@ def params64(attn: Attention) -> dict:
 
 @pytest.mark.parametrize("image_batch", [2, 1])
 def test_folded_attention_matches_float64(image_batch):
-    """Image → tokens (few keys, with the residual; one image broadcast over the prompts when
-    its batch is 1: the folded path) and tokens → image (the direct path) against float64."""
+    """Tokens → image (few queries; one image broadcast over the prompts when its batch is 1)
+    and image → tokens (few keys, with the residual) against float64."""
     attn = attention()
     rng = np.random.default_rng(5)
     tokens = rng.standard_normal((2, TOKENS, DIM)).astype(np.float32)
@@ -86,7 +88,7 @@ def test_folded_attention_matches_float64(image_batch):
 
 
 def test_folded_attention_gradients_match_the_direct_order():
-    """``mx.grad`` through both directions: every parameter's and input's gradient equals the
+    """``mx.grad`` through both folded paths: every parameter's and input's gradient equals the
     direct order's."""
     attn = attention()
     rng = np.random.default_rng(6)
