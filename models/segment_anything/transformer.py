@@ -60,22 +60,22 @@ class Attention(Module):
         Per head, scores ``(q Wqᵀ) (k Wkᵀ)ᵀ`` are ``((q Wqᵀ) Wk) kᵀ`` against the raw keys
         (``q``'s dot with the key bias is the same for every key: the softmax drops it), and
         the output ``P (v Wvᵀ + bv)`` is ``(P v) Wvᵀ + bv`` (each row of ``P`` sums to 1). Per
-        prompt two products with ``N`` rows of inner size ``heads * T``, Linear layers whose
-        small weights are the prompt's (``cn.ops.linear``): the scores transposed, ``k`` as
-        the rows, and ``(P v)ᵀ`` with ``vᵀ`` as the rows."""
+        prompt two products with ``N`` rows of inner size ``heads * T`` on the packed GEMM
+        (``cn.ops.linear``): the scores transposed, ``k`` as the rows and the prompt's folded
+        queries as the weight, then ``P v`` with ``vᵀ`` as the weight (packed from ``v`` as it
+        is)."""
         b, t, c = q.shape
         heads = self.num_heads
         qh = _split_heads(self.q_proj(q), heads)  # (B, heads, T, d)
         d = qh.shape[-1]
         folded = (qh * (1.0 / math.sqrt(d))) @ _head_weights(self.k_proj.weight, heads)
         folded = folded.reshape(b, heads * t, c)
-        values_t = [mx.contiguous(v[i].T) for i in range(v.shape[0])]  # (C, N) each
         pooled = []
         for i in range(b):
             scores_t = cn.ops.linear(k[i if k.shape[0] > 1 else 0], folded[i])  # (N, heads T)
             probs = cn.softmax(scores_t.T)  # (heads T, N)
-            pooled.append(cn.ops.linear(values_t[i if v.shape[0] > 1 else 0], probs))
-        pooled = mx.stack(pooled).swapaxes(1, 2).reshape(b, heads, t, c)  # P v per head
+            pooled.append(cn.ops.linear(probs, v[i if v.shape[0] > 1 else 0].T))  # P v
+        pooled = mx.stack(pooled).reshape(b, heads, t, c)
         out = pooled @ _head_weights(self.v_proj.weight, heads).swapaxes(1, 2)  # (B, h, T, d)
         out = out + self.v_proj.bias.reshape(heads, 1, d)
         return self.out_proj(out.transpose(0, 2, 1, 3).reshape(b, t, heads * d))

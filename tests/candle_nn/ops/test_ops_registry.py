@@ -181,6 +181,19 @@ def test_linear(op_paths, rows) -> None:
     assert _rel(ours, ref) <= 1e-5, op_paths
 
 
+@pytest.mark.parametrize("rows", [3, 40])
+def test_linear_weight_given_transposed(op_paths, rows) -> None:
+    """A weight that is the transposed view of a row-major ``(in, out)`` array (``P @ v`` as
+    ``linear(P, v.T)``) is packed as it is, and so is a slice of rows."""
+    x, v, b = _f32(rows, 70), _f32(70, 37), _f32(37)
+    ref = x.astype(np.float64) @ v.astype(np.float64) + b
+    with mx.stream(mx.cpu):
+        ours = cn.ops.linear(mx.array(x), mx.array(v).T, mx.array(b))
+        sliced = cn.ops.linear(mx.array(x), mx.array(np.stack([v.T, v.T]))[1], mx.array(b))
+    assert _rel(ours, ref) <= 1e-5, op_paths
+    assert _rel(sliced, ref) <= 1e-5, op_paths
+
+
 @pytest.mark.parametrize("name", ["silu", "gelu", "relu"])
 def test_activations_and_bias_act(op_paths, name) -> None:
     y, b = _f32(7, 13) * 4, _f32(13)
