@@ -68,7 +68,7 @@ class Attention(Module):
         heads = self.num_heads
         qh = _split_heads(self.q_proj(q), heads)  # (B, heads, T, d)
         d = qh.shape[-1]
-        folded = (qh * (1.0 / math.sqrt(d))) @ _head_weights(self.k_proj.weight, heads)
+        folded = (qh * (1.0 / math.sqrt(d))) @ head_weights(self.k_proj.weight, heads)
         folded = folded.reshape(b, heads * t, c)
         pooled = []
         for i in range(b):
@@ -76,8 +76,9 @@ class Attention(Module):
             probs = cn.softmax(scores_t.T)  # (heads T, N)
             pooled.append(cn.ops.linear(probs, v[i if v.shape[0] > 1 else 0].T))  # P v
         pooled = mx.stack(pooled).reshape(b, heads, t, c)
-        out = pooled @ _head_weights(self.v_proj.weight, heads).swapaxes(1, 2)  # (B, h, T, d)
-        out = out + self.v_proj.bias.reshape(heads, 1, d)
+        out = pooled @ head_weights(self.v_proj.weight, heads).swapaxes(1, 2)  # (B, h, T, d)
+        if "bias" in self.v_proj:
+            out = out + self.v_proj.bias.reshape(heads, 1, d)
         return self.out_proj(out.transpose(0, 2, 1, 3).reshape(b, t, heads * d))
 
     def _few_keys(self, q: mx.array, k: mx.array, v: mx.array,
@@ -94,15 +95,19 @@ class Attention(Module):
         kh = _split_heads(self.k_proj(k), heads)  # (B, heads, T, d)
         d = kh.shape[-1]
         kh = kh * (1.0 / math.sqrt(d))
-        folded = (kh @ _head_weights(self.q_proj.weight, heads)).reshape(b, heads * t, c)
-        bias = (kh @ self.q_proj.bias.reshape(heads, d, 1)).reshape(b, heads * t)
+        folded = (kh @ head_weights(self.q_proj.weight, heads)).reshape(b, heads * t, c)
+        bias = (None if "bias" not in self.q_proj
+                else (kh @ self.q_proj.bias.reshape(heads, d, 1)).reshape(b, heads * t))
         vh = _split_heads(self.v_proj(v), heads)  # (B, heads, T, d)
         wo = self.out_proj.weight.T.reshape(heads, d, -1)  # (heads, d, C): head h's rows of Woᵀ
-        values = (vh @ wo).reshape(b, heads * t, -1) + self.out_proj.bias / heads
+        values = (vh @ wo).reshape(b, heads * t, -1)
+        if "bias" in self.out_proj:
+            values = values + self.out_proj.bias / heads
         values = mx.contiguous(values.swapaxes(1, 2))  # (B, C, heads T): Linear weights
         out = []
         for i in range(b):
-            scores = cn.ops.linear(q[i if q.shape[0] > 1 else 0], folded[i], bias[i])
+            scores = cn.ops.linear(q[i if q.shape[0] > 1 else 0], folded[i],
+                                   None if bias is None else bias[i])
             probs = cn.softmax(scores.reshape(n, heads, t)).reshape(n, heads * t)
             res = None if residual is None else residual[i if residual.shape[0] > 1 else 0]
             out.append(cn.ops.linear(probs, values[i], residual=res))
@@ -115,7 +120,7 @@ def _split_heads(x: mx.array, heads: int) -> mx.array:
     return x.reshape(b, length, heads, -1).transpose(0, 2, 1, 3)
 
 
-def _head_weights(weight: mx.array, heads: int) -> mx.array:
+def head_weights(weight: mx.array, heads: int) -> mx.array:
     """A projection's ``(heads * d, C)`` weight (out, in) → ``(heads, d, C)``."""
     return weight.reshape(heads, -1, weight.shape[-1])
 

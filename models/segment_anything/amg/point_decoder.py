@@ -30,6 +30,8 @@ import candle_nn as cn
 import mlx.core as mx
 import numpy as np
 
+from ..transformer import head_weights
+
 if TYPE_CHECKING:
     from ..sam import Sam
     from ..transformer import Attention
@@ -174,14 +176,14 @@ class PointGridDecoder:
         heads = attn.num_heads
         q = _heads(attn.q_proj(q_in), heads)  # (heads, b t, d)
         q = q * (1.0 / math.sqrt(q.shape[-1]))
-        folded = _per_prompt(q @ _head_weights(attn.k_proj.weight, heads), b)  # (b, heads t, c)
+        folded = _per_prompt(q @ head_weights(attn.k_proj.weight, heads), b)  # (b, heads t, c)
         n = image.shape[1]
         scores = (folded @ image.swapaxes(1, 2)).reshape(b, heads, t, n)
         pe_share = (q @ pe_keys.swapaxes(1, 2)).reshape(heads, b, t, n)
         probs = cn.softmax(scores + pe_share.transpose(1, 0, 2, 3))  # over the image tokens
         pooled = probs.reshape(b, heads * t, n) @ image  # (b, heads t, c)
         pooled = pooled.reshape(b, heads, t, -1).transpose(1, 0, 2, 3).reshape(heads, b * t, -1)
-        out = pooled @ _head_weights(attn.v_proj.weight, heads).swapaxes(1, 2)  # (heads, b t, d)
+        out = pooled @ head_weights(attn.v_proj.weight, heads).swapaxes(1, 2)  # (heads, b t, d)
         out = out + attn.v_proj.bias.reshape(heads, 1, -1)
         return attn.out_proj(out.transpose(1, 0, 2).reshape(b, t, -1))
 
@@ -194,7 +196,7 @@ class PointGridDecoder:
         heads = attn.num_heads
         k = _heads(attn.k_proj(k_in), heads)  # (heads, b t, d)
         k = k * (1.0 / math.sqrt(k.shape[-1]))
-        folded = _per_prompt(k @ _head_weights(attn.q_proj.weight, heads), b)  # (b, heads t, c)
+        folded = _per_prompt(k @ head_weights(attn.q_proj.weight, heads), b)  # (b, heads t, c)
         n = image.shape[1]
         scores = (image @ folded.swapaxes(1, 2)).reshape(b, n, heads, t)
         pe_share = (self.pe_queries @ k.swapaxes(1, 2)).reshape(heads, n, b, t)
@@ -227,7 +229,3 @@ def _per_prompt(x: mx.array, b: int) -> mx.array:
     heads, bt, c = x.shape
     return x.reshape(heads, b, bt // b, c).transpose(1, 0, 2, 3).reshape(b, -1, c)
 
-
-def _head_weights(weight: mx.array, heads: int) -> mx.array:
-    """A projection's ``(heads * d, c)`` weight (out, in) → ``(heads, d, c)``."""
-    return weight.reshape(heads, -1, weight.shape[-1])
