@@ -235,12 +235,28 @@ class ConvTranspose2d(_Conv):
         padding, output_padding = _pair(c.padding), _pair(c.output_padding)
         if stride == (kh, kw) and dilation == (1, 1):
             if padding == (0, 0) and output_padding == (0, 0):
-                return ops.conv_transpose2d_blocks(x, self.weight, self.get("bias"), activation)
-            y = ops.conv_transpose2d_blocks(x, self.weight)
+                return ops.blocks_to_image(self.blocks(x, activation=activation), (kh, kw))
+            y = ops.blocks_to_image(ops.conv_transpose2d_blocks(x, self.weight), (kh, kw))
         else:
             y = _transposed_conv_as_conv(x, self.weight, stride, dilation)
         y = _crop_transposed(y, padding, output_padding)
         return ops.bias_act(y, self.get("bias"), activation)
+
+    def blocks(self, x: mx.array, *, activation: str | None = None) -> mx.array:
+        """:meth:`forward` of a transposed conv whose stride is its kernel (no padding,
+        dilation 1), in block layout: ``(N, H, W, I)`` → ``(N, H, W, kH * kW * O)``, each input
+        pixel's ``kH x kW`` output pixels side by side (``candle_nn.ops.blocks_to_image`` puts
+        them in image order). Saves the depth-to-space copy where per-pixel work follows (a
+        norm, another such conv)."""
+        c = self.config
+        _, kh, kw, _ = self.weight.shape
+        if (_pair(c.stride), _pair(c.dilation), _pair(c.padding), _pair(c.output_padding)) \
+                != ((kh, kw), (1, 1), (0, 0), (0, 0)):
+            raise ValueError(f"ConvTranspose2d.blocks: a {kh}x{kw} transposed conv of stride "
+                             f"{c.stride}, padding {c.padding}, output padding "
+                             f"{c.output_padding} and dilation {c.dilation} writes no disjoint "
+                             "blocks (it needs stride = kernel, no padding, dilation 1)")
+        return ops.conv_transpose2d_blocks(x, self.weight, self.get("bias"), activation)
 
 
 # MLX's own conv_transpose2d is not used: MLX 0.32's CUDA backend computes strided cases with

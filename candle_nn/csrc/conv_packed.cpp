@@ -62,13 +62,23 @@ mx::array pack_gemm_weight(const mx::array& w) {
     wp = mx::transpose(mx::reshape(wp, {np / p, p, k}, s), {0, 2, 1}, s);
     return mx::reshape(wp, {np * k}, s);
   }
-  auto wc = mx::contiguous(w, false, mx::Device::cpu);
+  // A transposed view of a row-major (k, n) array (such as v.T for P @ v) is packed in place.
+  mx::array wc = w;
   mx::eval(wc);
   int64_t n = w.shape(0), k = w.shape(1);
+  bool transposed = !wc.flags().row_contiguous && wc.flags().col_contiguous &&
+                    wc.data_size() == wc.size();
+  if (!transposed && !wc.flags().row_contiguous) {
+    wc = mx::contiguous(w, false, mx::Device::cpu);
+    mx::eval(wc);
+  }
   int64_t size = gemm::packed_size(n, k);
   void* buf = std::aligned_alloc(64, ((size * sizeof(float)) + 63) / 64 * 64 + 64);
   if (buf == nullptr) throw std::bad_alloc();
-  gemm::pack_b(wc.data<float>(), k, n, k, static_cast<float*>(buf));
+  if (transposed)
+    gemm::pack_b(wc.data<float>(), 1, n, k, static_cast<float*>(buf), n);
+  else
+    gemm::pack_b(wc.data<float>(), k, n, k, static_cast<float*>(buf));
   return mx::array(buf, mx::Shape{static_cast<int>(size)}, mx::float32, [](void* p) { std::free(p); });
 }
 

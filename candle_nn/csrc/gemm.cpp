@@ -387,15 +387,20 @@ bool set_isa(const char* name) {
 
 int64_t packed_size(int64_t n, int64_t k) { return (n + kPanel - 1) / kPanel * kPanel * k; }
 
-void pack_b(const float* w, int64_t ldw, int64_t n, int64_t k, float* out) {
+void pack_b(const float* w, int64_t ldw, int64_t n, int64_t k, float* out, int64_t ldk) {
   int64_t panels = (n + kPanel - 1) / kPanel;
   parallel_for(panels, 1, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       float* dst = out + p * kPanel * k;
+      if (ldw == 1 && (p + 1) * kPanel <= n) {  // a full panel's columns are adjacent
+        for (int64_t kk = 0; kk < k; ++kk)
+          std::memcpy(dst + kk * kPanel, w + p * kPanel + kk * ldk, kPanel * sizeof(float));
+        continue;
+      }
       for (int64_t kk = 0; kk < k; ++kk)
         for (int64_t j = 0; j < kPanel; ++j) {
           int64_t col = p * kPanel + j;
-          dst[kk * kPanel + j] = col < n ? w[col * ldw + kk] : 0.0f;
+          dst[kk * kPanel + j] = col < n ? w[col * ldw + kk * ldk] : 0.0f;
         }
     }
   });

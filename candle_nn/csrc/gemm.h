@@ -28,8 +28,9 @@ bool set_isa(const char* name);
 int64_t packed_size(int64_t n, int64_t k);
 
 // Packs w (n, k), row stride ldw, into panels of 16 columns: panel p holds k rows of 16 floats,
-// out[p * 16 * k + kk * 16 + j] = w[p * 16 + j, kk]; columns past n are zero.
-void pack_b(const float* w, int64_t ldw, int64_t n, int64_t k, float* out);
+// out[p * 16 * k + kk * 16 + j] = w[p * 16 + j, kk]; columns past n are zero. ldk: the stride of
+// kk (1 for a row-major w; ldw = 1, ldk = n for w given transposed, as a row-major (k, n)).
+void pack_b(const float* w, int64_t ldw, int64_t n, int64_t k, float* out, int64_t ldk = 1);
 
 // The rows of A: a matrix, or the im2col of an NHWC image (zero padding). For im2col, row m is
 // output pixel m of (batch, oh, ow) and column kk = (i * kw + j) * c + channel.

@@ -215,7 +215,12 @@ mx::array bias_act(const mx::array& x, const std::optional<mx::array>& bias,
 void BiasAct::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const auto& x = inputs[0];
   auto& out = outputs[0];
-  alloc_like(x, out);
+  // Without a bias the in-place loop (x == out) of GELU, SiLU and sigmoid is not vectorised
+  // (~15x slower than into a fresh buffer), so only an epilogue with a bias reuses x's buffer.
+  if (has_bias_)
+    alloc_like(x, out);
+  else
+    out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) encoder.set_input_array(a);
   encoder.set_output_array(out);

@@ -17,7 +17,8 @@ from .activation import (
     ACTIVATIONS, bias_act, check_activation, gelu, gelu_tanh, relu, sigmoid, silu, softmax,
 )
 from .attention import multi_head_attention, packed_qkv_attention, scaled_dot_product_attention
-from .conv import conv2d, conv_transpose2d_blocks, depthwise_conv2d, is_depthwise
+from .conv import (blocks_to_image, conv2d, conv_transpose2d_blocks, depthwise_conv2d,
+                   is_depthwise)
 from .dfl import dfl_decode
 from .linear import linear
 from .norm import batch_norm_train, layer_norm
@@ -28,7 +29,8 @@ from .registry import (
 )
 
 __all__ = [
-    "ACTIVATIONS", "Impl", "Op", "batch_norm_train", "bias_act", "check_activation", "conv2d",
+    "ACTIVATIONS", "Impl", "Op", "batch_norm_train", "bias_act", "blocks_to_image",
+    "check_activation", "conv2d",
     "conv_transpose2d_blocks", "depthwise_conv2d",
     "dfl_decode", "disable", "disabled", "enable", "gelu", "gelu_tanh", "implementations",
     "is_depthwise", "is_enabled", "layer_norm", "linear", "max_pool2d", "multi_head_attention",

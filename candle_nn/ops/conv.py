@@ -55,14 +55,22 @@ def is_depthwise(x: mx.array, weight: mx.array, groups: int) -> bool:
 def conv_transpose2d_blocks(x: mx.array, weight: mx.array, bias: mx.array | None = None,
                             activation: str | None = None) -> mx.array:
     """``activation(conv_transpose2d(x, weight) + bias)`` where stride == kernel size (no
-    overlapping taps, no padding): each input pixel writes its own ``kH x kW`` block of the
-    output, i.e. one matmul and a depth-to-space permutation.
+    overlapping taps, no padding), in block layout: each input pixel's own ``kH x kW`` block of
+    output pixels, one matmul.
 
     ``x`` ``(N, H, W, I)``, ``weight`` ``(O, kH, kW, I)``, ``bias`` ``(O,)`` →
-    ``(N, H * kH, W * kW, O)``.
+    ``(N, H, W, kH * kW * O)``, channel ``(i * kW + j) * O + o`` = channel ``o`` of output pixel
+    ``(kH y + i, kW x + j)``; :func:`blocks_to_image` puts the pixels in image order.
     """
     out, kh, kw, cin = weight.shape
     n, h, w, _ = x.shape
-    y = x @ weight.transpose(3, 1, 2, 0).reshape(cin, kh * kw * out)
-    y = y.reshape(n, h, w, kh, kw, out).transpose(0, 1, 3, 2, 4, 5)
-    return bias_act(y.reshape(n, h * kh, w * kw, out), bias, activation)
+    y = (x @ weight.transpose(3, 1, 2, 0).reshape(cin, kh * kw * out)).reshape(n, h, w, -1, out)
+    return bias_act(y, bias, activation).reshape(n, h, w, kh * kw * out)
+
+
+def blocks_to_image(y: mx.array, kernel: tuple[int, int]) -> mx.array:
+    """:func:`conv_transpose2d_blocks`' block layout ``(N, H, W, kH * kW * O)`` → the image
+    ``(N, H * kH, W * kW, O)`` (a depth-to-space view; the copy happens where it is used)."""
+    (kh, kw), (n, h, w, c) = kernel, y.shape
+    y = y.reshape(n, h, w, kh, kw, c // (kh * kw)).transpose(0, 1, 3, 2, 4, 5)
+    return y.reshape(n, h * kh, w * kw, -1)

@@ -124,10 +124,35 @@ class MaskDecoder(Module):
         iou_token_out = hs[:, 0]
         mask_tokens_out = hs[:, 1:1 + self.num_mask_tokens]
 
-        src = src.reshape(-1, h, w, c)
-        up = cn.gelu(self.output_upscaling_ln(self.output_upscaling_conv1(src)))
-        up = self.output_upscaling_conv2(up, activation="gelu")  # (B, 4h, 4w, c/8)
+        up = self.upscale(src.reshape(-1, h, w, c))  # (B, h w 16, c/8), block layout
         hyper_in = mx.stack([mlp(mask_tokens_out[:, i])
                              for i, mlp in enumerate(self.output_hypernetworks_mlps)], axis=1)
-        masks = up @ hyper_in[:, None].swapaxes(-1, -2)  # (B, 4h, 4w, c/8) @ (B, 1, c/8, M)
-        return masks, self.iou_prediction_head(iou_token_out)
+        # Per prompt a Linear of M outputs over its 16 h w upscaled pixels (cn.ops.linear).
+        masks = mx.stack([cn.ops.linear(up[i if up.shape[0] > 1 else 0], hyper_in[i])
+                          for i in range(hyper_in.shape[0])])  # (B, h w 16, M)
+        return self.blocks_to_image(masks, (h, w)), self.iou_prediction_head(iou_token_out)
+
+    def upscale(self, src: mx.array) -> mx.array:
+        """The output upscaling of the image tokens ``src (B, h, w, c)``: transposed conv 2x2/2,
+        LayerNorm2d, GELU, transposed conv 2x2/2, GELU → ``(B, h w 16, c/8)``.
+
+        The rows stay in the convolutions' block layout — per embedding pixel its 2x2, then per
+        one of those its 2x2 output pixels — so the wide intermediates are never transposed;
+        :meth:`blocks_to_image` puts a product of them (the masks) in image order."""
+        b, h, w, _ = src.shape
+        conv1, conv2 = self.output_upscaling_conv1, self.output_upscaling_conv2
+        x = conv1.blocks(src)  # (B, h, w, 2 2 c/4)
+        x = cn.gelu(self.output_upscaling_ln(x.reshape(b, h, -1, conv1.weight.shape[0])))
+        x = conv2.blocks(x, activation="gelu")  # (B, h, w 2 2, 2 2 c/8)
+        return x.reshape(b, -1, conv2.weight.shape[0])
+
+    def blocks_to_image(self, x: mx.array, grid: tuple[int, int]) -> mx.array:
+        """Rows in :meth:`upscale`'s block layout ``(B, h w 16, ...)`` (embedding grid ``(h,
+        w)``) → image order ``(B, 4h, 4w, ...)``."""
+        (h, w), rest = grid, x.shape[2:]
+        (ah, aw), (ch, cw) = (self.output_upscaling_conv1.weight.shape[1:3],
+                              self.output_upscaling_conv2.weight.shape[1:3])
+        # (B, y, x, a, b, c, d) → rows (y ah + a) ch + c, columns (x aw + b) cw + d
+        x = x.reshape(-1, h, w, ah, aw, ch, cw, *rest)
+        x = x.transpose(0, 1, 3, 5, 2, 4, 6, *range(7, 7 + len(rest)))
+        return x.reshape(-1, h * ah * ch, w * aw * cw, *rest)

@@ -8,6 +8,7 @@ image grid are NHWC ``(B, 64, 64, 256)``.
 from __future__ import annotations
 
 import math
+import weakref
 
 import candle_nn as cn
 from candle_nn import Conv2d, Conv2dConfig, Embedding, LayerNorm2d, Module, VarBuilder
@@ -27,6 +28,9 @@ class PositionEmbeddingRandom(Module):
     def __init__(self, positional_encoding_gaussian_matrix: mx.array, *, device: cn.Device) -> None:
         super().__init__(device)
         self.positional_encoding_gaussian_matrix = positional_encoding_gaussian_matrix
+        # (height, width) -> (weak reference to the matrix it was computed from, encoding): the
+        # grid's encoding is a function of the matrix alone; outside the parameter tree.
+        object.__setattr__(self, "_grids", {})
 
     @classmethod
     def load(cls, vb: VarBuilder, num_pos_feats: int) -> "PositionEmbeddingRandom":
@@ -42,7 +46,20 @@ class PositionEmbeddingRandom(Module):
         return mx.concatenate([mx.sin(coords), mx.cos(coords)], axis=-1)
 
     def forward(self, height: int, width: int) -> mx.array:
-        """Encoding of the centres of a ``height x width`` grid: ``(height, width, 2F)``.
+        """Encoding of the centres of a ``height x width`` grid: ``(height, width, 2F)``,
+        computed once per grid size and matrix array (a new matrix — loaded, trained, or a
+        tracer under ``mx.grad`` — is a new array, so the gradient still flows to it; a matrix
+        changed in place by ``matrix[...] = v`` is not noticed)."""
+        g = self.positional_encoding_gaussian_matrix
+        hit = self._grids.get((height, width))
+        if hit is not None and hit[0]() is g:
+            return hit[1]
+        grid = self._grid(height, width)
+        self._grids[(height, width)] = (weakref.ref(g), grid)
+        return grid
+
+    def _grid(self, height: int, width: int) -> mx.array:
+        """:meth:`forward`, computed.
 
         The grid is separable: the angle at pixel ``(y, x)`` is ``a_x + b_y`` with
         ``a_x = 2π (2x' - 1) G[0]`` and ``b_y = 2π (2y' - 1) G[1]``, so sin and cos are taken of

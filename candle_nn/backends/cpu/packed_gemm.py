@@ -81,15 +81,11 @@ def _blocks_applies(x, weight, bias=None, activation=None) -> bool:
 
 @register("conv_transpose2d_blocks", "packed_gemm", "cpu", applies=_blocks_applies,
           available=available,
-          works_around="the matmul, MLX's one-thread permutation copy and the bias/activation "
-                       "pass are three passes over the output")
+          works_around="MLX's matmul and the bias/activation pass are two passes over the "
+                       "output")
 def conv_transpose2d_blocks(x, weight, bias=None, activation=None):
-    """The matmul with the bias and activation fused into its tiles (the activation is
-    element-wise, so it commutes with the depth-to-space permutation that follows)."""
-    out, kh, kw, cin = weight.shape
-    n, h, w, _ = x.shape
+    """The matmul with the bias and activation fused into its tiles."""
+    _, kh, kw, _ = weight.shape
     rows = weight_cache.derived("conv_transpose_blocks", weight, _blocks_weight)
     tiled = None if bias is None else mx.tile(bias, kh * kw)
-    y = linear(x, rows, tiled, activation)
-    y = y.reshape(n, h, w, kh, kw, out).transpose(0, 1, 3, 2, 4, 5)
-    return y.reshape(n, h * kh, w * kw, out)
+    return linear(x, rows, tiled, activation)

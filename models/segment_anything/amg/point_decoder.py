@@ -30,9 +30,9 @@ import candle_nn as cn
 import mlx.core as mx
 import numpy as np
 
-if TYPE_CHECKING:
-    from candle_nn import ConvTranspose2d
+from ..transformer import head_weights
 
+if TYPE_CHECKING:
     from ..sam import Sam
     from ..transformer import Attention
 
@@ -72,7 +72,6 @@ class PointGridDecoder:
                                      i2t.num_heads)
             mx.eval(self.keys0, self.first_keys, self.first_values, self.first_queries,
                     self.pe_keys, self.pe_queries)
-        self._upscaling: tuple[tuple[mx.array, mx.array], ...] | None = None
 
     def decode(self, coords: mx.array) -> tuple[mx.array, tuple[mx.array, mx.array]]:
         """``coords (b, 2)`` point ``(x, y)`` in the 1024 input frame → predicted IoUs
@@ -131,25 +130,15 @@ class PointGridDecoder:
                 self._upscale(keys[mx.array(part)], hyper[mx.array(part)])
                 for part in np.array_split(unique, -(-len(unique) // self.chunk))], axis=0)
             rows = mx.array(inverse.reshape(-1) * per_prompt.shape[1] + which)
-            x = per_prompt.reshape(-1, *per_prompt.shape[2:])[rows]  # (k, n, 4, 4)
-            # (k, i, j, a, b, c, d) → rows 4i + 2a + c, columns 4j + 2b + d
-            x = x.reshape(-1, h, w, 2, 2, 2, 2).transpose(0, 1, 3, 5, 2, 4, 6)
-            return x.reshape(-1, 4 * h, 4 * w)
+            x = per_prompt.reshape(-1, per_prompt.shape[-1])[rows]  # (k, n 16), block layout
+            return self.sam.mask_decoder.blocks_to_image(x, (h, w))
 
     def _upscale(self, keys: mx.array, hyper: mx.array) -> mx.array:
-        """``keys (u, n, c)``, ``hyper (u, 3, c/8)`` → the three masks of each prompt in block
-        layout ``(u, 3, n, 16)``."""
-        md = self.sam.mask_decoder
-        if self._upscaling is None:
-            self._upscaling = tuple(_blocks_as_linear(conv) for conv in
-                                    (md.output_upscaling_conv1, md.output_upscaling_conv2))
-        (w1, b1), (w2, b2) = self._upscaling
-        u, n, _ = keys.shape
-        x = cn.ops.linear(keys, w1, b1)  # (u, n, 2*2*c1)
-        x = cn.gelu(md.output_upscaling_ln(x.reshape(u, n * 4, -1)))  # (u, n 2*2, c1)
-        x = cn.ops.linear(x, w2, b2, "gelu")  # (u, n 2*2, 2*2*c2)
-        x = hyper @ x.reshape(u, n * 16, -1).swapaxes(1, 2)  # (u, 3, n 16)
-        return x.reshape(u, hyper.shape[1], n, 16)
+        """``keys (u, n, c)``, ``hyper (u, 3, c/8)`` → the three masks of each prompt in the
+        upscaling's block layout ``(u, 3, n 16)``."""
+        h, w = self.grid
+        x = self.sam.mask_decoder.upscale(keys.reshape(keys.shape[0], h, w, -1))
+        return hyper @ x.swapaxes(1, 2)
 
     # -- attention between the prompt tokens and the image tokens ----------------------------
     # Every softmax runs over the last axis (candle_nn's CPU kernel); residuals ride on addmm.
@@ -187,14 +176,14 @@ class PointGridDecoder:
         heads = attn.num_heads
         q = _heads(attn.q_proj(q_in), heads)  # (heads, b t, d)
         q = q * (1.0 / math.sqrt(q.shape[-1]))
-        folded = _per_prompt(q @ _head_weights(attn.k_proj.weight, heads), b)  # (b, heads t, c)
+        folded = _per_prompt(q @ head_weights(attn.k_proj.weight, heads), b)  # (b, heads t, c)
         n = image.shape[1]
         scores = (folded @ image.swapaxes(1, 2)).reshape(b, heads, t, n)
         pe_share = (q @ pe_keys.swapaxes(1, 2)).reshape(heads, b, t, n)
         probs = cn.softmax(scores + pe_share.transpose(1, 0, 2, 3))  # over the image tokens
         pooled = probs.reshape(b, heads * t, n) @ image  # (b, heads t, c)
         pooled = pooled.reshape(b, heads, t, -1).transpose(1, 0, 2, 3).reshape(heads, b * t, -1)
-        out = pooled @ _head_weights(attn.v_proj.weight, heads).swapaxes(1, 2)  # (heads, b t, d)
+        out = pooled @ head_weights(attn.v_proj.weight, heads).swapaxes(1, 2)  # (heads, b t, d)
         out = out + attn.v_proj.bias.reshape(heads, 1, -1)
         return attn.out_proj(out.transpose(1, 0, 2).reshape(b, t, -1))
 
@@ -207,7 +196,7 @@ class PointGridDecoder:
         heads = attn.num_heads
         k = _heads(attn.k_proj(k_in), heads)  # (heads, b t, d)
         k = k * (1.0 / math.sqrt(k.shape[-1]))
-        folded = _per_prompt(k @ _head_weights(attn.q_proj.weight, heads), b)  # (b, heads t, c)
+        folded = _per_prompt(k @ head_weights(attn.q_proj.weight, heads), b)  # (b, heads t, c)
         n = image.shape[1]
         scores = (image @ folded.swapaxes(1, 2)).reshape(b, n, heads, t)
         pe_share = (self.pe_queries @ k.swapaxes(1, 2)).reshape(heads, n, b, t)
@@ -240,18 +229,3 @@ def _per_prompt(x: mx.array, b: int) -> mx.array:
     heads, bt, c = x.shape
     return x.reshape(heads, b, bt // b, c).transpose(1, 0, 2, 3).reshape(b, -1, c)
 
-
-def _head_weights(weight: mx.array, heads: int) -> mx.array:
-    """A projection's ``(heads * d, c)`` weight (out, in) → ``(heads, d, c)``."""
-    return weight.reshape(heads, -1, weight.shape[-1])
-
-
-def _blocks_as_linear(conv: "ConvTranspose2d") -> tuple[mx.array, mx.array]:
-    """A transposed conv whose stride is its kernel, as the weight ``(kh kw out, in)`` and bias
-    of a Linear from each input pixel to its ``kh x kw`` block of output pixels."""
-    out, kh, kw, cin = conv.weight.shape
-    if conv.config.stride not in ((kh, kw), kh) or conv.config.padding not in (0, (0, 0)):
-        raise ValueError(f"a {kh}x{kw} transposed conv of stride {conv.config.stride} and "
-                         f"padding {conv.config.padding} is not one block per input pixel")
-    weight = conv.weight.transpose(1, 2, 0, 3).reshape(kh * kw * out, cin)
-    return weight, mx.tile(conv.get("bias"), kh * kw)

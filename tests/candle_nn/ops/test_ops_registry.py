@@ -150,14 +150,19 @@ def test_depthwise_conv2d(op_paths, stride, act) -> None:
 
 @pytest.mark.parametrize("kernel,act", [((2, 2), "gelu"), ((2, 3), None), ((1, 1), "relu")])
 def test_conv_transpose2d_blocks(op_paths, kernel, act) -> None:
-    """Stride = kernel: every input pixel's own ``kH x kW`` output block."""
+    """Stride = kernel: every input pixel's own ``kH x kW`` output block, in block layout, and
+    in image order through ``blocks_to_image``."""
     (kh, kw), (n, h, w, c, o) = kernel, (2, 5, 7, 19, 20)
     x, wt, b = _f32(n, h, w, c), _f32(o, kh, kw, c), _f32(o)
-    blocks = np.einsum("nhwc,oijc->nhiwjo", x.astype(np.float64), wt.astype(np.float64))
-    ref = activation64(blocks.reshape(n, h * kh, w * kw, o) + b, act)
+    blocks = activation64(np.einsum("nhwc,oijc->nhwijo", x.astype(np.float64),
+                                    wt.astype(np.float64)) + b, act)
     with mx.stream(mx.cpu):
         ours = cn.ops.conv_transpose2d_blocks(mx.array(x), mx.array(wt), mx.array(b), act)
-    assert _rel(ours, ref) <= 1e-5, op_paths
+        image = cn.ops.blocks_to_image(ours, (kh, kw))
+    assert ours.shape == (n, h, w, kh * kw * o)
+    assert _rel(ours, blocks.reshape(n, h, w, -1)) <= 1e-5, op_paths
+    ref = blocks.transpose(0, 1, 3, 2, 4, 5).reshape(n, h * kh, w * kw, o)
+    assert _rel(image, ref) <= 1e-5, op_paths
 
 
 @pytest.mark.parametrize("rows", [1, 5, 40])
@@ -168,6 +173,19 @@ def test_linear(op_paths, rows) -> None:
     with mx.stream(mx.cpu):
         ours = cn.ops.linear(mx.array(x), mx.array(w), mx.array(b), "silu", mx.array(res))
     assert _rel(ours, ref) <= 1e-5, op_paths
+
+
+@pytest.mark.parametrize("rows", [3, 40])
+def test_linear_weight_given_transposed(op_paths, rows) -> None:
+    """A weight that is the transposed view of a row-major ``(in, out)`` array (``P @ v`` as
+    ``linear(P, v.T)``) is packed as it is, and so is a slice of rows."""
+    x, v, b = _f32(rows, 70), _f32(70, 37), _f32(37)
+    ref = x.astype(np.float64) @ v.astype(np.float64) + b
+    with mx.stream(mx.cpu):
+        ours = cn.ops.linear(mx.array(x), mx.array(v).T, mx.array(b))
+        sliced = cn.ops.linear(mx.array(x), mx.array(np.stack([v.T, v.T]))[1], mx.array(b))
+    assert _rel(ours, ref) <= 1e-5, op_paths
+    assert _rel(sliced, ref) <= 1e-5, op_paths
 
 
 @pytest.mark.parametrize("name", ["silu", "gelu", "relu"])
