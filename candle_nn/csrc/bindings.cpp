@@ -102,6 +102,24 @@ NB_MODULE(_cpu_kernels, m) {
       },
       "x"_a, "w"_a, "bias"_a = nb::none(),
       "x (..., K) @ w (N, K)^T + bias for a few rows (float32): dot products on the pool.");
+  m.def(
+      "point_pool",
+      [](const mx::array& folded, const mx::array& image, const mx::array& pe,
+         const mx::array& q) { return candle_nn::point_pool(folded, image, pe, q); },
+      "folded"_a, "image"_a, "pe"_a, "q"_a,
+      "softmax over n of (folded @ image^T + positional) @ image per prompt: folded (b, r, c), "
+      "image (b, n, c), pe (heads, n, d), q (heads, b * t, d), r = heads * t -> (b, r, c).");
+  m.def(
+      "point_spread",
+      [](const mx::array& x, std::optional<mx::array> folded, const mx::array& pe,
+         const mx::array& q, const mx::array& values, const mx::array& weight,
+         const mx::array& ln_bias, float eps) {
+        return candle_nn::point_spread(x, folded, pe, q, values, weight, ln_bias, eps);
+      },
+      "x"_a, "folded"_a = nb::none(), "pe"_a, "q"_a, "values"_a, "weight"_a, "ln_bias"_a,
+      "eps"_a,
+      "LayerNorm(x + softmax per head over t of (x @ folded^T + positional) @ values): x (1 or "
+      "b, n, c), folded/values (b, r, c), pe (heads, n, d), q (heads, b * t, d) -> (b, n, c).");
   // -- the packed-weight GEMM (gemm.h, conv_packed.cpp) --
   m.def("packed_gemm_available", [] { return candle_nn::packed_gemm_available(); },
         "Whether conv2d_packed runs on this CPU (AVX-512F, or AVX2 + FMA).");

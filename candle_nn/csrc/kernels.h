@@ -198,6 +198,43 @@ class AttentionHeads : public mx::Primitive {
   float scale_;
 };
 
+// -- attention between prompt tokens and per-prompt image tokens (point_attention.cpp) ---------
+// SAM's automatic masks: b prompts, each with its own n image tokens of c channels, and
+// r = heads * t folded token rows; the scores of row h t + u also get the positional share
+// pe[h] (n, d) · q[h, p t + u] (pe (heads, n, d), q (heads, b t, d)).
+// point_pool: out (b, r, c) = softmax over n of (folded · imageᵀ + pe · qᵀ) · image.
+mx::array point_pool(const mx::array& folded, const mx::array& image, const mx::array& pe,
+                     const mx::array& q, mx::StreamOrDevice s = {});
+// point_spread: out (b, n, c) = LayerNorm(x + softmax over each head's t of (x · foldedᵀ +
+// pe · qᵀ) · values) with weight, ln_bias (c,); x (1 or b, n, c); no folded: positional only.
+mx::array point_spread(const mx::array& x, const std::optional<mx::array>& folded,
+                       const mx::array& pe, const mx::array& q, const mx::array& values,
+                       const mx::array& weight, const mx::array& ln_bias, float eps,
+                       mx::StreamOrDevice s = {});
+
+class PointPool : public mx::Primitive {
+ public:
+  explicit PointPool(mx::Stream stream) : mx::Primitive(stream) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNPointPool"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const PointPool*>(&other) != nullptr;
+  }
+};
+
+class PointSpread : public mx::Primitive {
+ public:
+  PointSpread(mx::Stream stream, float eps) : mx::Primitive(stream), eps_(eps) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNPointSpread"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  float eps_;
+};
+
 // -- few-row Linear (linear_rows.cpp) ------------------------------------------------------------
 // x (..., K) @ w (N, K)^T + bias (N,) for a handful of rows (SAM's decoder tokens): dot products
 // along K, output columns over the thread pool (no BLAS threads to synchronise).

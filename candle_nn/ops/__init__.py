@@ -21,6 +21,7 @@ from .conv import conv2d, conv_transpose2d_blocks, depthwise_conv2d, is_depthwis
 from .dfl import dfl_decode
 from .linear import linear
 from .norm import batch_norm_train, layer_norm
+from .point_attention import point_pool, point_spread
 from .pooling import max_pool2d
 from .registry import (
     Impl, Op, disable, disabled, enable, implementations, is_enabled, only, ops, refresh,
@@ -32,7 +33,8 @@ __all__ = [
     "conv_transpose2d_blocks", "depthwise_conv2d",
     "dfl_decode", "disable", "disabled", "enable", "gelu", "gelu_tanh", "implementations",
     "is_depthwise", "is_enabled", "layer_norm", "linear", "max_pool2d", "multi_head_attention",
-    "only", "ops", "packed_qkv_attention", "refresh", "relu", "scaled_dot_product_attention",
+    "only", "ops", "packed_qkv_attention", "point_pool", "point_spread", "refresh", "relu",
+    "scaled_dot_product_attention",
     "sigmoid",
     "silu", "softmax", "status",
 ]

@@ -31,7 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 if TYPE_CHECKING:
-    from candle_nn import ConvTranspose2d
+    from candle_nn import ConvTranspose2d, LayerNorm
 
     from ..sam import Sam
     from ..transformer import Attention
@@ -94,16 +94,16 @@ class PointGridDecoder:
             queries = first.norm2(queries + self._tokens_to_first_image(
                 first.cross_attn_token_to_image, queries + tokens))
             queries = first.norm3(queries + first.mlp(queries))
-            keys = first.norm4(self._first_image_to_tokens(
-                first.cross_attn_image_to_token, queries + tokens, queries))
+            keys = self._first_image_to_tokens(first.cross_attn_image_to_token, first.norm4,
+                                               queries + tokens, queries)
 
             q = queries + tokens
             queries = second.norm1(queries + second.self_attn(q, q, queries))
             queries = second.norm2(queries + self._tokens_to_image(
                 second.cross_attn_token_to_image, queries + tokens, keys, self.pe_keys[0]))
             queries = second.norm3(queries + second.mlp(queries))
-            keys = second.norm4(self._image_to_tokens(
-                second.cross_attn_image_to_token, keys, queries + tokens, queries))
+            keys = self._image_to_tokens(second.cross_attn_image_to_token, second.norm4, keys,
+                                         queries + tokens, queries)
 
             queries = tr.norm_final_attn(queries + self._tokens_to_image(
                 tr.final_attn_token_to_image, queries + tokens, keys, self.pe_keys[1]))
@@ -157,25 +157,18 @@ class PointGridDecoder:
         """Tokens → image attention of the first block, whose image side is the same for every
         prompt: keys and values come from the constructor."""
         b, t, _ = q_in.shape
-        q = _heads(attn.q_proj(q_in), attn.num_heads)  # (heads, b t, d)
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        probs = cn.softmax((q * scale) @ self.first_keys.swapaxes(1, 2))  # (heads, b t, n)
+        q = _scaled_heads(attn.q_proj(q_in), attn.num_heads)  # (heads, b t, d)
+        probs = cn.softmax(q @ self.first_keys.swapaxes(1, 2))  # (heads, b t, n)
         out = probs @ self.first_values  # (heads, b t, d)
         return attn.out_proj(out.transpose(1, 0, 2).reshape(b, t, -1))
 
-    def _first_image_to_tokens(self, attn: "Attention", k_in: mx.array,
+    def _first_image_to_tokens(self, attn: "Attention", norm: "LayerNorm", k_in: mx.array,
                                v_in: mx.array) -> mx.array:
-        """The first block's image tokens plus its image → tokens attention (image-side queries
-        from the constructor): ``(b, n, c)``, before ``norm4``."""
-        b, t, _ = k_in.shape
-        heads = attn.num_heads
-        k = _heads(attn.k_proj(k_in), heads)  # (heads, b t, d)
-        scale = 1.0 / math.sqrt(k.shape[-1])
-        scores = self.first_queries @ (k * scale).swapaxes(1, 2)  # (heads, n, b t)
-        n = scores.shape[1]
-        probs = cn.softmax(scores.reshape(heads, n, b, t))  # over the tokens
-        probs = probs.transpose(2, 1, 0, 3).reshape(b, n, heads * t)
-        return mx.addmm(self.keys0, probs, self._values_through_output(attn, v_in))
+        """The first block's image tokens after its image → tokens attention and ``norm``
+        (image-side queries from the constructor): ``(b, n, c)``."""
+        k = _scaled_heads(attn.k_proj(k_in), attn.num_heads)  # (heads, b t, d)
+        return cn.ops.point_spread(self.keys0, None, self.first_queries, k,
+                                   self._values_through_output(attn, v_in), *_ln(norm))
 
     def _tokens_to_image(self, attn: "Attention", q_in: mx.array, image: mx.array,
                          pe_keys: mx.array) -> mx.array:
@@ -185,35 +178,21 @@ class PointGridDecoder:
         it), output ``(A image) Wvᵀ + bv``."""
         b, t, _ = q_in.shape
         heads = attn.num_heads
-        q = _heads(attn.q_proj(q_in), heads)  # (heads, b t, d)
-        q = q * (1.0 / math.sqrt(q.shape[-1]))
-        folded = _per_prompt(q @ _head_weights(attn.k_proj.weight, heads), b)  # (b, heads t, c)
-        n = image.shape[1]
-        scores = (folded @ image.swapaxes(1, 2)).reshape(b, heads, t, n)
-        pe_share = (q @ pe_keys.swapaxes(1, 2)).reshape(heads, b, t, n)
-        probs = cn.softmax(scores + pe_share.transpose(1, 0, 2, 3))  # over the image tokens
-        pooled = probs.reshape(b, heads * t, n) @ image  # (b, heads t, c)
+        q, folded = _fold(attn.q_proj(q_in), attn.k_proj.weight, heads, b)
+        pooled = cn.ops.point_pool(folded, image, pe_keys, q)  # (b, heads t, c)
         pooled = pooled.reshape(b, heads, t, -1).transpose(1, 0, 2, 3).reshape(heads, b * t, -1)
         out = pooled @ _head_weights(attn.v_proj.weight, heads).swapaxes(1, 2)  # (heads, b t, d)
         out = out + attn.v_proj.bias.reshape(heads, 1, -1)
         return attn.out_proj(out.transpose(1, 0, 2).reshape(b, t, -1))
 
-    def _image_to_tokens(self, attn: "Attention", image: mx.array, k_in: mx.array,
-                         v_in: mx.array) -> mx.array:
-        """``image (b, n, c)`` plus its image → tokens attention (queries ``image + PE``), before
-        the norm: scores ``image (Wq kᵀ)`` plus the PE's and the bias's share ``(PE Wqᵀ + bq)
+    def _image_to_tokens(self, attn: "Attention", norm: "LayerNorm", image: mx.array,
+                         k_in: mx.array, v_in: mx.array) -> mx.array:
+        """``image (b, n, c)`` after its image → tokens attention (queries ``image + PE``) and
+        ``norm``: scores ``image (Wq kᵀ)`` plus the PE's and the bias's share ``(PE Wqᵀ + bq)
         kᵀ`` (``pe_queries``, per image), output ``P (V Woᵀ) + bo``."""
-        b, t, _ = k_in.shape
-        heads = attn.num_heads
-        k = _heads(attn.k_proj(k_in), heads)  # (heads, b t, d)
-        k = k * (1.0 / math.sqrt(k.shape[-1]))
-        folded = _per_prompt(k @ _head_weights(attn.q_proj.weight, heads), b)  # (b, heads t, c)
-        n = image.shape[1]
-        scores = (image @ folded.swapaxes(1, 2)).reshape(b, n, heads, t)
-        pe_share = (self.pe_queries @ k.swapaxes(1, 2)).reshape(heads, n, b, t)
-        probs = cn.softmax(scores + pe_share.transpose(2, 1, 0, 3))  # over the tokens
-        return mx.addmm(image, probs.reshape(b, n, heads * t),
-                        self._values_through_output(attn, v_in))
+        k, folded = _fold(attn.k_proj(k_in), attn.q_proj.weight, attn.num_heads, k_in.shape[0])
+        return cn.ops.point_spread(image, folded, self.pe_queries, k,
+                                   self._values_through_output(attn, v_in), *_ln(norm))
 
     @staticmethod
     def _values_through_output(attn: "Attention", v_in: mx.array) -> mx.array:
@@ -233,6 +212,26 @@ def _heads(x: mx.array, heads: int) -> mx.array:
     """``(..., rows, heads * d)`` projections → ``(heads, rows, d)`` (leading axes merged)."""
     rows = math.prod(x.shape[:-1])
     return x.reshape(rows, heads, -1).transpose(1, 0, 2)
+
+
+def _scaled_heads(x: mx.array, heads: int) -> mx.array:
+    """:func:`_heads`, times the attention scale ``1 / sqrt(d)``."""
+    x = _heads(x, heads)
+    return x * (1.0 / math.sqrt(x.shape[-1]))
+
+
+def _fold(x: mx.array, weight: mx.array, heads: int, b: int) -> tuple[mx.array, mx.array]:
+    """The token side of an attention folded into the image side's projection weight
+    ``(heads d, c)``: the tokens' projections ``x (b, t, heads d)`` as scaled heads
+    ``(heads, b t, d)``, and per prompt, head by head, their products with that head's rows of
+    the weight ``(b, heads t, c)``."""
+    x = _scaled_heads(x, heads)
+    return x, _per_prompt(x @ _head_weights(weight, heads), b)
+
+
+def _ln(norm: "LayerNorm") -> tuple[mx.array, mx.array, float]:
+    """A LayerNorm's ``weight``, ``bias`` and ``eps``, as the point ops take them."""
+    return norm.weight, norm.bias, norm.config.eps
 
 
 def _per_prompt(x: mx.array, b: int) -> mx.array:

@@ -237,3 +237,43 @@ def test_max_pool_and_dfl(op_paths) -> None:
         dfl = cn.ops.dfl_decode(mx.array(logits), mx.array(w.reshape(1, 1, 1, 16)))
     assert _rel(pooled, ref) == 0.0, op_paths
     assert _rel(dfl, (e / e.sum(-1, keepdims=True)) @ w) <= 1e-6
+
+
+def _point_scores64(x, folded, pe, q):
+    """Scores ``(b, n, heads, t)`` of the point ops in float64: ``x @ foldedᵀ`` plus the
+    positional share ``pe[h] @ q[h, p t + u]``."""
+    heads, n, _ = pe.shape
+    b = x.shape[0] if folded is None else folded.shape[0]
+    share = np.einsum("hnd,hbud->bnhu", pe, q.reshape(heads, b, -1, q.shape[-1]))
+    if folded is not None:
+        share = share + np.einsum("bnc,brc->bnr", x, folded).reshape(share.shape)
+    return share
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_point_attention(op_paths, shared) -> None:
+    # n spans several row and K blocks of the kernels, c a 16- and an 8-wide column panel,
+    # r = 6 rows padded to 8 in their score matrices
+    b, n, c, heads, t, d = 3, 300, 24, 2, 3, 4
+    image, folded = _f32(b, n, c), _f32(b, heads * t, c) * 0.3
+    pe, q = _f32(heads, n, d), _f32(heads, b * t, d)
+    values, w, lb = _f32(b, heads * t, c), _f32(c), _f32(c)
+    x64, f64 = image.astype(np.float64), folded.astype(np.float64)
+    pe64, q64 = pe.astype(np.float64), q.astype(np.float64)
+    s = _point_scores64(x64, f64, pe64, q64).reshape(b, n, heads * t)
+    e = np.exp(s - s.max(1, keepdims=True))
+    pool_ref = np.einsum("bnr,bnc->brc", e / e.sum(1, keepdims=True), x64)
+    x = image[:1] if shared else image
+    xs = x.astype(np.float64)
+    s = _point_scores64(np.broadcast_to(xs, x64.shape), None if shared else f64, pe64, q64)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    y = xs + np.einsum("bnr,brc->bnc", (e / e.sum(-1, keepdims=True)).reshape(b, n, -1), values)
+    mean, var = y.mean(-1, keepdims=True), y.var(-1, keepdims=True)
+    spread_ref = (y - mean) / np.sqrt(var + 1e-5) * w + lb
+    with mx.stream(mx.cpu):
+        pooled = cn.ops.point_pool(mx.array(folded), mx.array(image), mx.array(pe), mx.array(q))
+        spread = cn.ops.point_spread(mx.array(x), None if shared else mx.array(folded),
+                                     mx.array(pe), mx.array(q), mx.array(values), mx.array(w),
+                                     mx.array(lb), 1e-5)
+    assert _rel(pooled, pool_ref) <= 1e-5, op_paths
+    assert _rel(spread, spread_ref) <= 1e-5, op_paths
