@@ -11,88 +11,22 @@
 #include <stdexcept>
 #include <vector>
 
-#include <sys/mman.h>
-
 #include "cpu_eval.h"
 #include "kernels.h"
 #include "math_f32.h"
+#include "small_gemm.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "thread_pool.h"
-
-#pragma GCC diagnostic ignored "-Wpsabi"  // vector values, only ever inlined
 
 namespace candle_nn {
 
 namespace {
 
-typedef float V8 __attribute__((vector_size(32), aligned(4), may_alias));
-constexpr int kLanes = 8;
-constexpr int kRows = 6;  // register tile: 6 rows x 2 vectors = 12 of AVX2's 16 registers
-
-CANDLE_NN_INLINE V8 load8(const float* p) { return *reinterpret_cast<const V8*>(p); }
-CANDLE_NN_INLINE void store8(float* p, V8 v) { *reinterpret_cast<V8*>(p) = v; }
-
-// C (R x 8 NV, row stride ldc) = init + A (R x k; element (i, kk) at a[i * ars + kk * aks]) ·
-// B (k x 8 NV, row stride ldb); init: the matrix at `src` (row stride lds; may be c), or zeros
-// where src is null.
-template <int R, int NV>
-CANDLE_NN_INLINE void tile(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb,
-                           float* c, int64_t ldc, int64_t k, const float* src, int64_t lds) {
-  V8 acc[R][NV];
-  for (int i = 0; i < R; ++i)
-    for (int v = 0; v < NV; ++v) acc[i][v] = src ? load8(src + i * lds + v * kLanes) : V8{};
-#pragma GCC unroll 4
-  for (int64_t kk = 0; kk < k; ++kk) {
-    V8 bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = load8(b + kk * ldb + v * kLanes);
-    for (int i = 0; i < R; ++i) {
-      const float ai = a[i * ars + kk * aks];
-      V8 av = {ai, ai, ai, ai, ai, ai, ai, ai};  // a broadcast load (V8{} + ai is an add)
-      for (int v = 0; v < NV; ++v) acc[i][v] += av * bv[v];
-    }
-  }
-  for (int i = 0; i < R; ++i)
-    for (int v = 0; v < NV; ++v) store8(c + i * ldc + v * kLanes, acc[i][v]);
-}
-
-template <int NV>
-CANDLE_NN_INLINE void tile_rows(int rows, const float* a, int64_t ars, int64_t aks,
-                                const float* b, int64_t ldb, float* c, int64_t ldc, int64_t k,
-                                const float* src, int64_t lds) {
-  switch (rows) {
-    case 6: return tile<6, NV>(a, ars, aks, b, ldb, c, ldc, k, src, lds);
-    case 5: return tile<5, NV>(a, ars, aks, b, ldb, c, ldc, k, src, lds);
-    case 4: return tile<4, NV>(a, ars, aks, b, ldb, c, ldc, k, src, lds);
-    case 3: return tile<3, NV>(a, ars, aks, b, ldb, c, ldc, k, src, lds);
-    case 2: return tile<2, NV>(a, ars, aks, b, ldb, c, ldc, k, src, lds);
-    default: return tile<1, NV>(a, ars, aks, b, ldb, c, ldc, k, src, lds);
-  }
-}
-
-// C (m x cols) = init + A (m x k, strides ars / aks) · B (k x cols, row stride ldb), cols a
-// multiple of 8, on the calling thread (init as in tile: src, or zeros): rows in blocks of
-// `block` (their A stays in cache while every 16-column panel of B passes), each block in
-// 6-row register tiles.
-CANDLE_NN_INLINE void gemm_strided(const float* a, int64_t ars, int64_t aks, const float* b,
-                                   int64_t ldb, float* c, int64_t ldc, int64_t m, int64_t cols,
-                                   int64_t k, const float* src, int64_t lds, int64_t block = 48) {
-  for (int64_t i0 = 0; i0 < m; i0 += block) {
-    const int64_t i1 = std::min(m, i0 + block);
-    for (int64_t j = 0; j < cols; j += 2 * kLanes) {
-      const bool two = j + 2 * kLanes <= cols;
-      for (int64_t i = i0; i < i1; i += kRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRows, i1 - i));
-        const float* ai = a + i * ars;
-        const float* si = src ? src + i * lds + j : nullptr;
-        float* ci = c + i * ldc + j;
-        if (two)
-          tile_rows<2>(rows, ai, ars, aks, b + j, ldb, ci, ldc, k, si, lds);
-        else
-          tile_rows<1>(rows, ai, ars, aks, b + j, ldb, ci, ldc, k, si, lds);
-      }
-    }
-  }
-}
+using small_gemm::V8;
+using small_gemm::kLanes;
+using small_gemm::load8;
+using small_gemm::store8;
+using small_gemm::gemm_strided;
 
 // The shapes of both ops: b prompts, n image tokens of c channels, heads x t token rows (r) with
 // d-wide positional keys / queries per head. Score matrices: `cols` = r rounded up to 8 computed
@@ -243,20 +177,6 @@ void prompt_sides(const Dims& d, const float* folded, const float* q, float* ft,
   for (int64_t p = p0; p < p1; ++p)
     prompt_side(d, folded, q, p, folded ? ft + p * d.c * d.cols : nullptr,
                 qt + p * d.heads * d.d * d.tp);
-}
-
-// Asks for transparent huge pages under a fresh output buffer before its first write: MLX's CPU
-// allocator maps every large buffer anew, and faulting in the (b, n, c) image tokens page by
-// page (65536 faults per 256 MB) cost more than the kernel's arithmetic.
-void advise_huge_pages(void* data, size_t bytes) {
-#ifdef MADV_HUGEPAGE
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#else
-  (void)data, (void)bytes;
-#endif
 }
 
 void check(bool ok, const char* op, const char* what) {

@@ -20,6 +20,7 @@ from .attention import multi_head_attention, packed_qkv_attention, scaled_dot_pr
 from .conv import conv2d, conv_transpose2d_blocks, depthwise_conv2d, is_depthwise
 from .dfl import dfl_decode
 from .linear import linear
+from .mask_upscale import mask_upscale
 from .norm import batch_norm_train, layer_norm
 from .point_attention import point_pool, point_spread
 from .pooling import max_pool2d
@@ -32,7 +33,8 @@ __all__ = [
     "ACTIVATIONS", "Impl", "Op", "batch_norm_train", "bias_act", "check_activation", "conv2d",
     "conv_transpose2d_blocks", "depthwise_conv2d",
     "dfl_decode", "disable", "disabled", "enable", "gelu", "gelu_tanh", "implementations",
-    "is_depthwise", "is_enabled", "layer_norm", "linear", "max_pool2d", "multi_head_attention",
+    "is_depthwise", "is_enabled", "layer_norm", "linear", "mask_upscale", "max_pool2d",
+    "multi_head_attention",
     "only", "ops", "packed_qkv_attention", "point_pool", "point_spread", "refresh", "relu",
     "scaled_dot_product_attention",
     "sigmoid",

@@ -144,12 +144,8 @@ class PointGridDecoder:
             self._upscaling = tuple(_blocks_as_linear(conv) for conv in
                                     (md.output_upscaling_conv1, md.output_upscaling_conv2))
         (w1, b1), (w2, b2) = self._upscaling
-        u, n, _ = keys.shape
-        x = cn.ops.linear(keys, w1, b1)  # (u, n, 2*2*c1)
-        x = cn.gelu(md.output_upscaling_ln(x.reshape(u, n * 4, -1)))  # (u, n 2*2, c1)
-        x = cn.ops.linear(x, w2, b2, "gelu")  # (u, n 2*2, 2*2*c2)
-        x = hyper @ x.reshape(u, n * 16, -1).swapaxes(1, 2)  # (u, 3, n 16)
-        return x.reshape(u, hyper.shape[1], n, 16)
+        ln = md.output_upscaling_ln
+        return cn.ops.mask_upscale(keys, w1, b1, ln.weight, ln.bias, ln.config.eps, w2, b2, hyper)
 
     # -- attention between the prompt tokens and the image tokens ----------------------------
     # Every softmax runs over the last axis (candle_nn's CPU kernel); residuals ride on addmm.
