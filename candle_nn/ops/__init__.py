@@ -20,6 +20,7 @@ from .attention import multi_head_attention, packed_qkv_attention, scaled_dot_pr
 from .conv import conv2d, conv_transpose2d_blocks, depthwise_conv2d, is_depthwise
 from .dfl import dfl_decode
 from .linear import linear
+from .mask_postprocess import resize_masks, stability_score
 from .mask_upscale import mask_upscale
 from .norm import batch_norm_train, layer_norm
 from .point_attention import point_pool, point_spread
@@ -36,7 +37,7 @@ __all__ = [
     "is_depthwise", "is_enabled", "layer_norm", "linear", "mask_upscale", "max_pool2d",
     "multi_head_attention",
     "only", "ops", "packed_qkv_attention", "point_pool", "point_spread", "refresh", "relu",
-    "scaled_dot_product_attention",
+    "resize_masks", "scaled_dot_product_attention", "stability_score",
     "sigmoid",
     "silu", "softmax", "status",
 ]

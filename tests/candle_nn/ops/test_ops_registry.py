@@ -291,3 +291,19 @@ def test_mask_upscale(op_paths) -> None:
         ours = cn.ops.mask_upscale(*(mx.array(a) for a in (keys, w1, b1, lw, lb)), 1e-6,
                                    *(mx.array(a) for a in (w2, b2, hyper)))
     assert _rel(ours, ref) <= 1e-5, op_paths
+
+
+def test_mask_resize_and_stability(op_paths) -> None:
+    from candle_nn.upsample import bilinear_resize_matrix
+
+    masks = _f32(3, 16, 20) * 2
+    rows = bilinear_resize_matrix(48, 37) @ bilinear_resize_matrix(16, 64, keep=48)  # banded
+    cols = bilinear_resize_matrix(64, 50) @ bilinear_resize_matrix(20, 64)
+    ref = np.einsum("yh,khw,xw->kyx", rows, masks.astype(np.float64), cols)
+    with mx.stream(mx.cpu):
+        ours = cn.ops.resize_masks(mx.array(masks), mx.array(rows.astype(np.float32)),
+                                   mx.array(cols.astype(np.float32)))
+        score = cn.ops.stability_score(mx.array(masks), 0.25, 1.0)
+    assert _rel(ours, ref) <= 1e-5, op_paths
+    expected = (masks > 1.25).sum((1, 2)) / (masks > -0.75).sum((1, 2))
+    np.testing.assert_allclose(np.array(score), expected, rtol=1e-7)
