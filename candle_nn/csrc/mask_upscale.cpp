@@ -31,24 +31,10 @@ struct Shape {
 // LayerNorm over rows of w floats (w a multiple of 8), then exact GELU, in place.
 CANDLE_NN_INLINE void norm_gelu(float* x, int64_t rows, int64_t w, const float* weight,
                                 const float* bias, float eps) {
-  using small_gemm::load8;
-  using small_gemm::V8;
   for (int64_t r = 0; r < rows; ++r) {
     float* row = x + r * w;
-    V8 acc{};
-    for (int64_t j = 0; j < w; j += kLanes) acc += load8(row + j);
-    float sum = 0.0f;
-    for (int l = 0; l < kLanes; ++l) sum += acc[l];
-    const float mean = sum / static_cast<float>(w);
-    V8 sq{};
-    for (int64_t j = 0; j < w; j += kLanes) {
-      V8 v = load8(row + j) - mean;
-      sq += v * v;
-    }
-    float var = 0.0f;
-    for (int l = 0; l < kLanes; ++l) var += sq[l];
-    const float inv = 1.0f / std::sqrt(var / static_cast<float>(w) + eps);
-    for (int64_t j = 0; j < w; ++j) row[j] = gelu_f32((row[j] - mean) * inv * weight[j] + bias[j]);
+    small_gemm::layer_norm_row(row, w, weight, bias, eps);
+    for (int64_t j = 0; j < w; ++j) row[j] = gelu_f32(row[j]);
   }
 }
 

@@ -27,6 +27,7 @@ using small_gemm::kLanes;
 using small_gemm::load8;
 using small_gemm::store8;
 using small_gemm::gemm_strided;
+using small_gemm::layer_norm_row;
 
 // The shapes of both ops: b prompts, n image tokens of c channels, heads x t token rows (r) with
 // d-wide positional keys / queries per head. Score matrices: `cols` = r rounded up to 8 computed
@@ -113,26 +114,6 @@ void pool_prompt(const Dims& d, const float* folded, const float* image, const f
     const float inv = 1.0f / sum[j];
     for (int64_t ch = 0; ch < d.c; ++ch) o[j * d.c + ch] *= inv;
   }
-}
-
-// (x - mean) / sqrt(var + eps) * weight + bias of a row of c floats (c a multiple of 8), in place.
-CANDLE_NN_INLINE void layer_norm_row(float* row, int64_t c, const float* weight,
-                                     const float* bias, float eps) {
-  V8 acc{};
-  for (int64_t ch = 0; ch < c; ch += kLanes) acc += load8(row + ch);
-  float total = 0.0f;
-  for (int l = 0; l < kLanes; ++l) total += acc[l];
-  const float mean = total / static_cast<float>(c);
-  V8 sq{};
-  for (int64_t ch = 0; ch < c; ch += kLanes) {
-    V8 v = load8(row + ch) - mean;
-    sq += v * v;
-  }
-  float var = 0.0f;
-  for (int l = 0; l < kLanes; ++l) var += sq[l];
-  const float inv = 1.0f / std::sqrt(var / static_cast<float>(c) + eps);
-  for (int64_t ch = 0; ch < c; ch += kLanes)
-    store8(row + ch, (load8(row + ch) - mean) * inv * load8(weight + ch) + load8(bias + ch));
 }
 
 // point_spread, rows [i0, i0 + m) of prompt p (its token side prepared by prompt_side at ft, qt):

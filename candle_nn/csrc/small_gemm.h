@@ -81,4 +81,24 @@ CANDLE_NN_INLINE void gemm_strided(const float* a, int64_t ars, int64_t aks, con
   }
 }
 
+// (x - mean) / sqrt(var + eps) * weight + bias of a row of c floats (c a multiple of 8), in place.
+CANDLE_NN_INLINE void layer_norm_row(float* row, int64_t c, const float* weight,
+                                     const float* bias, float eps) {
+  V8 acc{};
+  for (int64_t ch = 0; ch < c; ch += kLanes) acc += load8(row + ch);
+  float total = 0.0f;
+  for (int l = 0; l < kLanes; ++l) total += acc[l];
+  const float mean = total / static_cast<float>(c);
+  V8 sq{};
+  for (int64_t ch = 0; ch < c; ch += kLanes) {
+    V8 v = load8(row + ch) - mean;
+    sq += v * v;
+  }
+  float var = 0.0f;
+  for (int l = 0; l < kLanes; ++l) var += sq[l];
+  const float inv = 1.0f / std::sqrt(var / static_cast<float>(c) + eps);
+  for (int64_t ch = 0; ch < c; ch += kLanes)
+    store8(row + ch, (load8(row + ch) - mean) * inv * load8(weight + ch) + load8(bias + ch));
+}
+
 }  // namespace candle_nn::small_gemm

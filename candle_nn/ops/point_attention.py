@@ -27,9 +27,9 @@ def point_pool(folded: mx.array, image: mx.array, pe: mx.array, q: mx.array) -> 
     image tokens: ``folded (b, r, c)``, ``image (b, n, c)``, ``pe (heads, n, d)``,
     ``q (heads, b t, d)`` with ``r = heads * t`` → ``(b, r, c)``."""
     b, r, _ = folded.shape
-    n = image.shape[1]
-    share = _positional(pe, q, b).reshape(b, n, r).swapaxes(1, 2)
-    scores = folded @ image.swapaxes(1, 2) + share
+    heads, n, _ = pe.shape
+    share = (q @ pe.swapaxes(1, 2)).reshape(heads, b, r // heads, n)  # (heads, b, t, n)
+    scores = folded @ image.swapaxes(1, 2) + share.transpose(1, 0, 2, 3).reshape(b, r, n)
     return mx.softmax(scores, axis=-1) @ image
 
 

@@ -18,6 +18,12 @@ in another order (equal within float32 rounding):
   output upscaling (most of the remaining work) runs in :meth:`masks` only for the prompts and
   masks the caller keeps (those that pass the predicted-IoU filter).
 
+The per-prompt image-side work goes through candle_nn's ops ``point_pool`` / ``point_spread``
+(the attention, with the positional scores, softmax, residual and LayerNorm fused) and
+``mask_upscale`` (the output upscaling): on the CPU compiled kernels, one prompt's products per
+task on the thread pool; elsewhere their plain-MLX references. On GPUs :meth:`decode` runs
+under ``mx.compile``.
+
 Shapes: the image grid is ``n = 64 * 64`` tokens of ``c = 256``; a batch has ``b`` prompts.
 """
 
@@ -42,9 +48,10 @@ MULTIMASK = slice(1, 4)  # SAM's multimask output: mask tokens 1..3 (token 0 is 
 class PointGridDecoder:
     """Single-point prompts against one image embedding ``(1, h, w, c)`` (NHWC)."""
 
-    chunk = 16  # prompts upscaled together by :meth:`masks` (its memory: ~25 MB a prompt)
+    chunk = 16  # prompts upscaled together by :meth:`masks` (as MLX ops: ~25 MB a prompt)
 
-    def __init__(self, sam: "Sam", image_embeddings: mx.array) -> None:
+    def __init__(self, sam: "Sam", image_embeddings: mx.array,
+                 compiled: bool | None = None) -> None:
         if image_embeddings.shape[0] != 1:
             raise ValueError(f"one image embedding at a time, not {image_embeddings.shape[0]}")
         self.sam = sam
@@ -52,65 +59,45 @@ class PointGridDecoder:
         _, h, w, c = image_embeddings.shape
         self.grid = (h, w)
         with sam.on_device():
-            self.dtype = md.iou_token.embeddings.dtype
             dense = pe.no_mask_embed.embeddings.reshape(1, 1, 1, -1)
             keys0 = (image_embeddings + dense).reshape(1, h * w, c)
             key_pe = pe.get_dense_pe().reshape(1, h * w, c).astype(keys0.dtype)
-            self.keys0 = keys0
-            self.output_tokens = mx.concatenate([md.iou_token.embeddings,
-                                                 md.mask_tokens.embeddings])
             (first, second), last = md.transformer.layers, md.transformer.final_attn_token_to_image
             t2i, i2t = first.cross_attn_token_to_image, first.cross_attn_image_to_token
             # The first block's image side, whole; later blocks' image tokens change per prompt,
             # but their positional encoding's share of the scores does not.
-            self.first_keys = _heads(t2i.k_proj(keys0 + key_pe), t2i.num_heads)  # (heads, n, d)
-            self.first_values = _heads(t2i.v_proj(keys0), t2i.num_heads)
-            self.first_queries = _heads(i2t.q_proj(keys0 + key_pe), i2t.num_heads)
-            self.pe_keys = [_heads(key_pe @ attn.k_proj.weight.T, attn.num_heads)
-                            for attn in (second.cross_attn_token_to_image, last)]
-            self.pe_queries = _heads(second.cross_attn_image_to_token.q_proj(key_pe),
-                                     i2t.num_heads)
-            mx.eval(self.keys0, self.first_keys, self.first_values, self.first_queries,
-                    self.pe_keys, self.pe_queries)
+            self.image_side = {
+                "keys0": keys0,
+                "first_keys": _heads(t2i.k_proj(keys0 + key_pe), t2i.num_heads),  # (heads, n, d)
+                "first_values": _heads(t2i.v_proj(keys0), t2i.num_heads),
+                "first_queries": _heads(i2t.q_proj(keys0 + key_pe), i2t.num_heads),
+                "pe_keys": [_heads(key_pe @ attn.k_proj.weight.T, attn.num_heads)
+                            for attn in (second.cross_attn_token_to_image, last)],
+                "pe_queries": _heads(second.cross_attn_image_to_token.q_proj(key_pe),
+                                     i2t.num_heads),
+            }
+            mx.eval(self.image_side)
+        if compiled is None:
+            compiled = sam.device is not None and sam.device.kind == "gpu"
+        self.compiled = compiled
         self._upscaling: tuple[tuple[mx.array, mx.array], ...] | None = None
 
     def decode(self, coords: mx.array) -> tuple[mx.array, tuple[mx.array, mx.array]]:
         """``coords (b, 2)`` point ``(x, y)`` in the 1024 input frame → predicted IoUs
         ``(b, 3)`` and the state :meth:`masks` needs: the image tokens after the transformer
-        ``(b, n, c)`` and the three masks' hypernetwork vectors ``(b, 3, c / 8)``."""
-        sam = self.sam
-        pe, md = sam.prompt_encoder, sam.mask_decoder
-        tr = md.transformer
-        b = coords.shape[0]
-        with sam.on_device():
-            sparse = pe.embed_points(coords[:, None, :], mx.ones((b, 1), dtype=mx.float32),
-                                     pad=True).astype(self.dtype)
-            tokens = mx.concatenate(
-                [mx.broadcast_to(self.output_tokens[None], (b,) + self.output_tokens.shape),
-                 sparse], axis=1)  # (b, 7, c)
+        ``(b, n, c)`` and the three masks' hypernetwork vectors ``(b, 3, c / 8)``.
 
-            first, second = tr.layers
-            queries = first.norm1(first.self_attn(tokens, tokens, tokens))  # no PE, no residual
-            queries = first.norm2(queries + self._tokens_to_first_image(
-                first.cross_attn_token_to_image, queries + tokens))
-            queries = first.norm3(queries + first.mlp(queries))
-            keys = self._first_image_to_tokens(first.cross_attn_image_to_token, first.norm4,
-                                               queries + tokens, queries)
-
-            q = queries + tokens
-            queries = second.norm1(queries + second.self_attn(q, q, queries))
-            queries = second.norm2(queries + self._tokens_to_image(
-                second.cross_attn_token_to_image, queries + tokens, keys, self.pe_keys[0]))
-            queries = second.norm3(queries + second.mlp(queries))
-            keys = self._image_to_tokens(second.cross_attn_image_to_token, second.norm4, keys,
-                                         queries + tokens, queries)
-
-            queries = tr.norm_final_attn(queries + self._tokens_to_image(
-                tr.final_attn_token_to_image, queries + tokens, keys, self.pe_keys[1]))
-            iou = md.iou_prediction_head(queries[:, 0])[:, MULTIMASK]
-            hyper = mx.stack([md.output_hypernetworks_mlps[i](queries[:, 1 + i])
-                              for i in range(MULTIMASK.start, MULTIMASK.stop)], axis=1)
-            return iou, (keys, hyper)
+        Under ``mx.compile`` where ``compiled`` (by default on GPUs): one trace per batch size
+        and model, the image side an input (on the CPU the kernels beat MLX's compiled code)."""
+        with self.sam.on_device():
+            if not self.compiled:
+                return _decode(self.sam, coords, self.image_side)
+            cache = self.sam.__dict__.setdefault("_point_grid_decode", {})
+            fn = cache.get(repr(self.sam.device))  # traced on that device's stream
+            if fn is None:
+                sam = self.sam
+                fn = cache[repr(sam.device)] = mx.compile(lambda c, side: _decode(sam, c, side))
+            return fn(coords, self.image_side)
 
     def masks(self, state: tuple[mx.array, mx.array], prompts: np.ndarray,
               which: np.ndarray) -> mx.array:
@@ -147,61 +134,102 @@ class PointGridDecoder:
         ln = md.output_upscaling_ln
         return cn.ops.mask_upscale(keys, w1, b1, ln.weight, ln.bias, ln.config.eps, w2, b2, hyper)
 
-    # -- attention between the prompt tokens and the image tokens ----------------------------
-    # Every softmax runs over the last axis (candle_nn's CPU kernel); residuals ride on addmm.
-    def _tokens_to_first_image(self, attn: "Attention", q_in: mx.array) -> mx.array:
-        """Tokens → image attention of the first block, whose image side is the same for every
-        prompt: keys and values come from the constructor."""
-        b, t, _ = q_in.shape
-        q = _scaled_heads(attn.q_proj(q_in), attn.num_heads)  # (heads, b t, d)
-        probs = cn.softmax(q @ self.first_keys.swapaxes(1, 2))  # (heads, b t, n)
-        out = probs @ self.first_values  # (heads, b t, d)
-        return attn.out_proj(out.transpose(1, 0, 2).reshape(b, t, -1))
 
-    def _first_image_to_tokens(self, attn: "Attention", norm: "LayerNorm", k_in: mx.array,
-                               v_in: mx.array) -> mx.array:
-        """The first block's image tokens after its image → tokens attention and ``norm``
-        (image-side queries from the constructor): ``(b, n, c)``."""
-        k = _scaled_heads(attn.k_proj(k_in), attn.num_heads)  # (heads, b t, d)
-        return cn.ops.point_spread(self.keys0, None, self.first_queries, k,
-                                   self._values_through_output(attn, v_in), *_ln(norm))
+def _decode(sam: "Sam", coords: mx.array, side: dict) -> tuple[mx.array, tuple]:
+    """:meth:`PointGridDecoder.decode` with the image side ``side`` an argument (a pure
+    function of its inputs and the model's weights, as ``mx.compile`` needs)."""
+    pe, md = sam.prompt_encoder, sam.mask_decoder
+    tr = md.transformer
+    b = coords.shape[0]
+    dtype = md.iou_token.embeddings.dtype
+    output_tokens = mx.concatenate([md.iou_token.embeddings, md.mask_tokens.embeddings])
+    sparse = pe.embed_points(coords[:, None, :], mx.ones((b, 1), dtype=mx.float32),
+                             pad=True).astype(dtype)
+    tokens = mx.concatenate(
+        [mx.broadcast_to(output_tokens[None], (b,) + output_tokens.shape), sparse],
+        axis=1)  # (b, 7, c)
 
-    def _tokens_to_image(self, attn: "Attention", q_in: mx.array, image: mx.array,
-                         pe_keys: mx.array) -> mx.array:
-        """Tokens → image attention, keys ``image + PE`` and values ``image`` ``(b, n, c)``:
-        scores ``(Wk qᵀ)ᵀ imageᵀ`` plus the PE's share ``q (PE Wkᵀ)ᵀ`` (``pe_keys``, per image;
-        ``q``'s dot with ``k``'s bias is the same for every image token, so the softmax drops
-        it), output ``(A image) Wvᵀ + bv``."""
-        b, t, _ = q_in.shape
-        heads = attn.num_heads
-        q, folded = _fold(attn.q_proj(q_in), attn.k_proj.weight, heads, b)
-        pooled = cn.ops.point_pool(folded, image, pe_keys, q)  # (b, heads t, c)
-        pooled = pooled.reshape(b, heads, t, -1).transpose(1, 0, 2, 3).reshape(heads, b * t, -1)
-        out = pooled @ _head_weights(attn.v_proj.weight, heads).swapaxes(1, 2)  # (heads, b t, d)
-        out = out + attn.v_proj.bias.reshape(heads, 1, -1)
-        return attn.out_proj(out.transpose(1, 0, 2).reshape(b, t, -1))
+    first, second = tr.layers
+    queries = first.norm1(first.self_attn(tokens, tokens, tokens))  # no PE, no residual
+    queries = first.norm2(queries + _tokens_to_first_image(
+        first.cross_attn_token_to_image, side, queries + tokens))
+    queries = first.norm3(queries + first.mlp(queries))
+    keys = _first_image_to_tokens(first.cross_attn_image_to_token, first.norm4, side,
+                                  queries + tokens, queries)
 
-    def _image_to_tokens(self, attn: "Attention", norm: "LayerNorm", image: mx.array,
-                         k_in: mx.array, v_in: mx.array) -> mx.array:
-        """``image (b, n, c)`` after its image → tokens attention (queries ``image + PE``) and
-        ``norm``: scores ``image (Wq kᵀ)`` plus the PE's and the bias's share ``(PE Wqᵀ + bq)
-        kᵀ`` (``pe_queries``, per image), output ``P (V Woᵀ) + bo``."""
-        k, folded = _fold(attn.k_proj(k_in), attn.q_proj.weight, attn.num_heads, k_in.shape[0])
-        return cn.ops.point_spread(image, folded, self.pe_queries, k,
-                                   self._values_through_output(attn, v_in), *_ln(norm))
+    q = queries + tokens
+    queries = second.norm1(queries + second.self_attn(q, q, queries))
+    queries = second.norm2(queries + _tokens_to_image(
+        second.cross_attn_token_to_image, queries + tokens, keys, side["pe_keys"][0]))
+    queries = second.norm3(queries + second.mlp(queries))
+    keys = _image_to_tokens(second.cross_attn_image_to_token, second.norm4, side, keys,
+                            queries + tokens, queries)
 
-    @staticmethod
-    def _values_through_output(attn: "Attention", v_in: mx.array) -> mx.array:
-        """The tokens' values through the output projection, per head: ``(b, heads t, c)``,
-        row ``h t + j`` = ``v_j`` of head ``h`` @ that head's rows of ``Woᵀ``, plus
-        ``bo / heads`` (each head's attention weights sum to 1, so a product with them adds
-        ``bo`` once)."""
-        b, t, _ = v_in.shape
-        heads = attn.num_heads
-        v = _heads(attn.v_proj(v_in), heads)  # (heads, b t, d)
-        wo = attn.out_proj.weight.T  # (heads d, c)
-        out = _per_prompt(v @ wo.reshape(heads, -1, wo.shape[-1]), b)
-        return out + attn.out_proj.bias / heads
+    queries = tr.norm_final_attn(queries + _tokens_to_image(
+        tr.final_attn_token_to_image, queries + tokens, keys, side["pe_keys"][1]))
+    iou = md.iou_prediction_head(queries[:, 0])[:, MULTIMASK]
+    hyper = mx.stack([md.output_hypernetworks_mlps[i](queries[:, 1 + i])
+                      for i in range(MULTIMASK.start, MULTIMASK.stop)], axis=1)
+    return iou, (keys, hyper)
+
+
+# -- attention between the prompt tokens and the image tokens ----------------------------------
+def _tokens_to_first_image(attn: "Attention", side: dict, q_in: mx.array) -> mx.array:
+    """Tokens → image attention of the first block, whose image side is the same for every
+    prompt: keys and values from the image side."""
+    b, t, _ = q_in.shape
+    q = _scaled_heads(attn.q_proj(q_in), attn.num_heads)  # (heads, b t, d)
+    probs = cn.softmax(q @ side["first_keys"].swapaxes(1, 2))  # (heads, b t, n)
+    out = probs @ side["first_values"]  # (heads, b t, d)
+    return attn.out_proj(out.transpose(1, 0, 2).reshape(b, t, -1))
+
+
+def _first_image_to_tokens(attn: "Attention", norm: "LayerNorm", side: dict, k_in: mx.array,
+                           v_in: mx.array) -> mx.array:
+    """The first block's image tokens after its image → tokens attention and ``norm``
+    (image-side queries from the image side): ``(b, n, c)``."""
+    k = _scaled_heads(attn.k_proj(k_in), attn.num_heads)  # (heads, b t, d)
+    return cn.ops.point_spread(side["keys0"], None, side["first_queries"], k,
+                               _values_through_output(attn, v_in), *_ln(norm))
+
+
+def _tokens_to_image(attn: "Attention", q_in: mx.array, image: mx.array,
+                     pe_keys: mx.array) -> mx.array:
+    """Tokens → image attention, keys ``image + PE`` and values ``image`` ``(b, n, c)``:
+    scores ``(Wk qᵀ)ᵀ imageᵀ`` plus the PE's share ``q (PE Wkᵀ)ᵀ`` (``pe_keys``, per image;
+    ``q``'s dot with ``k``'s bias is the same for every image token, so the softmax drops
+    it), output ``(A image) Wvᵀ + bv``."""
+    b, t, _ = q_in.shape
+    heads = attn.num_heads
+    q, folded = _fold(attn.q_proj(q_in), attn.k_proj.weight, heads, b)
+    pooled = cn.ops.point_pool(folded, image, pe_keys, q)  # (b, heads t, c)
+    pooled = pooled.reshape(b, heads, t, -1).transpose(1, 0, 2, 3).reshape(heads, b * t, -1)
+    out = pooled @ _head_weights(attn.v_proj.weight, heads).swapaxes(1, 2)  # (heads, b t, d)
+    out = out + attn.v_proj.bias.reshape(heads, 1, -1)
+    return attn.out_proj(out.transpose(1, 0, 2).reshape(b, t, -1))
+
+
+def _image_to_tokens(attn: "Attention", norm: "LayerNorm", side: dict, image: mx.array,
+                     k_in: mx.array, v_in: mx.array) -> mx.array:
+    """``image (b, n, c)`` after its image → tokens attention (queries ``image + PE``) and
+    ``norm``: scores ``image (Wq kᵀ)`` plus the PE's and the bias's share ``(PE Wqᵀ + bq)
+    kᵀ`` (the image side's ``pe_queries``), output ``P (V Woᵀ) + bo``."""
+    k, folded = _fold(attn.k_proj(k_in), attn.q_proj.weight, attn.num_heads, k_in.shape[0])
+    return cn.ops.point_spread(image, folded, side["pe_queries"], k,
+                               _values_through_output(attn, v_in), *_ln(norm))
+
+
+def _values_through_output(attn: "Attention", v_in: mx.array) -> mx.array:
+    """The tokens' values through the output projection, per head: ``(b, heads t, c)``,
+    row ``h t + j`` = ``v_j`` of head ``h`` @ that head's rows of ``Woᵀ``, plus
+    ``bo / heads`` (each head's attention weights sum to 1, so a product with them adds
+    ``bo`` once)."""
+    b, t, _ = v_in.shape
+    heads = attn.num_heads
+    v = _heads(attn.v_proj(v_in), heads)  # (heads, b t, d)
+    wo = attn.out_proj.weight.T  # (heads d, c)
+    out = _per_prompt(v @ wo.reshape(heads, -1, wo.shape[-1]), b)
+    return out + attn.out_proj.bias / heads
 
 
 def _heads(x: mx.array, heads: int) -> mx.array:
