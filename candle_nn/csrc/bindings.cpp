@@ -102,6 +102,48 @@ NB_MODULE(_cpu_kernels, m) {
       },
       "x"_a, "w"_a, "bias"_a = nb::none(),
       "x (..., K) @ w (N, K)^T + bias for a few rows (float32): dot products on the pool.");
+  m.def(
+      "point_pool",
+      [](const mx::array& folded, const mx::array& image, const mx::array& pe,
+         const mx::array& q) { return candle_nn::point_pool(folded, image, pe, q); },
+      "folded"_a, "image"_a, "pe"_a, "q"_a,
+      "softmax over n of (folded @ image^T + positional) @ image per prompt: folded (b, r, c), "
+      "image (b, n, c), pe (heads, n, d), q (heads, b * t, d), r = heads * t -> (b, r, c).");
+  m.def(
+      "point_spread",
+      [](const mx::array& x, std::optional<mx::array> folded, const mx::array& pe,
+         const mx::array& q, const mx::array& values, const mx::array& weight,
+         const mx::array& ln_bias, float eps) {
+        return candle_nn::point_spread(x, folded, pe, q, values, weight, ln_bias, eps);
+      },
+      "x"_a, "folded"_a = nb::none(), "pe"_a, "q"_a, "values"_a, "weight"_a, "ln_bias"_a,
+      "eps"_a,
+      "LayerNorm(x + softmax per head over t of (x @ folded^T + positional) @ values): x (1 or "
+      "b, n, c), folded/values (b, r, c), pe (heads, n, d), q (heads, b * t, d) -> (b, n, c).");
+  m.def(
+      "mask_upscale",
+      [](const mx::array& keys, const mx::array& w1, const mx::array& b1, const mx::array& ln_w,
+         const mx::array& ln_b, float eps, const mx::array& w2, const mx::array& b2,
+         const mx::array& hyper) {
+        return candle_nn::mask_upscale(keys, w1, b1, ln_w, ln_b, eps, w2, b2, hyper);
+      },
+      "keys"_a, "w1"_a, "b1"_a, "ln_w"_a, "ln_b"_a, "eps"_a, "w2"_a, "b2"_a, "hyper"_a,
+      "SAM's output upscaling per prompt: keys (u, n, c), w1 (4 c1, c), w2 (4 c2, c1), hyper "
+      "(u, m, c2) -> (u, m, n, 16) logits in block layout. float32.");
+  m.def(
+      "resize_masks",
+      [](const mx::array& masks, const mx::array& rows, const mx::array& cols) {
+        return candle_nn::resize_masks(masks, rows, cols);
+      },
+      "masks"_a, "rows"_a, "cols"_a,
+      "rows (H, h) @ masks (k, h, w) @ cols (W, w)^T over the non-zero bands (float32).");
+  m.def(
+      "stability_score",
+      [](const mx::array& masks, float threshold, float offset) {
+        return candle_nn::stability_score(masks, threshold, offset);
+      },
+      "masks"_a, "threshold"_a, "offset"_a,
+      "count(> threshold + offset) / count(> threshold - offset) per (..., H, W) plane.");
   // -- the packed-weight GEMM (gemm.h, conv_packed.cpp) --
   m.def("packed_gemm_available", [] { return candle_nn::packed_gemm_available(); },
         "Whether conv2d_packed runs on this CPU (AVX-512F, or AVX2 + FMA).");

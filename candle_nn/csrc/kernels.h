@@ -198,6 +198,96 @@ class AttentionHeads : public mx::Primitive {
   float scale_;
 };
 
+// -- attention between prompt tokens and per-prompt image tokens (point_attention.cpp) ---------
+// SAM's automatic masks: b prompts, each with its own n image tokens of c channels, and
+// r = heads * t folded token rows; the scores of row h t + u also get the positional share
+// pe[h] (n, d) · q[h, p t + u] (pe (heads, n, d), q (heads, b t, d)).
+// point_pool: out (b, r, c) = softmax over n of (folded · imageᵀ + pe · qᵀ) · image.
+mx::array point_pool(const mx::array& folded, const mx::array& image, const mx::array& pe,
+                     const mx::array& q, mx::StreamOrDevice s = {});
+// point_spread: out (b, n, c) = LayerNorm(x + softmax over each head's t of (x · foldedᵀ +
+// pe · qᵀ) · values) with weight, ln_bias (c,); x (1 or b, n, c); no folded: positional only.
+mx::array point_spread(const mx::array& x, const std::optional<mx::array>& folded,
+                       const mx::array& pe, const mx::array& q, const mx::array& values,
+                       const mx::array& weight, const mx::array& ln_bias, float eps,
+                       mx::StreamOrDevice s = {});
+
+class PointPool : public mx::Primitive {
+ public:
+  explicit PointPool(mx::Stream stream) : mx::Primitive(stream) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNPointPool"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const PointPool*>(&other) != nullptr;
+  }
+};
+
+class PointSpread : public mx::Primitive {
+ public:
+  PointSpread(mx::Stream stream, float eps) : mx::Primitive(stream), eps_(eps) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNPointSpread"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  float eps_;
+};
+
+// -- SAM's mask output upscaling for many prompts (mask_upscale.cpp) ---------------------------
+// keys (u, n, c) -> x1 = keys w1ᵀ + b1 as (u, 4n, c1) rows -> GELU(LayerNorm(x1; ln_w, ln_b,
+// eps)) -> GELU(· w2ᵀ + b2) as (u, 16n, c2) rows -> · hyper[p]ᵀ (hyper (u, m, c2)):
+// (u, m, n, 16). w1 (4 c1, c), w2 (4 c2, c1): transposed convs of stride = kernel as Linears.
+mx::array mask_upscale(const mx::array& keys, const mx::array& w1, const mx::array& b1,
+                       const mx::array& ln_w, const mx::array& ln_b, float eps,
+                       const mx::array& w2, const mx::array& b2, const mx::array& hyper,
+                       mx::StreamOrDevice s = {});
+
+class MaskUpscale : public mx::Primitive {
+ public:
+  MaskUpscale(mx::Stream stream, float eps) : mx::Primitive(stream), eps_(eps) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNMaskUpscale"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  float eps_;
+};
+
+// -- SAM's mask post-processing for many masks (mask_postprocess.cpp) --------------------------
+// rows (H, h) · masks (k, h, w) · cols (W, w)ᵀ over the non-zero bands of rows and cols.
+mx::array resize_masks(const mx::array& masks, const mx::array& rows, const mx::array& cols,
+                       mx::StreamOrDevice s = {});
+// (count of > threshold + offset) / (count of > threshold - offset) per (..., H, W) plane.
+mx::array stability_score(const mx::array& masks, float threshold, float offset,
+                          mx::StreamOrDevice s = {});
+
+class ResizeMasks : public mx::Primitive {
+ public:
+  explicit ResizeMasks(mx::Stream stream) : mx::Primitive(stream) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNResizeMasks"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const ResizeMasks*>(&other) != nullptr;
+  }
+};
+
+class StabilityScore : public mx::Primitive {
+ public:
+  StabilityScore(mx::Stream stream, float threshold, float offset)
+      : mx::Primitive(stream), threshold_(threshold), offset_(offset) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNStabilityScore"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  float threshold_, offset_;
+};
+
 // -- few-row Linear (linear_rows.cpp) ------------------------------------------------------------
 // x (..., K) @ w (N, K)^T + bias (N,) for a handful of rows (SAM's decoder tokens): dot products
 // along K, output columns over the thread pool (no BLAS threads to synchronise).

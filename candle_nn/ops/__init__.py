@@ -21,7 +21,10 @@ from .conv import (blocks_to_image, conv2d, conv_transpose2d_blocks, depthwise_c
                    is_depthwise)
 from .dfl import dfl_decode
 from .linear import linear
+from .mask_postprocess import resize_masks, stability_score
+from .mask_upscale import mask_upscale
 from .norm import batch_norm_train, layer_norm
+from .point_attention import point_pool, point_spread
 from .pooling import max_pool2d
 from .registry import (
     Impl, Op, disable, disabled, enable, implementations, is_enabled, only, ops, refresh,
@@ -33,8 +36,10 @@ __all__ = [
     "check_activation", "conv2d",
     "conv_transpose2d_blocks", "depthwise_conv2d",
     "dfl_decode", "disable", "disabled", "enable", "gelu", "gelu_tanh", "implementations",
-    "is_depthwise", "is_enabled", "layer_norm", "linear", "max_pool2d", "multi_head_attention",
-    "only", "ops", "packed_qkv_attention", "refresh", "relu", "scaled_dot_product_attention",
+    "is_depthwise", "is_enabled", "layer_norm", "linear", "mask_upscale", "max_pool2d",
+    "multi_head_attention",
+    "only", "ops", "packed_qkv_attention", "point_pool", "point_spread", "refresh", "relu",
+    "resize_masks", "scaled_dot_product_attention", "stability_score",
     "sigmoid",
     "silu", "softmax", "status",
 ]

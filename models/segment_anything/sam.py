@@ -8,6 +8,7 @@ original-image pixels, use :class:`~candle_nn_models.segment_anything.predictor.
 
 from __future__ import annotations
 
+import functools
 import candle_nn as cn
 from candle_nn import Module, VarBuilder
 from candle_nn.upsample import bilinear_resize_matrix
@@ -141,21 +142,33 @@ class Sam(Module):
 
         Bilinear to 1024² (``align_corners=False``, no antialias), crop the padding away
         (``input_size``: the resized image's ``(h, w)``), bilinear to ``original_size``. The
-        chain is linear and separable, so it runs as one matmul per axis, ``R @ mask @ Cᵀ`` with
+        chain is linear and separable, so it runs as one product per axis, ``R @ mask @ Cᵀ`` with
         ``R (H, 256)`` and ``C (W, 256)`` the chain's products, formed on the host in float64:
         ~10x less work than the two resizes (automatic masks upsample hundreds of masks), equal
         to them within float32 rounding (~1e-7 of the logits' range).
         """
         low_h, low_w = masks.shape[1:3]
-        rows = (bilinear_resize_matrix(input_size[0], int(original_size[0]))
-                @ bilinear_resize_matrix(low_h, IMAGE_SIZE, keep=input_size[0]))
-        cols = (bilinear_resize_matrix(input_size[1], int(original_size[1]))
-                @ bilinear_resize_matrix(low_w, IMAGE_SIZE, keep=input_size[1]))
+        rows = _resize_chain(low_h, int(input_size[0]), int(original_size[0]))
+        cols = _resize_chain(low_w, int(input_size[1]), int(original_size[1]))
         with self.on_device():
-            rows = mx.array(rows.astype(np.float32)).astype(masks.dtype)
-            cols = mx.array(cols.T.astype(np.float32)).astype(masks.dtype)
-            out = rows @ masks.transpose(0, 3, 1, 2) @ cols  # (B, M, H, W)
+            rows = mx.array(rows).astype(masks.dtype)
+            cols = mx.array(cols).astype(masks.dtype)
+            b, _, _, m = masks.shape
+            planes = masks.transpose(0, 3, 1, 2).reshape(b * m, low_h, low_w)
+            out = cn.ops.resize_masks(planes, rows, cols)  # (B M, H, W)
+            out = out.reshape(b, m, rows.shape[0], cols.shape[0])
             return out.transpose(0, 2, 3, 1)
+
+
+@functools.lru_cache(maxsize=16)
+def _resize_chain(low: int, kept: int, original: int) -> np.ndarray:
+    """One axis of :meth:`Sam.postprocess_masks`' chain as a float32 ``(original, low)`` matrix:
+    ``low`` → ``IMAGE_SIZE``, keep ``kept``, → ``original`` (float64 products; cached, as the
+    automatic masks ask for the same sizes batch after batch). Read-only."""
+    chain = (bilinear_resize_matrix(kept, original)
+             @ bilinear_resize_matrix(low, IMAGE_SIZE, keep=kept)).astype(np.float32)
+    chain.flags.writeable = False
+    return chain
 
 
 def infer_encoder(vb: VarBuilder, name: str = "the weights") -> str:

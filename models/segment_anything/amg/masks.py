@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from candle_nn import ops
 import mlx.core as mx
 import numpy as np
 
@@ -13,9 +14,7 @@ def calculate_stability_score(masks: mx.array, mask_threshold: float,
     ``masks``: ``(N, H, W)`` logits → ``(N,)`` float32. The high-threshold mask lies inside the
     low-threshold one, so the IoU is the ratio of their pixel counts.
     """
-    inter = (masks > (mask_threshold + threshold_offset)).astype(mx.int32).sum(axis=(-2, -1))
-    union = (masks > (mask_threshold - threshold_offset)).astype(mx.int32).sum(axis=(-2, -1))
-    return inter.astype(mx.float32) / union.astype(mx.float32)
+    return ops.stability_score(masks, mask_threshold, threshold_offset)
 
 
 # 8-connectivity, as SAM's cv2.connectedComponentsWithStats(mask, 8).

@@ -249,3 +249,73 @@ def test_max_pool_and_dfl(op_paths) -> None:
         dfl = cn.ops.dfl_decode(mx.array(logits), mx.array(w.reshape(1, 1, 1, 16)))
     assert _rel(pooled, ref) == 0.0, op_paths
     assert _rel(dfl, (e / e.sum(-1, keepdims=True)) @ w) <= 1e-6
+
+
+def _point_scores64(x, folded, pe, q):
+    """Scores ``(b, n, heads, t)`` of the point ops in float64: ``x @ foldedᵀ`` plus the
+    positional share ``pe[h] @ q[h, p t + u]``."""
+    heads, n, _ = pe.shape
+    b = x.shape[0] if folded is None else folded.shape[0]
+    share = np.einsum("hnd,hbud->bnhu", pe, q.reshape(heads, b, -1, q.shape[-1]))
+    if folded is not None:
+        share = share + np.einsum("bnc,brc->bnr", x, folded).reshape(share.shape)
+    return share
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_point_attention(op_paths, shared) -> None:
+    # n spans several row and K blocks of the kernels, c a 16- and an 8-wide column panel,
+    # r = 6 rows padded to 8 in their score matrices
+    b, n, c, heads, t, d = 3, 300, 24, 2, 3, 4
+    image, folded = _f32(b, n, c), _f32(b, heads * t, c) * 0.3
+    pe, q = _f32(heads, n, d), _f32(heads, b * t, d)
+    values, w, lb = _f32(b, heads * t, c), _f32(c), _f32(c)
+    x64, f64 = image.astype(np.float64), folded.astype(np.float64)
+    pe64, q64 = pe.astype(np.float64), q.astype(np.float64)
+    s = _point_scores64(x64, f64, pe64, q64).reshape(b, n, heads * t)
+    e = np.exp(s - s.max(1, keepdims=True))
+    pool_ref = np.einsum("bnr,bnc->brc", e / e.sum(1, keepdims=True), x64)
+    x = image[:1] if shared else image
+    xs = x.astype(np.float64)
+    s = _point_scores64(np.broadcast_to(xs, x64.shape), None if shared else f64, pe64, q64)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    y = xs + np.einsum("bnr,brc->bnc", (e / e.sum(-1, keepdims=True)).reshape(b, n, -1), values)
+    mean, var = y.mean(-1, keepdims=True), y.var(-1, keepdims=True)
+    spread_ref = (y - mean) / np.sqrt(var + 1e-5) * w + lb
+    with mx.stream(mx.cpu):
+        pooled = cn.ops.point_pool(mx.array(folded), mx.array(image), mx.array(pe), mx.array(q))
+        spread = cn.ops.point_spread(mx.array(x), None if shared else mx.array(folded),
+                                     mx.array(pe), mx.array(q), mx.array(values), mx.array(w),
+                                     mx.array(lb), 1e-5)
+    assert _rel(pooled, pool_ref) <= 1e-5, op_paths
+    assert _rel(spread, spread_ref) <= 1e-5, op_paths
+
+
+def test_mask_upscale(op_paths) -> None:
+    u, n, c, c1, c2, m = 2, 70, 16, 8, 8, 3  # n: two full token blocks of the kernel and a part
+    keys, w1, b1 = _f32(u, n, c), _f32(4 * c1, c) * 0.3, _f32(4 * c1)
+    lw, lb, w2, b2, hyper = _f32(c1), _f32(c1), _f32(4 * c2, c1) * 0.3, _f32(4 * c2), _f32(u, m, c2)
+    x = (keys.astype(np.float64) @ w1.T.astype(np.float64) + b1).reshape(u, n * 4, c1)
+    x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-6) * lw + lb
+    x = _act64(_act64(x, "gelu") @ w2.T.astype(np.float64) + b2, "gelu").reshape(u, n * 16, c2)
+    ref = np.einsum("umc,upc->ump", hyper.astype(np.float64), x).reshape(u, m, n, 16)
+    with mx.stream(mx.cpu):
+        ours = cn.ops.mask_upscale(*(mx.array(a) for a in (keys, w1, b1, lw, lb)), 1e-6,
+                                   *(mx.array(a) for a in (w2, b2, hyper)))
+    assert _rel(ours, ref) <= 1e-5, op_paths
+
+
+def test_mask_resize_and_stability(op_paths) -> None:
+    from candle_nn.upsample import bilinear_resize_matrix
+
+    masks = _f32(3, 16, 20) * 2
+    rows = bilinear_resize_matrix(48, 37) @ bilinear_resize_matrix(16, 64, keep=48)  # banded
+    cols = bilinear_resize_matrix(64, 50) @ bilinear_resize_matrix(20, 64)
+    ref = np.einsum("yh,khw,xw->kyx", rows, masks.astype(np.float64), cols)
+    with mx.stream(mx.cpu):
+        ours = cn.ops.resize_masks(mx.array(masks), mx.array(rows.astype(np.float32)),
+                                   mx.array(cols.astype(np.float32)))
+        score = cn.ops.stability_score(mx.array(masks), 0.25, 1.0)
+    assert _rel(ours, ref) <= 1e-5, op_paths
+    expected = (masks > 1.25).sum((1, 2)) / (masks > -0.75).sum((1, 2))
+    np.testing.assert_allclose(np.array(score), expected, rtol=1e-7)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 import numpy as np
 import pytest
 from PIL import Image
@@ -26,6 +27,7 @@ from helpers.sam_decoder_stand_in import install_on_ours
 from conftest import DEVICES, FIXTURES, fixture_dir
 from candle_nn_models.segment_anything import Sam, SamAutomaticMaskGenerator, ViTConfig
 from candle_nn_models.segment_anything import amg
+from candle_nn_models.segment_anything.amg.point_decoder import PointGridDecoder
 
 BOX_TOL = 2  # px: a logit within float32 noise of 0 moves an edge by one pixel
 AREA_TOL = 1e-3
@@ -148,6 +150,22 @@ def test_point_grid_decoder_matches_forward(weights):
     ref = np.array(low_res)[prompts, :, :, which]
     assert ours.shape == ref.shape == (len(prompts), 256, 256)
     np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+def test_point_grid_decoder_compiled_matches_eager(weights):
+    """``decode`` under ``mx.compile`` (the GPUs' default; the image side an input, one trace
+    for two images) gives the eager IoUs and state within float32 rounding."""
+    sam = Sam.load(cn.VarBuilder.from_safetensors(weights, device="cpu"))
+    coords = mx.array(np.random.default_rng(7).uniform(0, 1024, size=(5, 2)).astype(np.float32))
+    for seed in (6, 7):
+        features = mx.random.normal((1, 64, 64, 256), key=mx.random.key(seed))
+        eager = sam.point_grid_decoder(features).decode(coords)
+        compiled = PointGridDecoder(sam, features, compiled=True).decode(coords)
+        for ours, ref in zip(tree_flatten(compiled), tree_flatten(eager)):
+            ref = np.array(ref[1])
+            np.testing.assert_allclose(np.array(ours[1]), ref, rtol=0,
+                                       atol=1e-5 * np.abs(ref).max())
+    assert len(sam.__dict__["_point_grid_decode"]) == 1
 
 
 # -- a ViT encoder (SAM ViT-B/L/H's architecture, small) ----------------------------------------

@@ -1,0 +1,150 @@
+// SAM's mask decoder output upscaling for many prompts (automatic mask generation): per prompt,
+// image tokens (n, c) -> Linear to 2x2 blocks of c1 -> LayerNorm -> GELU -> Linear to 2x2 blocks
+// of c2 -> GELU -> the masks' hypernetwork vectors, m products of c2 -> (m, n, 16) logits in
+// block layout (per token its 4x4 output pixels). As MLX ops that is five passes over
+// intermediates of 4 to 8 MB per prompt, each in a fresh buffer faulted in page by page, and a
+// final product whose transposed operand MLX copies first; here one task per block of tokens of
+// one prompt, every intermediate in per-thread scratch that stays in cache.
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "cpu_eval.h"
+#include "kernels.h"
+#include "math_f32.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "small_gemm.h"
+#include "thread_pool.h"
+
+namespace candle_nn {
+
+namespace {
+
+using small_gemm::gemm_strided;
+using small_gemm::kLanes;
+
+struct Shape {
+  int64_t u, n, c, c1, c2, m, mp;  // mp: m rounded up to 8
+};
+
+// LayerNorm over rows of w floats (w a multiple of 8), then exact GELU, in place.
+CANDLE_NN_INLINE void norm_gelu(float* x, int64_t rows, int64_t w, const float* weight,
+                                const float* bias, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * w;
+    small_gemm::layer_norm_row(row, w, weight, bias, eps);
+    for (int64_t j = 0; j < w; ++j) row[j] = gelu_f32(row[j]);
+  }
+}
+
+// Tokens [i0, i0 + k) of prompt p. w1t (c, 4 c1), w2t (c1, 4 c2): the Linears' weights
+// transposed; ht (c2, mp): the prompt's hypernetwork vectors transposed, zero past m.
+CANDLE_NN_MULTIVERSION
+void upscale_block(const Shape& s, const float* keys, const float* w1t, const float* b1,
+                   const float* ln_w, const float* ln_b, float eps, const float* w2t,
+                   const float* b2, const float* ht, float* out, int64_t p, int64_t i0,
+                   int64_t k) {
+  thread_local std::vector<float> x1, x2, y;
+  x1.resize(k * 4 * s.c1);
+  x2.resize(k * 16 * s.c2);
+  y.resize(k * 16 * s.mp);
+  // x1 (k, 4 c1) = keys · w1ᵀ + b1 (the bias row as init, row stride 0)
+  gemm_strided(keys + (p * s.n + i0) * s.c, s.c, 1, w1t, 4 * s.c1, x1.data(), 4 * s.c1, k,
+               4 * s.c1, s.c, b1, 0, k);
+  norm_gelu(x1.data(), 4 * k, s.c1, ln_w, ln_b, eps);  // rows (token, 2x2 block) of c1
+  gemm_strided(x1.data(), s.c1, 1, w2t, 4 * s.c2, x2.data(), 4 * s.c2, 4 * k, 4 * s.c2, s.c1, b2,
+               0, 4 * k);
+  for (size_t j = 0; j < x2.size(); ++j) x2[j] = gelu_f32(x2[j]);
+  // y (16 k, mp) = rows (token, 4x4 block) of c2 · the hypernetwork vectors
+  gemm_strided(x2.data(), s.c2, 1, ht, s.mp, y.data(), s.mp, 16 * k, s.mp, s.c2, nullptr, 0,
+               16 * k);
+  for (int64_t mm = 0; mm < s.m; ++mm) {
+    float* o = out + ((p * s.m + mm) * s.n + i0) * 16;
+    for (int64_t r = 0; r < 16 * k; ++r) o[r] = y[r * s.mp + mm];
+  }
+}
+
+// dst (cols, rows) = src (rows, cols)ᵀ, zero columns of dst from `rows` to ld.
+void transpose(const float* src, int64_t rows, int64_t cols, float* dst, int64_t ld) {
+  for (int64_t j = 0; j < cols; ++j)
+    for (int64_t i = 0; i < ld; ++i) dst[j * ld + i] = i < rows ? src[i * cols + j] : 0.0f;
+}
+
+void check(bool ok, const char* what) {
+  if (!ok) throw std::invalid_argument(std::string("candle_nn.mask_upscale: ") + what);
+}
+
+Shape shape_of(const std::vector<mx::array>& in) {
+  // keys, w1, b1, ln_w, ln_b, w2, b2, hyper
+  const auto &keys = in[0], &w1 = in[1], &w2 = in[5], &hyper = in[7];
+  Shape s{keys.shape(0), keys.shape(1), keys.shape(2), w1.shape(0) / 4, w2.shape(0) / 4,
+          hyper.shape(1), 0};
+  s.mp = (s.m + kLanes - 1) / kLanes * kLanes;
+  return s;
+}
+
+}  // namespace
+
+mx::array mask_upscale(const mx::array& keys, const mx::array& w1, const mx::array& b1,
+                       const mx::array& ln_w, const mx::array& ln_b, float eps,
+                       const mx::array& w2, const mx::array& b2, const mx::array& hyper,
+                       mx::StreamOrDevice st) {
+  std::vector<const mx::array*> all{&keys, &w1, &b1, &ln_w, &ln_b, &w2, &b2, &hyper};
+  for (const auto* a : all) check_float32_cpu(*a, "mask_upscale");
+  check(!traced({&keys, &w1, &b1, &ln_w, &ln_b, &w2, &b2, &hyper}),
+        "no tracer inputs (use the reference)");
+  check(keys.ndim() == 3 && w1.ndim() == 2 && w2.ndim() == 2 && hyper.ndim() == 3, "ranks");
+  const int64_t c = keys.shape(2), c1 = w1.shape(0) / 4, c2 = w2.shape(0) / 4;
+  check(w1.shape(1) == c && w1.shape(0) == 4 * c1 && w2.shape(1) == c1 &&
+            w2.shape(0) == 4 * c2 && b1.ndim() == 1 && b1.shape(0) == w1.shape(0) && b2.ndim() == 1 &&
+            b2.shape(0) == w2.shape(0) && ln_w.ndim() == 1 && ln_w.shape(0) == c1 &&
+            ln_b.ndim() == 1 && ln_b.shape(0) == c1 && hyper.shape(0) == keys.shape(0) &&
+            hyper.shape(2) == c2,
+        "keys (u, n, c), w1 (4 c1, c), w2 (4 c2, c1), hyper (u, m, c2)");
+  check(c1 % kLanes == 0 && c2 % kLanes == 0 && c % kLanes == 0,
+        "channels must be multiples of 8");
+  auto stream = mx::to_stream(st);
+  std::vector<mx::array> inputs;
+  for (const auto* a : all) inputs.push_back(mx::contiguous(*a, false, stream));
+  mx::Shape shape{keys.shape(0), hyper.shape(1), keys.shape(1), 16};
+  return primitive_output<MaskUpscale>(shape, std::move(inputs), stream, eps);
+}
+
+void MaskUpscale::eval_cpu(const std::vector<mx::array>& inputs,
+                           std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  auto& encoder = begin_eval(stream(), inputs, out);
+  const Shape s = shape_of(inputs);
+  encoder.dispatch([s, eps = eps_, keys = inputs[0].data<float>(), w1 = inputs[1].data<float>(),
+                    b1 = inputs[2].data<float>(), ln_w = inputs[3].data<float>(),
+                    ln_b = inputs[4].data<float>(), w2 = inputs[5].data<float>(),
+                    b2 = inputs[6].data<float>(), hyper = inputs[7].data<float>(),
+                    o = out.data<float>(), bytes = out.nbytes()]() {
+    if (s.u == 0 || s.n == 0 || s.m == 0) return;
+    advise_huge_pages(o, bytes);
+    std::vector<float> w1t(s.c * 4 * s.c1), w2t(s.c1 * 4 * s.c2), ht(s.u * s.c2 * s.mp);
+    transpose(w1, 4 * s.c1, s.c, w1t.data(), 4 * s.c1);
+    transpose(w2, 4 * s.c2, s.c1, w2t.data(), 4 * s.c2);
+    for (int64_t p = 0; p < s.u; ++p)
+      transpose(hyper + p * s.m * s.c2, s.m, s.c2, ht.data() + p * s.c2 * s.mp, s.mp);
+    constexpr int64_t kBlock = 32;
+    const int64_t blocks = (s.n + kBlock - 1) / kBlock;
+    ThreadPool::instance().run(static_cast<int>(s.u * blocks), [&](int task) {
+      const int64_t p = task / blocks, i0 = task % blocks * kBlock;
+      upscale_block(s, keys, w1t.data(), b1, ln_w, ln_b, eps, w2t.data(), b2,
+                    ht.data() + p * s.c2 * s.mp, o, p, i0, std::min(kBlock, s.n - i0));
+    });
+  });
+}
+
+void MaskUpscale::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("candle_nn.mask_upscale: a CPU-only kernel (run on the CPU device)");
+}
+
+bool MaskUpscale::is_equivalent(const mx::Primitive& other) const {
+  auto* p = dynamic_cast<const MaskUpscale*>(&other);
+  return p && p->eps_ == eps_;
+}
+
+}  // namespace candle_nn
