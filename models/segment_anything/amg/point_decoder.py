@@ -263,3 +263,13 @@ def _per_prompt(x: mx.array, b: int) -> mx.array:
     heads, bt, c = x.shape
     return x.reshape(heads, b, bt // b, c).transpose(1, 0, 2, 3).reshape(b, -1, c)
 
+
+def _blocks_as_linear(conv: "ConvTranspose2d") -> tuple[mx.array, mx.array]:
+    """A transposed conv whose stride is its kernel, as the weight ``(kh kw out, in)`` and bias
+    of a Linear from each input pixel to its ``kh x kw`` block of output pixels."""
+    out, kh, kw, cin = conv.weight.shape
+    if conv.config.stride not in ((kh, kw), kh) or conv.config.padding not in (0, (0, 0)):
+        raise ValueError(f"a {kh}x{kw} transposed conv of stride {conv.config.stride} and "
+                         f"padding {conv.config.padding} is not one block per input pixel")
+    weight = conv.weight.transpose(1, 2, 0, 3).reshape(kh * kw * out, cin)
+    return weight, mx.tile(conv.get("bias"), kh * kw)
