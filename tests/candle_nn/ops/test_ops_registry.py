@@ -297,7 +297,8 @@ def test_mask_upscale(op_paths) -> None:
     lw, lb, w2, b2, hyper = _f32(c1), _f32(c1), _f32(4 * c2, c1) * 0.3, _f32(4 * c2), _f32(u, m, c2)
     x = (keys.astype(np.float64) @ w1.T.astype(np.float64) + b1).reshape(u, n * 4, c1)
     x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-6) * lw + lb
-    x = activation64(activation64(x, "gelu") @ w2.T.astype(np.float64) + b2, "gelu").reshape(u, n * 16, c2)
+    x = activation64(activation64(x, "gelu") @ w2.T.astype(np.float64) + b2, "gelu")
+    x = x.reshape(u, n * 16, c2)
     ref = np.einsum("umc,upc->ump", hyper.astype(np.float64), x).reshape(u, m, n, 16)
     with mx.stream(mx.cpu):
         ours = cn.ops.mask_upscale(*(mx.array(a) for a in (keys, w1, b1, lw, lb)), 1e-6,
