@@ -465,14 +465,15 @@ def _depthwise64(x: np.ndarray, w: np.ndarray, padding: tuple[int, int]) -> np.n
 
 
 @pytest.mark.parametrize("shape,kernel,padding", [
-    ((2, 5, 40, 256), (3, 3), (1, 1)),  # strips of 6 pixels across epilogue chunks of 16
-    ((1, 7, 23, 40), (3, 3), (1, 1)), ((1, 4, 9, 24), (5, 3), (2, 0)), ((1, 3, 3, 8), (3, 3), (2, 2)),
-    ((1, 6, 1, 16), (3, 3), (1, 1)), ((1, 5, 11, 12), (3, 3), (1, 1)),  # 12: the per-pixel loop
+    ((2, 5, 40, 256), (3, 3), (1, 1)),  # rows of 40 pixels across epilogue chunks of 16
+    ((1, 7, 23, 40), (3, 3), (1, 1)), ((1, 4, 9, 24), (5, 3), (2, 0)),
+    ((1, 3, 3, 8), (3, 3), (2, 2)), ((1, 6, 1, 16), (3, 3), (1, 1)),
+    ((1, 5, 11, 12), (3, 3), (1, 1)),  # 12 channels: a vector of 8 and 4 single ones
 ])
 @pytest.mark.parametrize("act,mode", [("gelu", "before"), (None, "none"), ("silu", "after")])
 def test_depthwise_stride1_against_float64(path, shape, kernel, padding, act, mode) -> None:
-    """Every pixel of a stride-1 depthwise conv with its epilogue (the interior pixels of a
-    3-wide kernel go through the kernel's strips) vs float64: within 1e-5 of the output's max."""
+    """Every pixel of a stride-1 depthwise conv with its fused epilogue (activation, residual
+    before or after it) vs float64: within 1e-5 of the output's max."""
     rng = np.random.default_rng(shape[2] + kernel[0])
     c = shape[3]
     x = rng.standard_normal(shape, dtype=np.float32)
