@@ -8,8 +8,9 @@
 #include <cstring>
 
 // Always inlined: an out-of-line call in a loop keeps GCC from vectorising it, and in the large
-// kernel files its inliner stops inlining these once its unit-growth budget is spent (the
-// in-place GELU/SiLU epilogues of every packed-GEMM and depthwise tile ran scalar, ~4x slower).
+// kernel files (kernels.cpp's epilogue instantiations) GCC's inliner stops inlining plain
+// `inline` functions once its unit-growth budget is spent, which leaves the GELU/SiLU epilogue
+// of every packed-GEMM and depthwise tile scalar (~4x slower).
 #define CANDLE_NN_MATH_INLINE inline __attribute__((always_inline))
 
 namespace candle_nn {
