@@ -10,6 +10,9 @@ in place before ``mlx.core`` is imported:
 3. an optimized CPU BLAS bound to MLX alone on Linux, in place of the reference BLAS MLX's wheel
    bundles (``blas.py``; ``CANDLE_NN_BLAS=off`` opts out).
 
+And one that only applies to later allocations but belongs with them: glibc's malloc keeps large
+freed blocks for reuse (``cpu_malloc.py``; ``CANDLE_NN_CPU_MALLOC=os`` opts out).
+
 ``candle_nn/__init__.py`` imports this module first, so importing anything from candle_nn applies
 the policy. The one rule for code that uses both: **import candle_nn before mlx**. Library users
 write ``import candle_nn`` first (a late one warns: the BLAS cannot be bound once MLX has loaded);
@@ -25,8 +28,9 @@ candle_nn, NumPy and MLX load.)
 
 from __future__ import annotations
 
-from . import blas, cuda_launch, precision
+from . import blas, cpu_malloc, cuda_launch, precision
 
 precision.configure_from_env()
+cpu_malloc.configure()
 cuda_launch.configure_from_env()
 blas.preload()

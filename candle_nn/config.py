@@ -38,6 +38,8 @@ SETTINGS: tuple[Setting, ...] = (
             "threads of the compiled CPU kernels when the BLAS cannot say"),
     Setting("CANDLE_NN_CPU_ISA", "auto",
             "the packed GEMM's and Winograd's micro-kernels: `auto` (per CPU), `avx512`, `avx2`"),
+    Setting("CANDLE_NN_CPU_MALLOC", "reuse",
+            "`reuse`: glibc keeps large freed blocks for reuse; `os`: its defaults"),
     Setting("CANDLE_NN_CUDA_KERNELS", "all",
             "`all`, `0` (none), or a comma list of CUDA kernels to keep for every dtype"),
     Setting("CANDLE_NN_FIXTURES", "", "the reference fixtures folder (tests, benchmarks)"),

@@ -29,6 +29,7 @@ class Info(dict):
             f"CPU: {cpu['name'] or 'unknown'} ({cpu['microarchitecture']}, AVX-512 units "
             f"{cpu['avx512_width'] or 'none'}); micro-kernels: GEMM {cpu['gemm']}, Winograd "
             f"{cpu['winograd']} - {cpu['why']}",
+            f"CPU malloc: {self['cpu_malloc']['state']} - {self['cpu_malloc']['detail']}",
             f"float32 precision on GPU: {self['float32_precision']}",
             "op implementations (op: name [backend], - off, ? cannot run here):",
         ]
@@ -49,7 +50,8 @@ def info() -> Info:
     backends/cpu/kernels.py), ``cpu_fast`` (whether the CPU implementations are switched on),
     ``cpu_gemm`` (what the CPU convs and Linear layers multiply with: ``"packed avx512"``/
     ``"packed avx2"`` (the packed GEMM) or ``"blas"``), ``float32_precision`` (``"exact"`` or
-    ``"tf32"``), ``cpu`` (``name``, ``microarchitecture``, ``avx512_width`` and the
+    ``"tf32"``), ``cpu_malloc`` (``state``, ``detail``: see candle_nn/cpu_malloc.py), ``cpu``
+    (``name``, ``microarchitecture``, ``avx512_width`` and the
     micro-kernels the packed GEMM and Winograd use here, ``gemm``, ``winograd``, ``why``: see
     backends/cpu/cpu_model.py), ``ops`` (every registered implementation:
     ``candle_nn.ops.status()``).
@@ -59,6 +61,7 @@ def info() -> Info:
     from . import ops
     from .backends.cpu import cpu_model, kernels
     from .blas import status
+    from .cpu_malloc import status as malloc_status
     from .device import Device
     from .precision import float32_precision
     from .version import __version__
@@ -80,6 +83,7 @@ def info() -> Info:
         cpu_gemm=(f"packed {kernels.module().packed_gemm_isa()}"
                   if gemm["enabled"] and gemm["available"] else "blas"),
         float32_precision=float32_precision(),
+        cpu_malloc=malloc_status().as_dict(),
         cpu={"name": cpu.name, "microarchitecture": cpu_model.microarchitecture(cpu),
              "avx512_width": cpu_model.avx512_width(cpu), "gemm": plan.gemm,
              "winograd": plan.winograd, "why": plan.why},

@@ -438,6 +438,46 @@ def test_depthwise_kernel_gives_the_same_bits_on_one_and_two_threads() -> None:
         x, w, b, None, (1, 1), (1, 1), (1, 1), kernels.Act.gelu, kernels.Residual.none)])
 
 
+def _depthwise64(x: np.ndarray, w: np.ndarray, padding: tuple[int, int]) -> np.ndarray:
+    """Stride-1 depthwise conv in float64: x (N, H, W, C), w (C, kH, kW, 1)."""
+    (ph, pw), (_, kh, kw, _) = padding, w.shape
+    xp = np.pad(x.astype(np.float64), [(0, 0), (ph, ph), (pw, pw), (0, 0)])
+    oh, ow = xp.shape[1] - kh + 1, xp.shape[2] - kw + 1
+    out = np.zeros((x.shape[0], oh, ow, x.shape[3]))
+    for i in range(kh):
+        for j in range(kw):
+            out += xp[:, i:i + oh, j:j + ow, :] * w[:, i, j, 0].astype(np.float64)
+    return out
+
+
+@pytest.mark.parametrize("shape,kernel,padding", [
+    ((2, 5, 40, 256), (3, 3), (1, 1)),  # rows of 40 pixels across epilogue chunks of 16
+    ((1, 7, 23, 40), (3, 3), (1, 1)), ((1, 4, 9, 24), (5, 3), (2, 0)),
+    ((1, 3, 3, 8), (3, 3), (2, 2)), ((1, 6, 1, 16), (3, 3), (1, 1)),
+    ((1, 5, 11, 12), (3, 3), (1, 1)),  # 12 channels: a vector of 8 and 4 single ones
+])
+@pytest.mark.parametrize("act,mode", [("gelu", "before"), (None, "none"), ("silu", "after")])
+def test_depthwise_stride1_against_float64(path, shape, kernel, padding, act, mode) -> None:
+    """Every pixel of a stride-1 depthwise conv with its fused epilogue (activation, residual
+    before or after it) vs float64: within 1e-5 of the output's max."""
+    rng = np.random.default_rng(shape[2] + kernel[0])
+    c = shape[3]
+    x = rng.standard_normal(shape, dtype=np.float32)
+    w = rng.standard_normal((c, *kernel, 1), dtype=np.float32)
+    b = rng.standard_normal(c, dtype=np.float32)
+    v = _depthwise64(x, w, padding) + b
+    r = rng.standard_normal(v.shape, dtype=np.float32)
+    residual = None if mode == "none" else mx.array(r)
+    with mx.stream(mx.cpu):
+        ours = np.array(cn.ops.depthwise_conv2d(
+            mx.array(x), mx.array(w), mx.array(b), (1, 1), padding, activation=act,
+            residual=residual, residual_after_activation=mode == "after"))
+    ref = _reference(v + (r if mode == "before" else 0), act or "identity")
+    ref = ref + (r if mode == "after" else 0)
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
+
+
 def test_depthwise_gradients_match_the_plain_ops(path) -> None:
     """Under mx.grad the depthwise kernel builds MLX's grouped conv: the plain ops' gradients."""
     rng = np.random.default_rng(22)
