@@ -472,7 +472,7 @@ def test_depthwise_stride1_against_float64(path, shape, kernel, padding, act, mo
         ours = np.array(cn.ops.depthwise_conv2d(
             mx.array(x), mx.array(w), mx.array(b), (1, 1), padding, activation=act,
             residual=residual, residual_after_activation=mode == "after"))
-    ref = _reference(v + (r if mode == "before" else 0), act or "identity")
+    ref = activation64(v + (r if mode == "before" else 0), act or "identity")
     ref = ref + (r if mode == "after" else 0)
     assert ours.shape == ref.shape
     assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
