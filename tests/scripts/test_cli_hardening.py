@@ -21,6 +21,7 @@ from safetensors.numpy import save_file
 
 from helpers.cli import bomb_png, cli_command, cli_env, noise, run_cli
 from conftest import FIXTURES, ROOT, error_line, fixture_dir
+from candle_nn.atomic_write import is_staging
 from candle_nn_models.imagenet import preprocess
 import candle_nn_models.imagenet as imagenet
 from candle_nn_models.scripts import resnet, segment_anything, yolo_v8
@@ -218,16 +219,22 @@ def _interrupt(argv, wait_for: bytes | None, delay: float):
 @pytest.mark.parametrize("moment", ["start-up", "encoder"])
 def test_ctrl_c_exits_130_with_one_line(weights, tmp_path, moment):
     out_dir = tmp_path / "out"
-    argv = cli_command("sam", "--image", BIKE, BIKE, "--point", "0.5,0.5", "--weights",
+    images = [tmp_path / f"bike{i}.jpg" for i in range(16)]
+    for image in images:
+        shutil.copyfile(BIKE, image)
+    argv = cli_command("sam", "--image", *images, "--point", "0.5,0.5", "--weights",
                        weights["sam"], "--out", out_dir, "--verbose")
     # --verbose prints the runtime summary right before the weights load; the MobileSAM encoder
-    # (several seconds on a CPU) starts ~0.1 s later, so 1.5 s after it we are inside a forward.
+    # starts ~0.1 s later and runs once per image (0.5-2 s each on a 2-core CPU), so 1.5 s after
+    # it the run is inside a forward, long before the sixteenth image.
     wait_for, delay = (None, 0.3) if moment == "start-up" else (b"float32 precision", 1.5)
     code, err, latency = _interrupt(argv, wait_for, delay)
     assert code == 130, err
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "error: interrupted", err
     assert latency < 5.0  # not after the forward: the watcher thread exits at once
-    assert not out_dir.exists() or list(out_dir.iterdir()) == []  # no staged file left
+    written = [p.name for p in out_dir.iterdir()] if out_dir.exists() else []
+    assert not any(is_staging(name) for name in written), written  # no staged file left
+    assert not any(name.startswith("bike15") for name in written), written  # stopped early
 
 
 # --- item 5: non-finite outputs ------------------------------------------------------------
