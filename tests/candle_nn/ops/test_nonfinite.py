@@ -210,3 +210,62 @@ def test_nan_positions_on_every_device(device, op):
             want = np.broadcast_to(want, y.shape)
         got = np.isnan(np.array(y))
     np.testing.assert_array_equal(got, want)
+
+
+def test_point_attention_propagates_nonfinite(path):
+    """The AMG decoder's fused attention: a NaN / Inf image token reaches the outputs as the
+    plain ops' softmax and LayerNorm carry it."""
+    b, n, c, heads, t, d = 2, 90, 24, 2, 3, 4
+    image = poisoned((b, n, c))
+    r = np.random.default_rng(11)
+    folded, values = (r.standard_normal((b, heads * t, c)).astype(np.float32) for _ in range(2))
+    pe = r.standard_normal((heads, n, d)).astype(np.float32)
+    q = r.standard_normal((heads, b * t, d)).astype(np.float32)
+    w, lb = r.standard_normal(c).astype(np.float32), r.standard_normal(c).astype(np.float32)
+    same_nonfinite(lambda a: cn.ops.point_pool(mx.array(folded), mx.array(a), mx.array(pe),
+                                               mx.array(q)), image)
+    same_nonfinite(lambda a: cn.ops.point_spread(mx.array(a), mx.array(folded), mx.array(pe),
+                                                 mx.array(q), mx.array(values), mx.array(w),
+                                                 mx.array(lb), 1e-5), image)
+
+
+def test_mask_upscale_propagates_nonfinite(path):
+    u, n, c, c1, c2, m = 2, 40, 16, 8, 8, 3
+    keys = poisoned((u, n, c))
+    r = np.random.default_rng(12)
+    w1, b1 = r.standard_normal((4 * c1, c)).astype(np.float32), np.zeros(4 * c1, np.float32)
+    lw, lb = np.ones(c1, np.float32), np.zeros(c1, np.float32)
+    w2, b2 = r.standard_normal((4 * c2, c1)).astype(np.float32), np.zeros(4 * c2, np.float32)
+    hyper = r.standard_normal((u, m, c2)).astype(np.float32)
+    same_nonfinite(lambda a: cn.ops.mask_upscale(
+        mx.array(a), *(mx.array(x) for x in (w1, b1, lw, lb)), 1e-6,
+        *(mx.array(x) for x in (w2, b2, hyper))), keys)
+
+
+def test_mask_resize_and_stability_with_nonfinite_logits(path):
+    """Resizing makes every pixel whose bilinear taps touch a NaN / Inf logit non-finite (the
+    banded kernel exactly those, as PyTorch's interpolate; the dense reference product also
+    the rest of their rows and columns, through 0 x NaN) and the other pixels equal to the
+    resize of the finite logits. The stability score counts them as the plain comparisons do
+    (NaN is above no threshold, +Inf above every one)."""
+    from candle_nn.upsample import bilinear_resize_matrix
+
+    masks = poisoned((3, 16, 20))
+    rows = bilinear_resize_matrix(48, 37) @ bilinear_resize_matrix(16, 64, keep=48)
+    cols = bilinear_resize_matrix(64, 50) @ bilinear_resize_matrix(20, 64)
+    with mx.stream(mx.cpu):
+        fast = np.array(cn.ops.resize_masks(mx.array(masks), mx.array(rows.astype(np.float32)),
+                                            mx.array(cols.astype(np.float32))))
+    bad = ~np.isfinite(masks)
+    touched = np.einsum("yh,khw,xw->kyx", (rows != 0) * 1.0, bad * 1.0, (cols != 0) * 1.0) > 0
+    assert touched.any() and not np.isfinite(fast[touched]).any()
+    if path == "native":  # the finite rest is checked below
+        np.testing.assert_array_equal(~np.isfinite(fast), touched)
+    ref = np.einsum("yh,khw,xw->kyx", rows, np.where(bad, 0.0, masks.astype(np.float64)), cols)
+    finite = np.isfinite(fast)
+    assert np.abs(fast[finite] - ref[finite]).max(initial=0.0) <= 1e-5
+    with mx.stream(mx.cpu):
+        score = np.array(cn.ops.stability_score(mx.array(masks), 0.25, 1.0))
+        with cn.ops.disabled("cpu"):
+            plain = np.array(cn.ops.stability_score(mx.array(masks), 0.25, 1.0))
+    np.testing.assert_array_equal(score, plain)
