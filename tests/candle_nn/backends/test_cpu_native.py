@@ -561,3 +561,28 @@ def test_gradients_flow_through_the_fused_layers(path) -> None:
         return (cn.softmax(cn.gelu(y)) * y).sum()
 
     _assert_grad_matches_the_plain_ops(loss, conv.weight, path)
+
+
+def test_amg_kernels_train_through_their_references(path) -> None:
+    """The AMG decoder's kernels have no VJP of their own: under mx.grad the dispatcher runs
+    their plain-MLX references, so the gradients are the plain ops' (a kernel reached by a
+    tracer would raise instead)."""
+    r = np.random.default_rng(23)
+
+    def f32(*shape):
+        return mx.array(r.standard_normal(shape).astype(np.float32))
+
+    b, n, c, heads, t, d = 2, 40, 16, 2, 3, 4
+    image, folded, values = f32(b, n, c), f32(b, heads * t, c), f32(b, heads * t, c)
+    pe, q, w, lb = f32(heads, n, d), f32(heads, b * t, d), f32(c), f32(c)
+    _assert_grad_matches_the_plain_ops(
+        lambda x: cn.ops.point_pool(folded, x, pe, q).sum(), image, path)
+    _assert_grad_matches_the_plain_ops(
+        lambda x: (cn.ops.point_spread(x, folded, pe, q, values, w, lb, 1e-5) ** 2).sum(),
+        image, path)
+    u, c1, c2, m = 2, 8, 8, 3
+    w1, b1, lw, lb1 = f32(4 * c1, c), f32(4 * c1), f32(c1), f32(c1)
+    w2, b2, hyper = f32(4 * c2, c1), f32(4 * c2), f32(u, m, c2)
+    _assert_grad_matches_the_plain_ops(
+        lambda k: cn.ops.mask_upscale(k, w1, b1, lw, lb1, 1e-6, w2, b2, hyper).sum(),
+        f32(u, n, c), path)
