@@ -83,13 +83,14 @@ def test_no_unresolved_merge_conflict_markers_in_tracked_text() -> None:
 
 
 def test_the_results_tables_are_generated_from_the_results_files() -> None:
-    """Each results table in the README (the AMG one: docs/benchmarks.md) is
+    """Each results table in the README (the AMG and AVX-512 ones: docs/benchmarks.md) is
     ``bench_report.markdown`` of a JSON run in benchmarks/results/ (regenerate: ``python -m
     benchmarks --report FILE --markdown OUT``), and each file names its machine and command."""
     from benchmarks import bench_report
 
     benchmarks_page = (ROOT / "docs" / "benchmarks.md").read_text()
-    for name, page in (("cpu.json", README), ("h100.json", README), ("amg.json", benchmarks_page)):
+    for name, page in (("cpu.json", README), ("h100.json", README), ("amg.json", benchmarks_page),
+                       ("cpu-avx512.json", benchmarks_page)):
         path = ROOT / "benchmarks" / "results" / name
         report = bench_report.read_saved_run(str(path))
         assert report["meta"]["command"].startswith("python -m benchmarks ")
