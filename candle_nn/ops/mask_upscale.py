@@ -24,8 +24,14 @@ def mask_upscale(keys: mx.array, w1: mx.array, b1: mx.array, ln_weight: mx.array
     image token its ``4 x 4`` output pixels, index ``4 (2 a + b) + 2 c + d`` for the first
     conv's block offset ``(a, b)`` and the second's ``(c, d)``.
     """
-    u, n, _ = keys.shape
-    x = linear(keys, w1, b1)  # (u, n, 2*2*c1)
+    return upscale_blocks(linear(keys, w1, b1), ln_weight, ln_bias, eps, w2, b2, hyper)
+
+
+def upscale_blocks(x: mx.array, ln_weight: mx.array, ln_bias: mx.array, eps: float,
+                   w2: mx.array, b2: mx.array, hyper: mx.array) -> mx.array:
+    """:func:`mask_upscale` from the first Linear's output ``x (u, n, 4 c1)`` on, as MLX ops
+    (for callers that have ``x`` in another form, e.g. factored)."""
+    u, n, _ = x.shape
     x = gelu(layer_norm(x.reshape(u, n * 4, -1), ln_weight, ln_bias, eps))  # (u, n 2*2, c1)
     x = linear(x, w2, b2, "gelu")  # (u, n 2*2, 2*2*c2)
     x = hyper @ x.reshape(u, n * 16, -1).swapaxes(1, 2)  # (u, m, n 16)
