@@ -116,14 +116,14 @@ NB_MODULE(_cpu_kernels, m) {
   m.def(
       "point_norm",
       [](const mx::array& probs, const mx::array& sq, const mx::array& lp_shared,
-         const mx::array& lp_tok, const mx::array& lin0, const mx::array& gram, bool ones,
+         const mx::array& lp_tok, const mx::array& lin0, const mx::array& gram,
          float eps, int channels, std::optional<mx::array> scale,
          std::optional<mx::array> coeff, std::optional<mx::array> lc_shared,
          std::optional<mx::array> lc_tok) {
-        return candle_nn::point_norm(probs, sq, lp_shared, lp_tok, lin0, gram, ones, eps,
+        return candle_nn::point_norm(probs, sq, lp_shared, lp_tok, lin0, gram, eps,
                                      channels, scale, coeff, lc_shared, lc_tok);
       },
-      "probs"_a, "sq"_a, "lp_shared"_a, "lp_tok"_a, "lin0"_a, "gram"_a, "ones"_a, "eps"_a,
+      "probs"_a, "sq"_a, "lp_shared"_a, "lp_tok"_a, "lin0"_a, "gram"_a, "eps"_a,
       "channels"_a, "scale"_a = nb::none(), "coeff"_a = nb::none(), "lc_shared"_a = nb::none(),
       "lc_tok"_a = nb::none(),
       "A LayerNorm's 1 / std of factored rows times their coefficients -> (b, n, mu). float32.");

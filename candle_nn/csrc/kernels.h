@@ -210,12 +210,12 @@ mx::array point_probs(const mx::array& pe, const mx::array& k, int t,
                       const std::optional<mx::array>& shared,
                       const std::optional<mx::array>& coeff, const std::optional<mx::array>& fold,
                       const std::optional<mx::array>& bias, mx::StreamOrDevice s = {});
-// point_norm: u = [coeff, probs, 1 if ones, 0...] (b, n, mu), mu rounded up to 8; out = inv u,
+// point_norm: u = [coeff, probs, 0...] (b, n, mu), mu rounded up to 8; out = inv u,
 // inv = 1 / sqrt((s² sq + 2 s lin + u gram[p] uᵀ) / channels + eps), s = scale (or 1), lin =
 // lin0 + Σ probs (lp_shared · lp_tok) [+ Σ coeff (lc_shared · lc_tok)] per head.
 mx::array point_norm(const mx::array& probs, const mx::array& sq, const mx::array& lp_shared,
                      const mx::array& lp_tok, const mx::array& lin0, const mx::array& gram,
-                     bool ones, float eps, int channels, const std::optional<mx::array>& scale,
+                     float eps, int channels, const std::optional<mx::array>& scale,
                      const std::optional<mx::array>& coeff,
                      const std::optional<mx::array>& lc_shared,
                      const std::optional<mx::array>& lc_tok, mx::StreamOrDevice s = {});
@@ -239,10 +239,9 @@ class PointProbs : public mx::Primitive {
 
 class PointNorm : public mx::Primitive {
  public:
-  PointNorm(mx::Stream stream, float eps, int channels, bool ones, bool has_scale,
-            bool has_coeff)
-      : mx::Primitive(stream), eps_(eps), channels_(channels), ones_(ones),
-        has_scale_(has_scale), has_coeff_(has_coeff) {}
+  PointNorm(mx::Stream stream, float eps, int channels, bool has_scale, bool has_coeff)
+      : mx::Primitive(stream), eps_(eps), channels_(channels), has_scale_(has_scale),
+        has_coeff_(has_coeff) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "CandleNNPointNorm"; }
@@ -251,7 +250,7 @@ class PointNorm : public mx::Primitive {
  private:
   float eps_;
   int channels_;
-  bool ones_, has_scale_, has_coeff_;
+  bool has_scale_, has_coeff_;
 };
 
 class PointPool : public mx::Primitive {

@@ -76,11 +76,15 @@ CANDLE_NN_INLINE void scores(const PerHead& h, const float* scale, const float* 
                              int64_t mc, const float* foldt, const float* shared, const float* pe,
                              const float* kt, float* s, float* tmp, int64_t p, int64_t i0,
                              int64_t m) {
-  if (coeff != nullptr)
-    gemm_strided(coeff + (p * h.n + i0) * mc, mc, 1, foldt, h.ld, s, h.ld, m, h.ld, mc, nullptr,
+  // columns past round8(r) are only ever added to (the last head's positional tile)
+  if (coeff != nullptr) {
+    const int64_t cols = round8(h.r);
+    gemm_strided(coeff + (p * h.n + i0) * mc, mc, 1, foldt, h.ld, s, h.ld, m, cols, mc, nullptr,
                  0, m);
-  else
+    for (int64_t i = 0; i < m; ++i) std::fill(s + i * h.ld + cols, s + (i + 1) * h.ld, 0.0f);
+  } else {
     std::fill(s, s + m * h.ld, 0.0f);
+  }
   if (shared != nullptr) {
     std::fill(tmp, tmp + m * h.ld, 0.0f);
     add_per_head(h, shared, kt, tmp, h.ld, i0, m);
@@ -146,10 +150,9 @@ void probs_block(const PerHead& h, const float* scale, const float* coeff, int64
 // -- point_norm --------------------------------------------------------------------------------
 struct NormDims {
   int64_t mc, mu, channels;
-  bool ones;
 };
 
-// u (m x mu) rows [coeff, probs, 1?, 0...] of rows [i0, i0 + m); then out = inv u with inv the
+// u (m x mu) rows [coeff, probs, 0...] of rows [i0, i0 + m); then out = inv u with inv the
 // rows' 1 / sqrt(var + eps), var = (s² sq + 2 s lin + u G uᵀ) / channels.
 CANDLE_NN_MULTIVERSION
 void norm_block(const PerHead& h, const NormDims& nd, const float* scale, const float* coeff,
@@ -166,7 +169,6 @@ void norm_block(const PerHead& h, const NormDims& nd, const float* scale, const 
     for (int64_t j = 0; j < nd.mc; ++j) row[j] = coeff[g * nd.mc + j];
     for (int64_t j = 0; j < h.r; ++j) row[nd.mc + j] = probs[g * h.r + j];
     for (int64_t j = nd.mc + h.r; j < nd.mu; ++j) row[j] = 0.0f;
-    if (nd.ones) row[nd.mc + h.r] = 1.0f;
   }
   gemm_strided(u.data(), nd.mu, 1, gram + p * nd.mu * nd.mu, nd.mu, t.data(), nd.mu, m, nd.mu,
                nd.mu, nullptr, 0, m);
@@ -363,7 +365,7 @@ bool PointProbs::is_equivalent(const mx::Primitive& other) const {
 // -- point_norm --------------------------------------------------------------------------------
 mx::array point_norm(const mx::array& probs, const mx::array& sq, const mx::array& lp_shared,
                      const mx::array& lp_tok, const mx::array& lin0, const mx::array& gram,
-                     bool ones, float eps, int channels, const std::optional<mx::array>& scale,
+                     float eps, int channels, const std::optional<mx::array>& scale,
                      const std::optional<mx::array>& coeff,
                      const std::optional<mx::array>& lc_shared,
                      const std::optional<mx::array>& lc_tok, mx::StreamOrDevice s) {
@@ -378,9 +380,9 @@ mx::array point_norm(const mx::array& probs, const mx::array& sq, const mx::arra
   check(coeff.has_value() == lc_shared.has_value() && lc_shared.has_value() == lc_tok.has_value(),
         op, "coeff with lc_shared and lc_tok");
   const int64_t mc = coeff ? coeff->shape(2) : 0;
-  const int64_t mu = round8(mc + r + (ones ? 1 : 0));
+  const int64_t mu = round8(mc + r);
   check(gram.ndim() == 3 && gram.shape(0) == b && gram.shape(1) == mu && gram.shape(2) == mu, op,
-        "gram (b, mu, mu), mu = coeff's and probs' columns (+ 1 with ones) rounded up to 8");
+        "gram (b, mu, mu), mu = coeff's and probs' columns rounded up to 8");
   check(channels > 0, op, "channels must be positive");
   auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs = contiguous({&probs, &sq, &lp_shared, &lp_tok, &lin0, &gram},
@@ -401,7 +403,7 @@ mx::array point_norm(const mx::array& probs, const mx::array& sq, const mx::arra
   }
   for (const auto& a : inputs) check(!traced({&a}), op, "no tracer inputs (use the reference)");
   mx::Shape shape{static_cast<int>(b), static_cast<int>(n), static_cast<int>(mu)};
-  return primitive_output<PointNorm>(shape, std::move(inputs), stream, eps, channels, ones,
+  return primitive_output<PointNorm>(shape, std::move(inputs), stream, eps, channels,
                                      scale.has_value(), coeff.has_value());
 }
 
@@ -422,7 +424,7 @@ void PointNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     lc_shared = inputs[next++].data<float>();
     lc_tok = inputs[next++].data<float>();
   }
-  NormDims nd{mc, out.shape(2), channels_, ones_};
+  NormDims nd{mc, out.shape(2), channels_};
   encoder.dispatch([h, hc, nd, eps = eps_, scale, coeff, lc_shared, lc_tok,
                     probs = inputs[0].data<float>(), sq = inputs[1].data<float>(),
                     lp_shared = inputs[2].data<float>(), lp_tok = inputs[3].data<float>(),
@@ -453,7 +455,7 @@ void PointNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&)
 
 bool PointNorm::is_equivalent(const mx::Primitive& other) const {
   auto* p = dynamic_cast<const PointNorm*>(&other);
-  return p && p->eps_ == eps_ && p->channels_ == channels_ && p->ones_ == ones_ &&
+  return p && p->eps_ == eps_ && p->channels_ == channels_ &&
          p->has_scale_ == has_scale_ && p->has_coeff_ == has_coeff_;
 }
 

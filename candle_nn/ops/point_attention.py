@@ -54,12 +54,12 @@ def point_probs(pe: mx.array, k: mx.array, t: int, scale: mx.array | None = None
 
 @op("point_norm")
 def point_norm(probs: mx.array, sq: mx.array, lp_shared: mx.array, lp_tok: mx.array,
-               lin0: mx.array, gram: mx.array, ones: bool, eps: float, channels: int,
+               lin0: mx.array, gram: mx.array, eps: float, channels: int,
                scale: mx.array | None = None, coeff: mx.array | None = None,
                lc_shared: mx.array | None = None, lc_tok: mx.array | None = None) -> mx.array:
     """A LayerNorm's ``1 / sqrt(var + eps)`` of factored rows, times their coefficients.
 
-    The rows (centred) are ``s z + u B`` with ``u = [coeff, probs, 1 if ones, 0...] (b, n, mu)``
+    The rows (centred) are ``s z + u B`` with ``u = [coeff, probs, 0...] (b, n, mu)``
     (``mu`` rounded up to 8), ``s = scale`` (or 1): ``var = (s² sq + 2 s lin + u gram uᵀ) /
     channels`` where ``sq = |z|²``, ``gram = B Bᵀ`` and ``lin = z · (u B)`` = ``lin0 + Σ probs
     (lp_shared · lp_tok) + Σ coeff (lc_shared · lc_tok)`` (per-head products).
@@ -70,10 +70,8 @@ def point_norm(probs: mx.array, sq: mx.array, lp_shared: mx.array, lp_tok: mx.ar
     ``inv u (b, n, mu)``."""
     b, n, _ = probs.shape
     parts = [probs] if coeff is None else [coeff, probs]
-    width = sum(p.shape[-1] for p in parts) + int(ones)
+    width = sum(p.shape[-1] for p in parts)
     mu = gram.shape[-1]
-    if ones:
-        parts.append(mx.ones((b, n, 1), dtype=probs.dtype))
     if mu > width:
         parts.append(mx.zeros((b, n, mu - width), dtype=probs.dtype))
     u = mx.concatenate(parts, axis=-1)

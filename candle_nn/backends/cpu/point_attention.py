@@ -35,7 +35,7 @@ def point_probs(pe, k, t, scale=None, shared=None, coeff=None, fold=None, bias=N
     return kernels.module().point_probs(pe, k, t, scale, shared, coeff, fold, bias)
 
 
-def _norm_applies(probs, sq, lp_shared, lp_tok, lin0, gram, ones, eps, channels, scale=None,
+def _norm_applies(probs, sq, lp_shared, lp_tok, lin0, gram, eps, channels, scale=None,
                   coeff=None, lc_shared=None, lc_tok=None) -> bool:
     return (kernels.float32_cpu(probs.dtype)
             and _f32(sq, lp_shared, lp_tok, lin0, gram, scale, coeff, lc_shared, lc_tok)
@@ -45,10 +45,10 @@ def _norm_applies(probs, sq, lp_shared, lp_tok, lin0, gram, ones, eps, channels,
 
 @register("point_norm", "point_norm", "cpu", applies=_norm_applies, available=kernels.loaded,
           works_around="per-head products and quadratic forms as passes over (b, n, m)")
-def point_norm(probs, sq, lp_shared, lp_tok, lin0, gram, ones, eps, channels, scale=None,
+def point_norm(probs, sq, lp_shared, lp_tok, lin0, gram, eps, channels, scale=None,
                coeff=None, lc_shared=None, lc_tok=None):
     kernels.sync_threads()
-    return kernels.module().point_norm(probs, sq, lp_shared, lp_tok, lin0, gram, ones, eps,
+    return kernels.module().point_norm(probs, sq, lp_shared, lp_tok, lin0, gram, eps,
                                        channels, scale, coeff, lc_shared, lc_tok)
 
 

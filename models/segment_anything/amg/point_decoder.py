@@ -17,18 +17,19 @@ in another order (equal within float32 rounding):
   times the first LayerNorm's weight, that centred times the second's; ``scale (b, n)`` the
   LayerNorms' per-row ``1 / std``; ``coeff (b, n, m)``, ``basis (b, m, c)`` per prompt: after
   the first block ``m = 56``, its attention probabilities over the tokens' values through the
-  output projection; after the second ``m = 120``, both blocks' and the first LayerNorm's
-  bias, zero-padded). Every use of the image tokens is a product with the shared rows' per-head
-  projections (once per image) plus one with the ``m`` coefficients per prompt; the
-  LayerNorms' row statistics come from centred forms (``|s z + u B|² = s² |z|² + 2 s u (z Bᵀ)
-  + u (B Bᵀ) uᵀ``, ``z Bᵀ`` through the image side's products with the output projections);
+  output projection; after the second ``m = 112``, both blocks', the second's values carrying
+  the first LayerNorm's bias). Every use of the image tokens is a product with the shared
+  rows' per-head projections (once per image) plus one with the ``m`` coefficients per prompt;
+  the LayerNorms' row statistics come from centred forms (``|s z + u B|² = s² |z|² + 2 s u (z
+  Bᵀ) + u (B Bᵀ) uᵀ``, ``z Bᵀ`` through the image side's products with the output
+  projections);
 * :meth:`decode` stops at the tokens: predicted IoUs and the masks' hypernetwork vectors; the
   output upscaling runs in :meth:`masks` only for the prompts and masks the caller keeps (those
   that pass the predicted-IoU filter), its first transposed conv factored the same way
   (``y2 W1ᵀ`` per image plus ``coeff (basis W1ᵀ)``).
 
-Per prompt about 210 M multiply-adds for the tokens (411 M with the image tokens whole) and
-255 M for a kept prompt's upscaling (402 M). The per-prompt work goes through candle_nn's ops
+Per prompt about 206 M multiply-adds between the tokens and the image tokens (433 M with the
+image tokens whole) and 265 M for a kept prompt's upscaling (409 M). The per-prompt work goes through candle_nn's ops
 ``point_probs``, ``point_norm``, ``point_pool`` (:mod:`candle_nn.ops.point_attention`) and
 ``mask_upscale``: on the CPU compiled kernels, one prompt or block of its rows per task on the
 thread pool; elsewhere their plain-MLX references, whose products with the shared rows are one
@@ -262,7 +263,7 @@ def _first_image_to_tokens(attn: "Attention", norm: "LayerNorm", side: dict, k_i
     centred = values - mean[..., None]
     probs = cn.ops.point_probs(side["first_queries"], k, k_in.shape[1])  # (b, n, r)
     coeff = cn.ops.point_norm(probs, side["centred0_sq"], side["centred0_out"], v,
-                              side["centred0_bias"], _gram(centred), False, norm.config.eps,
+                              side["centred0_bias"], _gram(centred), norm.config.eps,
                               centred.shape[-1])  # (b, n, r): 1 / std times P
     scale = coeff.sum(-1) / heads  # each head's probabilities sum to 1
     return (scale, coeff, centred * norm.weight, norm.bias), (v, mean)
@@ -274,10 +275,10 @@ def _image_to_tokens(attn: "Attention", norm: "LayerNorm", side: dict, keys: tup
     image → tokens attention and ``norm``, factored over ``y2``.
 
     ``keys`` centred is ``scale z + coeff basisc + biasc`` (``z = y1`` centred, ``c``
-    row-centred), so ``keys + P V`` centred is ``scale z + u B`` with ``u = [coeff, P, 1]``,
-    ``B = [basisc; Vc; biasc]``, zero-padded to ``m = 120`` rows; ``z Bᵀ`` per head: ``z
-    basisᵀ = (z g1) Vc₁ᵀ`` from the first block's values ``(v, mean)``, ``z Vᵀ`` from this
-    block's, ``z biasᵀ`` per image."""
+    row-centred), so ``keys + P V`` centred is ``scale z + u B`` with ``u = [coeff, P]``,
+    ``B = [basisc; (V + bias / heads)c]`` (each head's probabilities sum to 1: ``P`` carries
+    the bias), ``m = 2 r`` rows; ``z Bᵀ`` per head: ``z basisᵀ = (z g1) Vc₁ᵀ`` from the first
+    block's values ``(v, mean)``, ``z Vᵀ`` from this block's, ``z · bias`` per image."""
     scale, coeff, basis, bias = keys
     b = k_in.shape[0]
     heads = attn.num_heads
@@ -286,20 +287,17 @@ def _image_to_tokens(attn: "Attention", norm: "LayerNorm", side: dict, keys: tup
                                side["second_queries"], coeff,
                                folded @ basis.swapaxes(1, 2), folded @ bias)
     v = _heads(attn.v_proj(v_in), heads)
-    values = _values_through_output(attn, v, b)
+    values = _values_through_output(attn, v, b) + bias / heads
     v1, mean1 = first_values
-    rows = [basis, values, mx.broadcast_to(bias, (b, 1, bias.shape[-1]))]
-    pad = -(-(2 * probs.shape[-1] + 1) // 8) * 8 - 2 * probs.shape[-1] - 1
-    rows = mx.concatenate(rows, axis=1)
+    rows = mx.concatenate([basis, values], axis=1)
     rows = rows - rows.mean(-1, keepdims=True)
-    rows = mx.concatenate([rows, mx.zeros((b, pad, rows.shape[-1]), dtype=rows.dtype)], axis=1)
     t = v1.shape[1] // b
     mean1 = mean1.reshape(b, heads, t).transpose(1, 0, 2).reshape(heads, b * t, 1)
     v1_ext = mx.concatenate([v1, mx.ones_like(mean1), mean1], axis=-1)  # (heads, b t, d + 2)
     u = cn.ops.point_norm(probs, side["z_sq"], side["z_out"], v, side["z_bias"], _gram(rows),
-                          True, norm.config.eps, rows.shape[-1], scale, coeff,
-                          side["z_first"], v1_ext)  # (b, n, 120): 1 / std times u
-    inv = u[..., coeff.shape[-1] + probs.shape[-1]]  # the ones column
+                          norm.config.eps, rows.shape[-1], scale, coeff,
+                          side["z_first"], v1_ext)  # (b, n, 2 r): 1 / std times [coeff, P]
+    inv = u[..., coeff.shape[-1]:].sum(-1) / heads
     return scale * inv, u, rows * norm.weight, norm.bias
 
 

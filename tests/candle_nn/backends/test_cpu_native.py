@@ -583,7 +583,7 @@ def test_amg_kernels_train_through_their_references(path) -> None:
         f32(b, n, m), path)
     basis = f32(b, 16, 24)
     gram, sq = basis @ basis.swapaxes(1, 2), mx.full((n,), 100.0)
-    norm_args = (f32(heads, n, d), k, f32(n), gram, True, 1e-5, 24, scale, f32(b, n, m),
+    norm_args = (f32(heads, n, d), k, f32(n), gram, 1e-5, 24, scale, f32(b, n, m),
                  f32(heads, n, 5), f32(heads, b * 4, 5))
     _assert_grad_matches_the_plain_ops(
         lambda x: (cn.ops.point_norm(x, sq, *norm_args) ** 2).sum(),

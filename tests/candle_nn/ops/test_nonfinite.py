@@ -232,7 +232,7 @@ def test_point_attention_propagates_nonfinite(path):
     basis = r.standard_normal((b, mu, 24))
     gram = mx.array((basis @ basis.swapaxes(1, 2)).astype(np.float32))
     sq = mx.array(np.full(n, 100.0, np.float32))
-    norm_args = (f32(heads, n, d), k, f32(n), gram, True, 1e-5, 24, scale, f32(b, n, m),
+    norm_args = (f32(heads, n, d), k, f32(n), gram, 1e-5, 24, scale, f32(b, n, m),
                  f32(heads, n, 5), f32(heads, b * 4, 5))
     same_nonfinite(lambda a: cn.ops.point_norm(mx.array(a), sq, *norm_args),
                    poisoned((b, n, heads * t)))

@@ -296,13 +296,13 @@ def test_point_norm(op_paths, form) -> None:
     sq = (_f32(N) ** 2 + 100).astype(np.float32)  # |z|²: a variance far from 0
     lp_shared, lp_tok, lin0 = _f32(HEADS, N, D), _f32(HEADS, B * T, D), _f32(N)
     lin = lin0 + (probs * _per_head64(lp_shared, lp_tok, B)).sum(-1)
-    parts, ones = [probs], form == "factored"
+    parts = [probs]
     kwargs, s = {}, np.ones((B, N))
-    if ones:
+    if form == "factored":
         kwargs = dict(scale=_f32(B, N) * 0.2 + 1, coeff=_f32(B, N, M) * 0.3,
                       lc_shared=_f32(HEADS, N, 5), lc_tok=_f32(HEADS, B * 4, 5))
         s = kwargs["scale"].astype(np.float64)
-        parts = [kwargs["coeff"], probs, np.ones((B, N, 1), np.float32)]
+        parts = [kwargs["coeff"], probs]
         lin = lin + (kwargs["coeff"] * _per_head64(kwargs["lc_shared"], kwargs["lc_tok"],
                                                    B)).sum(-1)
     u = np.concatenate(parts, -1).astype(np.float64)
@@ -316,7 +316,7 @@ def test_point_norm(op_paths, form) -> None:
     gram = (basis @ basis.swapaxes(1, 2)).astype(np.float32)
     with mx.stream(mx.cpu):
         ours = cn.ops.point_norm(mx.array(probs), mx.array(sq), mx.array(lp_shared),
-                                 mx.array(lp_tok), mx.array(lin0), mx.array(gram), ones, 1e-5, c,
+                                 mx.array(lp_tok), mx.array(lin0), mx.array(gram), 1e-5, c,
                                  **{key: mx.array(v) for key, v in kwargs.items()})
     assert _rel(ours, ref) <= 1e-5, op_paths
 
