@@ -29,11 +29,12 @@ in another order (equal within float32 rounding):
   (``y2 W1ᵀ`` per image plus ``coeff (basis W1ᵀ)``).
 
 Per prompt about 206 M multiply-adds between the tokens and the image tokens (433 M with the
-image tokens whole) and 265 M for a kept prompt's upscaling (409 M). The per-prompt work goes through candle_nn's ops
-``point_probs``, ``point_norm``, ``point_pool`` (:mod:`candle_nn.ops.point_attention`) and
-``mask_upscale``: on the CPU compiled kernels, one prompt or block of its rows per task on the
-thread pool; elsewhere their plain-MLX references, whose products with the shared rows are one
-GEMM for all prompts. On GPUs :meth:`decode` runs under ``mx.compile``.
+image tokens whole) and 265 M for a kept prompt's upscaling (409 M). The per-prompt work goes
+through candle_nn's ops ``point_probs``, ``point_norm``, ``point_pool``
+(:mod:`candle_nn.ops.point_attention`) and ``mask_upscale``: on the CPU compiled kernels, one
+prompt or block of its rows per task on the thread pool; elsewhere their plain-MLX references,
+whose products with the shared rows are one GEMM for all prompts. On GPUs :meth:`decode` runs
+under ``mx.compile``.
 
 Shapes: the image grid is ``n = 64 * 64`` tokens of ``c = 256``; a batch has ``b`` prompts.
 """
