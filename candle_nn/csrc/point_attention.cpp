@@ -158,7 +158,7 @@ CANDLE_NN_MULTIVERSION
 void norm_block(const PerHead& h, const NormDims& nd, const float* scale, const float* coeff,
                 const float* probs, const float* sq, const float* lc_shared, const float* lct,
                 const PerHead* hc, const float* lp_shared, const float* lpt, const float* lin0,
-                const float* gram, float eps, float* out, int64_t p, int64_t i0, int64_t m) {
+                const float* uppers, float eps, float* out, int64_t p, int64_t i0, int64_t m) {
   thread_local std::vector<float> u, t, lp, lc;
   u.resize(m * nd.mu);
   t.resize(m * nd.mu);
@@ -170,8 +170,14 @@ void norm_block(const PerHead& h, const NormDims& nd, const float* scale, const 
     for (int64_t j = 0; j < h.r; ++j) row[nd.mc + j] = probs[g * h.r + j];
     for (int64_t j = nd.mc + h.r; j < nd.mu; ++j) row[j] = 0.0f;
   }
-  gemm_strided(u.data(), nd.mu, 1, gram + p * nd.mu * nd.mu, nd.mu, t.data(), nd.mu, m, nd.mu,
-               nd.mu, nullptr, 0, m);
+  // t = u · upper, upper = the gram's upper triangle with half its diagonal (u gram uᵀ = 2 u ·
+  // t): per 16-column panel only the rows of upper up to the panel's last
+  const float* upper = uppers + p * nd.mu * nd.mu;
+  for (int64_t j0 = 0; j0 < nd.mu; j0 += 2 * kLanes) {
+    const int64_t cols = std::min<int64_t>(2 * kLanes, nd.mu - j0);
+    gemm_strided(u.data(), nd.mu, 1, upper + j0, nd.mu, t.data() + j0, nd.mu, m, cols, j0 + cols,
+                 nullptr, 0, m);
+  }
   std::fill(lp.begin(), lp.end(), 0.0f);
   add_per_head(h, lp_shared, lpt, lp.data(), h.ld, i0, m);
   if (lc_shared != nullptr) {
@@ -184,6 +190,7 @@ void norm_block(const PerHead& h, const NormDims& nd, const float* scale, const 
     const float* row = u.data() + i * nd.mu;
     float quad = 0.0f, lin = lin0[i0 + i];
     for (int64_t j = 0; j < nd.mu; ++j) quad += row[j] * t[i * nd.mu + j];
+    quad *= 2.0f;
     for (int64_t j = 0; j < h.r; ++j) lin += row[nd.mc + j] * lp[i * h.ld + j];
     if (lc_shared != nullptr)
       for (int64_t j = 0; j < nd.mc; ++j) lin += row[j] * lc[i * hc->ld + j];
@@ -432,8 +439,14 @@ void PointNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
                     o = out.data<float>(), bytes = out.nbytes()]() {
     if (h.n == 0) return;
     advise_huge_pages(o, bytes);
-    std::vector<float> lpt(h.b * h.heads * h.d * h.tp), lct(lc_tok ? h.b * hc.heads * hc.d * hc.tp : 0);
+    std::vector<float> lpt(h.b * h.heads * h.d * h.tp),
+        lct(lc_tok ? h.b * hc.heads * hc.d * hc.tp : 0), upper(h.b * nd.mu * nd.mu);
     for (int64_t p = 0; p < h.b; ++p) {
+      const float* g = gram + p * nd.mu * nd.mu;
+      float* up = upper.data() + p * nd.mu * nd.mu;
+      for (int64_t i = 0; i < nd.mu; ++i)
+        for (int64_t j = 0; j < nd.mu; ++j)
+          up[i * nd.mu + j] = j > i ? g[i * nd.mu + j] : (j == i ? 0.5f * g[i * nd.mu + j] : 0.0f);
       tokens_t(h, lp_tok, p, lpt.data() + p * h.heads * h.d * h.tp);
       if (lc_tok) tokens_t(hc, lc_tok, p, lct.data() + p * hc.heads * hc.d * hc.tp);
     }
@@ -443,7 +456,7 @@ void PointNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
       const int64_t p = task / blocks, i0 = task % blocks * kBlock;
       norm_block(h, nd, scale, coeff, probs, sq, lc_shared,
                  lc_tok ? lct.data() + p * hc.heads * hc.d * hc.tp : nullptr, &hc, lp_shared,
-                 lpt.data() + p * h.heads * h.d * h.tp, lin0, gram, eps, o, p, i0,
+                 lpt.data() + p * h.heads * h.d * h.tp, lin0, upper.data(), eps, o, p, i0,
                  std::min(kBlock, h.n - i0));
     });
   });
