@@ -28,13 +28,13 @@ in another order (equal within float32 rounding):
   that pass the predicted-IoU filter), its first transposed conv factored the same way
   (``y2 W1ᵀ`` per image plus ``coeff (basis W1ᵀ)``).
 
-Per prompt about 206 M multiply-adds between the tokens and the image tokens (433 M with the
-image tokens whole) and 265 M for a kept prompt's upscaling (409 M). The per-prompt work goes
-through candle_nn's ops ``point_probs``, ``point_norm``, ``point_pool``
-(:mod:`candle_nn.ops.point_attention`) and ``mask_upscale``: on the CPU compiled kernels, one
-prompt or block of its rows per task on the thread pool; elsewhere their plain-MLX references,
-whose products with the shared rows are one GEMM for all prompts. On GPUs :meth:`decode` runs
-under ``mx.compile``.
+Per prompt about 180 M multiply-adds between the tokens and the image tokens (433 M with the
+image tokens whole; the final attention runs only for the 4 tokens that the heads read) and
+265 M for a kept prompt's upscaling (409 M). The per-prompt work goes through candle_nn's ops
+``point_probs``, ``point_norm``, ``point_pool`` (:mod:`candle_nn.ops.point_attention`) and
+``mask_upscale``: on the CPU compiled kernels, one prompt or block of its rows per task on the
+thread pool; elsewhere their plain-MLX references, whose products with the shared rows are one
+GEMM for all prompts. On GPUs :meth:`decode` runs under ``mx.compile``.
 
 Shapes: the image grid is ``n = 64 * 64`` tokens of ``c = 256``; a batch has ``b`` prompts.
 """
@@ -225,12 +225,15 @@ def _decode(sam: "Sam", coords: mx.array, side: dict) -> tuple[mx.array, tuple]:
     keys = _image_to_tokens(second.cross_attn_image_to_token, second.norm4, side, keys,
                             first_values, queries + tokens, queries)
 
+    # The final attention, token by token: only for the IoU token and the multimask tokens.
+    used = [0] + [1 + i for i in range(MULTIMASK.start, MULTIMASK.stop)]
+    queries, tokens = queries[:, used], tokens[:, used]
     queries = tr.norm_final_attn(queries + _tokens_to_image(
         tr.final_attn_token_to_image, queries + tokens, keys, side["final_keys"],
         side["pe_keys"][1]))
     iou = md.iou_prediction_head(queries[:, 0])[:, MULTIMASK]
-    hyper = mx.stack([md.output_hypernetworks_mlps[i](queries[:, 1 + i])
-                      for i in range(MULTIMASK.start, MULTIMASK.stop)], axis=1)
+    hyper = mx.stack([md.output_hypernetworks_mlps[i](queries[:, j])
+                      for j, i in enumerate(range(MULTIMASK.start, MULTIMASK.stop), 1)], axis=1)
     return iou, (keys[:3], hyper)
 
 
