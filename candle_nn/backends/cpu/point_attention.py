@@ -3,7 +3,7 @@
 ``point_norm`` one block of a prompt's image rows per task, products single-threaded on register
 tiles, the per-head products, softmax and LayerNorm statistics fused in per-thread scratch.
 
-MLX limitation: a batched matmul of few-row products (56 x 120 x 4096 per prompt) runs as one
+MLX limitation: a batched matmul of few-row products (56 x 112 x 4096 per prompt) runs as one
 threaded sgemm call per prompt, whose threads synchronise several times per call; the per-head
 products, the softmax over 7 tokens (MLX's ``exp`` ~14 ns an element on the CPU) and the
 transposes between the head and the prompt layouts are further passes over ``(b, n, r)``.
