@@ -103,33 +103,53 @@ NB_MODULE(_cpu_kernels, m) {
       "x"_a, "w"_a, "bias"_a = nb::none(),
       "x (..., K) @ w (N, K)^T + bias for a few rows (float32): dot products on the pool.");
   m.def(
-      "point_pool",
-      [](const mx::array& folded, const mx::array& image, const mx::array& pe,
-         const mx::array& q) { return candle_nn::point_pool(folded, image, pe, q); },
-      "folded"_a, "image"_a, "pe"_a, "q"_a,
-      "softmax over n of (folded @ image^T + positional) @ image per prompt: folded (b, r, c), "
-      "image (b, n, c), pe (heads, n, d), q (heads, b * t, d), r = heads * t -> (b, r, c).");
-  m.def(
-      "point_spread",
-      [](const mx::array& x, std::optional<mx::array> folded, const mx::array& pe,
-         const mx::array& q, const mx::array& values, const mx::array& weight,
-         const mx::array& ln_bias, float eps) {
-        return candle_nn::point_spread(x, folded, pe, q, values, weight, ln_bias, eps);
+      "point_probs",
+      [](const mx::array& pe, const mx::array& k, int t, std::optional<mx::array> scale,
+         std::optional<mx::array> shared, std::optional<mx::array> coeff,
+         std::optional<mx::array> fold, std::optional<mx::array> bias) {
+        return candle_nn::point_probs(pe, k, t, scale, shared, coeff, fold, bias);
       },
-      "x"_a, "folded"_a = nb::none(), "pe"_a, "q"_a, "values"_a, "weight"_a, "ln_bias"_a,
-      "eps"_a,
-      "LayerNorm(x + softmax per head over t of (x @ folded^T + positional) @ values): x (1 or "
-      "b, n, c), folded/values (b, r, c), pe (heads, n, d), q (heads, b * t, d) -> (b, n, c).");
+      "pe"_a, "k"_a, "t"_a, "scale"_a = nb::none(), "shared"_a = nb::none(), "coeff"_a = nb::none(),
+      "fold"_a = nb::none(), "bias"_a = nb::none(),
+      "Softmax over each head's t tokens of per-head scores of factored image rows -> "
+      "(b, n, heads t). float32.");
+  m.def(
+      "point_norm",
+      [](const mx::array& probs, const mx::array& sq, const mx::array& lp_shared,
+         const mx::array& lp_tok, const mx::array& lin0, const mx::array& gram,
+         float eps, int channels, std::optional<mx::array> scale,
+         std::optional<mx::array> coeff, std::optional<mx::array> lc_shared,
+         std::optional<mx::array> lc_tok) {
+        return candle_nn::point_norm(probs, sq, lp_shared, lp_tok, lin0, gram, eps,
+                                     channels, scale, coeff, lc_shared, lc_tok);
+      },
+      "probs"_a, "sq"_a, "lp_shared"_a, "lp_tok"_a, "lin0"_a, "gram"_a, "eps"_a,
+      "channels"_a, "scale"_a = nb::none(), "coeff"_a = nb::none(), "lc_shared"_a = nb::none(),
+      "lc_tok"_a = nb::none(),
+      "A LayerNorm's 1 / std of factored rows times their coefficients -> (b, n, mu). float32.");
+  m.def(
+      "point_pool",
+      [](const mx::array& scale, const mx::array& coeff, const mx::array& fold,
+         const mx::array& shared_k, const mx::array& pe, const mx::array& q,
+         const mx::array& shared_v) {
+        return candle_nn::point_pool(scale, coeff, fold, shared_k, pe, q, shared_v);
+      },
+      "scale"_a, "coeff"_a, "fold"_a, "shared_k"_a, "pe"_a, "q"_a, "shared_v"_a,
+      "Attention pooling of factored image rows over the n image tokens -> (b, heads t, m + dv)."
+      " float32.");
   m.def(
       "mask_upscale",
-      [](const mx::array& keys, const mx::array& w1, const mx::array& b1, const mx::array& ln_w,
+      [](const mx::array& scale, const mx::array& shared, const mx::array& coeff,
+         const mx::array& weight, const mx::array& bias, const mx::array& ln_w,
          const mx::array& ln_b, float eps, const mx::array& w2, const mx::array& b2,
          const mx::array& hyper) {
-        return candle_nn::mask_upscale(keys, w1, b1, ln_w, ln_b, eps, w2, b2, hyper);
+        return candle_nn::mask_upscale(scale, shared, coeff, weight, bias, ln_w, ln_b, eps, w2,
+                                       b2, hyper);
       },
-      "keys"_a, "w1"_a, "b1"_a, "ln_w"_a, "ln_b"_a, "eps"_a, "w2"_a, "b2"_a, "hyper"_a,
-      "SAM's output upscaling per prompt: keys (u, n, c), w1 (4 c1, c), w2 (4 c2, c1), hyper "
-      "(u, m, c2) -> (u, m, n, 16) logits in block layout. float32.");
+      "scale"_a, "shared"_a, "coeff"_a, "weight"_a, "bias"_a, "ln_w"_a, "ln_b"_a, "eps"_a,
+      "w2"_a, "b2"_a, "hyper"_a,
+      "SAM's output upscaling per prompt from the first conv's factored output scale shared + "
+      "coeff weight + bias -> (u, m, n, 16) logits in block layout. float32.");
   m.def(
       "resize_masks",
       [](const mx::array& masks, const mx::array& rows, const mx::array& cols) {

@@ -198,19 +198,60 @@ class AttentionHeads : public mx::Primitive {
   float scale_;
 };
 
-// -- attention between prompt tokens and per-prompt image tokens (point_attention.cpp) ---------
-// SAM's automatic masks: b prompts, each with its own n image tokens of c channels, and
-// r = heads * t folded token rows; the scores of row h t + u also get the positional share
-// pe[h] (n, d) · q[h, p t + u] (pe (heads, n, d), q (heads, b t, d)).
-// point_pool: out (b, r, c) = softmax over n of (folded · imageᵀ + pe · qᵀ) · image.
-mx::array point_pool(const mx::array& folded, const mx::array& image, const mx::array& pe,
-                     const mx::array& q, mx::StreamOrDevice s = {});
-// point_spread: out (b, n, c) = LayerNorm(x + softmax over each head's t of (x · foldedᵀ +
-// pe · qᵀ) · values) with weight, ln_bias (c,); x (1 or b, n, c); no folded: positional only.
-mx::array point_spread(const mx::array& x, const std::optional<mx::array>& folded,
-                       const mx::array& pe, const mx::array& q, const mx::array& values,
-                       const mx::array& weight, const mx::array& ln_bias, float eps,
-                       mx::StreamOrDevice s = {});
+// -- attention between prompt tokens and factored image tokens (point_attention.cpp) ----------
+// SAM's automatic masks: b prompts, n image tokens, r = heads * t token rows. Per-head products
+// of image rows shared (heads, n, d) with tokens tok (heads, b t, d): row h t + u of prompt p
+// gets shared[h] (n, d) · tok[h, p t + u].
+// point_probs: (b, n, r) softmax over each head's t (k (heads, b t, d)) of pe · k
+// [+ scale (shared · k)]
+// [+ coeff (b, n, m) · fold[p]ᵀ (fold (b, r, m)) + bias (b, r)].
+mx::array point_probs(const mx::array& pe, const mx::array& k, int t,
+                      const std::optional<mx::array>& scale,
+                      const std::optional<mx::array>& shared,
+                      const std::optional<mx::array>& coeff, const std::optional<mx::array>& fold,
+                      const std::optional<mx::array>& bias, mx::StreamOrDevice s = {});
+// point_norm: u = [coeff, probs, 0...] (b, n, mu), mu rounded up to 8; out = inv u,
+// inv = 1 / sqrt((s² sq + 2 s lin + u gram[p] uᵀ) / channels + eps), s = scale (or 1), lin =
+// lin0 + Σ probs (lp_shared · lp_tok) [+ Σ coeff (lc_shared · lc_tok)] per head.
+mx::array point_norm(const mx::array& probs, const mx::array& sq, const mx::array& lp_shared,
+                     const mx::array& lp_tok, const mx::array& lin0, const mx::array& gram,
+                     float eps, int channels, const std::optional<mx::array>& scale,
+                     const std::optional<mx::array>& coeff,
+                     const std::optional<mx::array>& lc_shared,
+                     const std::optional<mx::array>& lc_tok, mx::StreamOrDevice s = {});
+// point_pool: (b, r, m + dv) = [A coeff, per head (A scale) shared_v[h]], A the softmax over n
+// of scale (shared_k · q) + pe · q + fold[p] · coeffᵀ.
+mx::array point_pool(const mx::array& scale, const mx::array& coeff, const mx::array& fold,
+                     const mx::array& shared_k, const mx::array& pe, const mx::array& q,
+                     const mx::array& shared_v, mx::StreamOrDevice s = {});
+
+class PointProbs : public mx::Primitive {
+ public:
+  PointProbs(mx::Stream stream, int flags) : mx::Primitive(stream), flags_(flags) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNPointProbs"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  int flags_;  // 1: scale, shared; 2: coeff, fold; 4: bias
+};
+
+class PointNorm : public mx::Primitive {
+ public:
+  PointNorm(mx::Stream stream, float eps, int channels, bool has_scale, bool has_coeff)
+      : mx::Primitive(stream), eps_(eps), channels_(channels), has_scale_(has_scale),
+        has_coeff_(has_coeff) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNPointNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  float eps_;
+  int channels_;
+  bool has_scale_, has_coeff_;
+};
 
 class PointPool : public mx::Primitive {
  public:
@@ -223,26 +264,15 @@ class PointPool : public mx::Primitive {
   }
 };
 
-class PointSpread : public mx::Primitive {
- public:
-  PointSpread(mx::Stream stream, float eps) : mx::Primitive(stream), eps_(eps) {}
-  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  const char* name() const override { return "CandleNNPointSpread"; }
-  bool is_equivalent(const mx::Primitive& other) const override;
-
- private:
-  float eps_;
-};
-
 // -- SAM's mask output upscaling for many prompts (mask_upscale.cpp) ---------------------------
-// keys (u, n, c) -> x1 = keys w1ᵀ + b1 as (u, 4n, c1) rows -> GELU(LayerNorm(x1; ln_w, ln_b,
-// eps)) -> GELU(· w2ᵀ + b2) as (u, 16n, c2) rows -> · hyper[p]ᵀ (hyper (u, m, c2)):
-// (u, m, n, 16). w1 (4 c1, c), w2 (4 c2, c1): transposed convs of stride = kernel as Linears.
-mx::array mask_upscale(const mx::array& keys, const mx::array& w1, const mx::array& b1,
-                       const mx::array& ln_w, const mx::array& ln_b, float eps,
-                       const mx::array& w2, const mx::array& b2, const mx::array& hyper,
-                       mx::StreamOrDevice s = {});
+// x1 = scale shared + coeff[p] · weight[p] + bias as (u, 4n, c1) rows (scale (u, n), shared
+// (n, 4 c1), coeff (u, n, k), weight (u, k, 4 c1)) -> GELU(LayerNorm(x1; ln_w, ln_b, eps)) ->
+// GELU(· w2ᵀ + b2) as (u, 16n, c2) rows -> · hyper[p]ᵀ (hyper (u, m, c2)): (u, m, n, 16).
+// w2 (4 c2, c1): the second transposed conv (stride = kernel) as a Linear.
+mx::array mask_upscale(const mx::array& scale, const mx::array& shared, const mx::array& coeff,
+                       const mx::array& weight, const mx::array& bias, const mx::array& ln_w,
+                       const mx::array& ln_b, float eps, const mx::array& w2,
+                       const mx::array& b2, const mx::array& hyper, mx::StreamOrDevice s = {});
 
 class MaskUpscale : public mx::Primitive {
  public:

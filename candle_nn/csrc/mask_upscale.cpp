@@ -1,10 +1,12 @@
 // SAM's mask decoder output upscaling for many prompts (automatic mask generation): per prompt,
-// image tokens (n, c) -> Linear to 2x2 blocks of c1 -> LayerNorm -> GELU -> Linear to 2x2 blocks
-// of c2 -> GELU -> the masks' hypernetwork vectors, m products of c2 -> (m, n, 16) logits in
-// block layout (per token its 4x4 output pixels). As MLX ops that is five passes over
-// intermediates of 4 to 8 MB per prompt, each in a fresh buffer faulted in page by page, and a
-// final product whose transposed operand MLX copies first; here one task per block of tokens of
-// one prompt, every intermediate in per-thread scratch that stays in cache.
+// the first transposed conv's output (Linear to 2x2 blocks of c1) in factored form, scale_i
+// shared_i + coeff_i · weight + bias (shared per image, k coefficients per image token) ->
+// LayerNorm -> GELU -> Linear to 2x2 blocks of c2 -> GELU -> the masks' hypernetwork vectors, m
+// products of c2 -> (m, n, 16) logits in block layout (per token its 4x4 output pixels). As MLX
+// ops that is five passes over intermediates of 4 to 8 MB per prompt, each in a fresh buffer
+// faulted in page by page, and a final product whose transposed operand MLX copies first; here
+// one task per block of tokens of one prompt, every intermediate in per-thread scratch that
+// stays in cache.
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -25,7 +27,7 @@ using small_gemm::gemm_strided;
 using small_gemm::kLanes;
 
 struct Shape {
-  int64_t u, n, c, c1, c2, m, mp;  // mp: m rounded up to 8
+  int64_t u, n, k, c1, c2, m, mp;  // k: coefficients per token; mp: m rounded up to 8
 };
 
 // LayerNorm over rows of w floats (w a multiple of 8), then exact GELU, in place.
@@ -38,20 +40,27 @@ CANDLE_NN_INLINE void norm_gelu(float* x, int64_t rows, int64_t w, const float* 
   }
 }
 
-// Tokens [i0, i0 + k) of prompt p. w1t (c, 4 c1), w2t (c1, 4 c2): the Linears' weights
-// transposed; ht (c2, mp): the prompt's hypernetwork vectors transposed, zero past m.
+// Tokens [i0, i0 + k) of prompt p. w2t (c1, 4 c2): the second Linear's weight transposed; ht
+// (c2, mp): the prompt's hypernetwork vectors transposed, zero past m.
 CANDLE_NN_MULTIVERSION
-void upscale_block(const Shape& s, const float* keys, const float* w1t, const float* b1,
-                   const float* ln_w, const float* ln_b, float eps, const float* w2t,
-                   const float* b2, const float* ht, float* out, int64_t p, int64_t i0,
-                   int64_t k) {
+void upscale_block(const Shape& s, const float* scale, const float* shared, const float* coeff,
+                   const float* weight, const float* bias, const float* ln_w, const float* ln_b,
+                   float eps, const float* w2t, const float* b2, const float* ht, float* out,
+                   int64_t p, int64_t i0, int64_t k) {
   thread_local std::vector<float> x1, x2, y;
-  x1.resize(k * 4 * s.c1);
+  const int64_t w1 = 4 * s.c1;
+  x1.resize(k * w1);
   x2.resize(k * 16 * s.c2);
   y.resize(k * 16 * s.mp);
-  // x1 (k, 4 c1) = keys · w1ᵀ + b1 (the bias row as init, row stride 0)
-  gemm_strided(keys + (p * s.n + i0) * s.c, s.c, 1, w1t, 4 * s.c1, x1.data(), 4 * s.c1, k,
-               4 * s.c1, s.c, b1, 0, k);
+  // x1 (k, 4 c1) = scale shared + bias, then + coeff · weight[p]
+  for (int64_t i = 0; i < k; ++i) {
+    const float a = scale[p * s.n + i0 + i];
+    const float* sh = shared + (i0 + i) * w1;
+    float* row = x1.data() + i * w1;
+    for (int64_t j = 0; j < w1; ++j) row[j] = a * sh[j] + bias[j];
+  }
+  gemm_strided(coeff + (p * s.n + i0) * s.k, s.k, 1, weight + p * s.k * w1, w1, x1.data(), w1, k,
+               w1, s.k, x1.data(), w1, k);
   norm_gelu(x1.data(), 4 * k, s.c1, ln_w, ln_b, eps);  // rows (token, 2x2 block) of c1
   gemm_strided(x1.data(), s.c1, 1, w2t, 4 * s.c2, x2.data(), 4 * s.c2, 4 * k, 4 * s.c2, s.c1, b2,
                0, 4 * k);
@@ -76,9 +85,9 @@ void check(bool ok, const char* what) {
 }
 
 Shape shape_of(const std::vector<mx::array>& in) {
-  // keys, w1, b1, ln_w, ln_b, w2, b2, hyper
-  const auto &keys = in[0], &w1 = in[1], &w2 = in[5], &hyper = in[7];
-  Shape s{keys.shape(0), keys.shape(1), keys.shape(2), w1.shape(0) / 4, w2.shape(0) / 4,
+  // scale, shared, coeff, weight, bias, ln_w, ln_b, w2, b2, hyper
+  const auto &coeff = in[2], &shared = in[1], &w2 = in[7], &hyper = in[9];
+  Shape s{coeff.shape(0), coeff.shape(1), coeff.shape(2), shared.shape(1) / 4, w2.shape(0) / 4,
           hyper.shape(1), 0};
   s.mp = (s.m + kLanes - 1) / kLanes * kLanes;
   return s;
@@ -86,28 +95,34 @@ Shape shape_of(const std::vector<mx::array>& in) {
 
 }  // namespace
 
-mx::array mask_upscale(const mx::array& keys, const mx::array& w1, const mx::array& b1,
-                       const mx::array& ln_w, const mx::array& ln_b, float eps,
-                       const mx::array& w2, const mx::array& b2, const mx::array& hyper,
-                       mx::StreamOrDevice st) {
-  std::vector<const mx::array*> all{&keys, &w1, &b1, &ln_w, &ln_b, &w2, &b2, &hyper};
+mx::array mask_upscale(const mx::array& scale, const mx::array& shared, const mx::array& coeff,
+                       const mx::array& weight, const mx::array& bias, const mx::array& ln_w,
+                       const mx::array& ln_b, float eps, const mx::array& w2,
+                       const mx::array& b2, const mx::array& hyper, mx::StreamOrDevice st) {
+  std::vector<const mx::array*> all{&scale, &shared, &coeff, &weight, &bias, &ln_w, &ln_b, &w2,
+                                    &b2, &hyper};
   for (const auto* a : all) check_float32_cpu(*a, "mask_upscale");
-  check(!traced({&keys, &w1, &b1, &ln_w, &ln_b, &w2, &b2, &hyper}),
+  check(!traced({&scale, &shared, &coeff, &weight, &bias, &ln_w, &ln_b, &w2, &b2, &hyper}),
         "no tracer inputs (use the reference)");
-  check(keys.ndim() == 3 && w1.ndim() == 2 && w2.ndim() == 2 && hyper.ndim() == 3, "ranks");
-  const int64_t c = keys.shape(2), c1 = w1.shape(0) / 4, c2 = w2.shape(0) / 4;
-  check(w1.shape(1) == c && w1.shape(0) == 4 * c1 && w2.shape(1) == c1 &&
-            w2.shape(0) == 4 * c2 && b1.ndim() == 1 && b1.shape(0) == w1.shape(0) && b2.ndim() == 1 &&
+  check(scale.ndim() == 2 && shared.ndim() == 2 && coeff.ndim() == 3 && weight.ndim() == 3 &&
+            w2.ndim() == 2 && hyper.ndim() == 3,
+        "ranks");
+  const int64_t u = coeff.shape(0), n = coeff.shape(1), k = coeff.shape(2);
+  const int64_t c1 = shared.shape(1) / 4, c2 = w2.shape(0) / 4;
+  check(scale.shape(0) == u && scale.shape(1) == n && shared.shape(0) == n &&
+            shared.shape(1) == 4 * c1 && weight.shape(0) == u && weight.shape(1) == k &&
+            weight.shape(2) == 4 * c1 && bias.ndim() == 1 && bias.shape(0) == 4 * c1 &&
+            w2.shape(1) == c1 && w2.shape(0) == 4 * c2 && b2.ndim() == 1 &&
             b2.shape(0) == w2.shape(0) && ln_w.ndim() == 1 && ln_w.shape(0) == c1 &&
-            ln_b.ndim() == 1 && ln_b.shape(0) == c1 && hyper.shape(0) == keys.shape(0) &&
+            ln_b.ndim() == 1 && ln_b.shape(0) == c1 && hyper.shape(0) == u &&
             hyper.shape(2) == c2,
-        "keys (u, n, c), w1 (4 c1, c), w2 (4 c2, c1), hyper (u, m, c2)");
-  check(c1 % kLanes == 0 && c2 % kLanes == 0 && c % kLanes == 0,
-        "channels must be multiples of 8");
+        "scale (u, n), shared (n, 4 c1), coeff (u, n, k), weight (u, k, 4 c1), w2 (4 c2, c1), "
+        "hyper (u, m, c2)");
+  check(c1 % kLanes == 0 && c2 % kLanes == 0, "channels must be multiples of 8");
   auto stream = mx::to_stream(st);
   std::vector<mx::array> inputs;
   for (const auto* a : all) inputs.push_back(mx::contiguous(*a, false, stream));
-  mx::Shape shape{keys.shape(0), hyper.shape(1), keys.shape(1), 16};
+  mx::Shape shape{static_cast<int>(u), hyper.shape(1), static_cast<int>(n), 16};
   return primitive_output<MaskUpscale>(shape, std::move(inputs), stream, eps);
 }
 
@@ -116,15 +131,16 @@ void MaskUpscale::eval_cpu(const std::vector<mx::array>& inputs,
   auto& out = outputs[0];
   auto& encoder = begin_eval(stream(), inputs, out);
   const Shape s = shape_of(inputs);
-  encoder.dispatch([s, eps = eps_, keys = inputs[0].data<float>(), w1 = inputs[1].data<float>(),
-                    b1 = inputs[2].data<float>(), ln_w = inputs[3].data<float>(),
-                    ln_b = inputs[4].data<float>(), w2 = inputs[5].data<float>(),
-                    b2 = inputs[6].data<float>(), hyper = inputs[7].data<float>(),
-                    o = out.data<float>(), bytes = out.nbytes()]() {
+  encoder.dispatch([s, eps = eps_, scale = inputs[0].data<float>(),
+                    shared = inputs[1].data<float>(), coeff = inputs[2].data<float>(),
+                    weight = inputs[3].data<float>(), bias = inputs[4].data<float>(),
+                    ln_w = inputs[5].data<float>(), ln_b = inputs[6].data<float>(),
+                    w2 = inputs[7].data<float>(), b2 = inputs[8].data<float>(),
+                    hyper = inputs[9].data<float>(), o = out.data<float>(),
+                    bytes = out.nbytes()]() {
     if (s.u == 0 || s.n == 0 || s.m == 0) return;
     advise_huge_pages(o, bytes);
-    std::vector<float> w1t(s.c * 4 * s.c1), w2t(s.c1 * 4 * s.c2), ht(s.u * s.c2 * s.mp);
-    transpose(w1, 4 * s.c1, s.c, w1t.data(), 4 * s.c1);
+    std::vector<float> w2t(s.c1 * 4 * s.c2), ht(s.u * s.c2 * s.mp);
     transpose(w2, 4 * s.c2, s.c1, w2t.data(), 4 * s.c2);
     for (int64_t p = 0; p < s.u; ++p)
       transpose(hyper + p * s.m * s.c2, s.m, s.c2, ht.data() + p * s.c2 * s.mp, s.mp);
@@ -132,7 +148,7 @@ void MaskUpscale::eval_cpu(const std::vector<mx::array>& inputs,
     const int64_t blocks = (s.n + kBlock - 1) / kBlock;
     ThreadPool::instance().run(static_cast<int>(s.u * blocks), [&](int task) {
       const int64_t p = task / blocks, i0 = task % blocks * kBlock;
-      upscale_block(s, keys, w1t.data(), b1, ln_w, ln_b, eps, w2t.data(), b2,
+      upscale_block(s, scale, shared, coeff, weight, bias, ln_w, ln_b, eps, w2t.data(), b2,
                     ht.data() + p * s.c2 * s.mp, o, p, i0, std::min(kBlock, s.n - i0));
     });
   });

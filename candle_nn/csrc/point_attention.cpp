@@ -1,11 +1,13 @@
-// Attention between a few prompt tokens and many image tokens, one prompt per image copy (SAM's
-// automatic mask generation: b prompts, each with its own n = 4096 image tokens of c = 256, and
-// r = heads x tokens = 56 folded token rows). Every product is a few-row GEMM per prompt; MLX
-// runs a batched matmul as one threaded sgemm call per prompt, whose threads synchronise
-// several times per call (one thread per call is ~3x faster at these shapes). Here each prompt
-// (point_pool) or each block of a prompt's image rows (point_spread) is one task on the pool,
-// its products single-threaded on 6x16 register tiles, with the softmax, the residual and the
-// LayerNorm fused while the block is in cache.
+// Attention between a few prompt tokens and many image tokens held in factored form (SAM's
+// automatic mask generation: b prompts, n = 4096 image tokens, heads x t = 56 token rows r).
+// Each prompt's image tokens are `scale_i y_i + coeff_i basis + bias` over rows y shared by
+// every prompt, so every product with them is a product with y's projections (per image, per
+// head (heads, n, d)) and with coeff's m columns: per prompt a few-row GEMM of inner size m or
+// d. MLX runs a batched matmul as one threaded sgemm call per prompt, and the per-head products,
+// the softmax, the transposes between the head and prompt layouts and the LayerNorm statistics
+// as passes over (b, n, r) arrays; here each prompt (point_pool) or block of a prompt's rows
+// (point_probs, point_norm) is one task on the pool, its products single-threaded on 6x16
+// register tiles, every intermediate in per-thread scratch.
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -22,270 +24,503 @@ namespace candle_nn {
 
 namespace {
 
-using small_gemm::V8;
-using small_gemm::kLanes;
-using small_gemm::load8;
-using small_gemm::store8;
 using small_gemm::gemm_strided;
-using small_gemm::layer_norm_row;
+using small_gemm::kLanes;
 
-// The shapes of both ops: b prompts, n image tokens of c channels, heads x t token rows (r) with
-// d-wide positional keys / queries per head. Score matrices: `cols` = r rounded up to 8 computed
-// columns, row stride ld (room for the last head's tp-wide positional tile, see add_positional).
-struct Dims {
-  int64_t b, n, c, heads, t, d, r, tp, cols, ld;
+int64_t round8(int64_t x) { return (x + kLanes - 1) / kLanes * kLanes; }
+
+// Per-head products: shared (heads, n, d) rows of the image, tok (heads, b t, d) the prompts'
+// tokens. ld of a score block: room for the last head's tp-wide tile (see add_per_head).
+struct PerHead {
+  int64_t heads, n, d, b, t, tp, r, ld;
 };
 
-// The token side of one prompt: ft (c x cols) = folded[p]ᵀ (zero columns past r), and per head
-// qt (d x tp) = that head's t rows of q (heads, b t, d) transposed (zero columns past t).
-CANDLE_NN_INLINE void prompt_side(const Dims& d, const float* folded, const float* q, int64_t p,
-                                  float* ft, float* qt) {
-  if (folded != nullptr) {
-    const float* f = folded + p * d.r * d.c;
-    for (int64_t ch = 0; ch < d.c; ++ch) {
-      float* row = ft + ch * d.cols;
-      for (int64_t j = 0; j < d.r; ++j) row[j] = f[j * d.c + ch];
-      for (int64_t j = d.r; j < d.cols; ++j) row[j] = 0.0f;
-    }
-  }
-  for (int64_t h = 0; h < d.heads; ++h)
-    for (int64_t k = 0; k < d.d; ++k) {
-      float* row = qt + (h * d.d + k) * d.tp;
-      for (int64_t u = 0; u < d.tp; ++u)
-        row[u] = u < d.t ? q[((h * d.b + p) * d.t + u) * d.d + k] : 0.0f;
+PerHead per_head_of(const mx::array& shared, const mx::array& tok, int64_t b) {
+  PerHead h{shared.shape(0), shared.shape(1), shared.shape(2), b, tok.shape(1) / b, 0, 0, 0};
+  h.tp = round8(h.t);
+  h.r = h.heads * h.t;
+  h.ld = std::max(round8(h.r), round8(h.r - h.t + h.tp));
+  return h;
+}
+
+// tokt (heads, d, tp): prompt p's t rows of tok (heads, b t, d) per head, transposed, zero past t.
+void tokens_t(const PerHead& h, const float* tok, int64_t p, float* tokt) {
+  for (int64_t hh = 0; hh < h.heads; ++hh)
+    for (int64_t k = 0; k < h.d; ++k) {
+      float* row = tokt + (hh * h.d + k) * h.tp;
+      for (int64_t u = 0; u < h.tp; ++u)
+        row[u] = u < h.t ? tok[((hh * h.b + p) * h.t + u) * h.d + k] : 0.0f;
     }
 }
 
-// Scores s (m x ld) of image rows [i0, i0 + m) += the positional share pe[h] (n x d) · qt[h] per
-// head, head h's tile on columns [h t, h t + tp): its zero columns past t add 0 to the next
-// head's first columns (heads run in order) or to the padding of the row.
-CANDLE_NN_INLINE void add_positional(const Dims& d, const float* pe, const float* qt, float* s,
-                                     int64_t i0, int64_t m) {
-  for (int64_t h = 0; h < d.heads; ++h) {
-    float* c = s + h * d.t;
-    gemm_strided(pe + (h * d.n + i0) * d.d, d.d, 1, qt + h * d.d * d.tp, d.tp, c, d.ld, m, d.tp,
-                 d.d, c, d.ld, m);
+// s (m x ld) of rows [i0, i0 + m) += shared[h] · tokt[h] per head on columns [h t, h t + tp):
+// a tile's zero columns past t add 0 to the next head's first columns (heads in order).
+CANDLE_NN_INLINE void add_per_head(const PerHead& h, const float* shared, const float* tokt,
+                                   float* s, int64_t ld, int64_t i0, int64_t m) {
+  for (int64_t hh = 0; hh < h.heads; ++hh) {
+    float* c = s + hh * h.t;
+    gemm_strided(shared + (hh * h.n + i0) * h.d, h.d, 1, tokt + hh * h.d * h.tp, h.tp, c, ld, m,
+                 h.tp, h.d, c, ld, m);
   }
 }
 
-// point_pool, prompt p: out (r x c) = softmax over i of (folded · imageᵀ + pe · qᵀ) · image.
-CANDLE_NN_MULTIVERSION
-void pool_prompt(const Dims& d, const float* folded, const float* image, const float* pe,
-                 const float* q, float* out, int64_t p) {
-  thread_local std::vector<float> ft, qt, s, top, sum;
-  ft.resize(d.c * d.cols);
-  qt.resize(d.heads * d.d * d.tp);
-  s.resize(d.n * d.ld);
-  prompt_side(d, folded, q, p, ft.data(), qt.data());
-  const float* x = image + p * d.n * d.c;
-  // scores, transposed: s (n x ld) = image · foldedᵀ + positional share
-  constexpr int64_t kBlock = 48;
-  for (int64_t i0 = 0; i0 < d.n; i0 += kBlock) {
-    const int64_t m = std::min(kBlock, d.n - i0);
-    float* si = s.data() + i0 * d.ld;
-    gemm_strided(x + i0 * d.c, d.c, 1, ft.data(), d.cols, si, d.ld, m, d.cols, d.c, nullptr, 0,
-                 kBlock);
-    add_positional(d, pe, qt.data(), si, i0, m);
-  }
-  // softmax over the image tokens: column maxima, exp, column sums
-  top.assign(d.cols, -INFINITY);
-  sum.assign(d.cols, 0.0f);
-  for (int64_t i = 0; i < d.n; ++i) {
-    const float* row = s.data() + i * d.ld;
-    for (int64_t j = 0; j < d.cols; ++j) top[j] = std::max(top[j], row[j]);
-  }
-  for (int64_t i = 0; i < d.n; ++i) {
-    float* row = s.data() + i * d.ld;
-    for (int64_t j = 0; j < d.cols; ++j) {
-      float e = exp_f32(row[j] - top[j]);
-      row[j] = e;
-      sum[j] += e;
-    }
-  }
-  // out = sᵀ · image, K (the image tokens) in blocks whose image rows stay in L2
-  float* o = out + p * d.r * d.c;
-  constexpr int64_t kK = 256;
-  for (int64_t k0 = 0; k0 < d.n; k0 += kK) {
-    const int64_t kc = std::min(kK, d.n - k0);
-    gemm_strided(s.data() + k0 * d.ld, 1, d.ld, x + k0 * d.c, d.c, o, d.c, d.r, d.c, kc,
-                 k0 > 0 ? o : nullptr, d.c, d.r);
-  }
-  for (int64_t j = 0; j < d.r; ++j) {
-    const float inv = 1.0f / sum[j];
-    for (int64_t ch = 0; ch < d.c; ++ch) o[j * d.c + ch] *= inv;
-  }
+// dst (cols x ld) = src (rows x cols)ᵀ, zero columns from `rows` to ld.
+void transpose(const float* src, int64_t rows, int64_t cols, float* dst, int64_t ld) {
+  for (int64_t j = 0; j < cols; ++j)
+    for (int64_t i = 0; i < ld; ++i) dst[j * ld + i] = i < rows ? src[i * cols + j] : 0.0f;
 }
 
-// point_spread, rows [i0, i0 + m) of prompt p (its token side prepared by prompt_side at ft, qt):
-// out = LayerNorm(x + softmax over each head's tokens of (x · foldedᵀ + pe · qᵀ) · values).
-CANDLE_NN_MULTIVERSION
-void spread_block(const Dims& d, const float* x, bool shared_x, const float* ft,
-                  const float* qt, const float* pe, const float* values, const float* weight,
-                  const float* ln_bias, float eps, float* out, int64_t p, int64_t i0, int64_t m) {
-  thread_local std::vector<float> s, scale;
-  s.resize(m * d.ld);
-  scale.resize(d.cols);
-  const float* xb = x + ((shared_x ? 0 : p) * d.n + i0) * d.c;
-  if (ft != nullptr)
-    gemm_strided(xb, d.c, 1, ft, d.cols, s.data(), d.ld, m, d.cols, d.c, nullptr, 0, m);
-  else
-    std::fill(s.begin(), s.end(), 0.0f);
-  add_positional(d, pe, qt, s.data(), i0, m);
-  float* g = scale.data();
-  for (int64_t i = 0; i < m; ++i) {
-    float* row = s.data() + i * d.ld;
-    for (int64_t h = 0; h < d.heads; ++h) {
-      float top = row[h * d.t];
-      for (int64_t u = 1; u < d.t; ++u) top = std::max(top, row[h * d.t + u]);
-      for (int64_t u = 0; u < d.t; ++u) g[h * d.t + u] = top;
-    }
-    for (int64_t j = 0; j < d.r; ++j) row[j] = exp_f32(row[j] - g[j]);
-    for (int64_t h = 0; h < d.heads; ++h) {
-      float total = 0.0f;
-      for (int64_t u = 0; u < d.t; ++u) total += row[h * d.t + u];
-      for (int64_t u = 0; u < d.t; ++u) g[h * d.t + u] = 1.0f / total;
-    }
-    for (int64_t j = 0; j < d.r; ++j) row[j] *= g[j];
+// Scores of rows [i0, i0 + m) of prompt p: s (m x ld) = coeff · foldᵀ + scale (shared · k) +
+// pe · k, column by column r of them (the rest scratch). foldt (mc x ld) = fold[p]ᵀ, zero past r.
+CANDLE_NN_INLINE void scores(const PerHead& h, const float* scale, const float* coeff,
+                             int64_t mc, const float* foldt, const float* shared, const float* pe,
+                             const float* kt, float* s, float* tmp, int64_t p, int64_t i0,
+                             int64_t m) {
+  // columns past round8(r) are only ever added to (the last head's positional tile)
+  if (coeff != nullptr) {
+    const int64_t cols = round8(h.r);
+    gemm_strided(coeff + (p * h.n + i0) * mc, mc, 1, foldt, h.ld, s, h.ld, m, cols, mc, nullptr,
+                 0, m);
+    for (int64_t i = 0; i < m; ++i) std::fill(s + i * h.ld + cols, s + (i + 1) * h.ld, 0.0f);
+  } else {
+    std::fill(s, s + m * h.ld, 0.0f);
   }
-  float* o = out + (p * d.n + i0) * d.c;
-  gemm_strided(s.data(), d.ld, 1, values + p * d.r * d.c, d.c, o, d.c, m, d.c, d.r, xb, d.c, m);
-  for (int64_t i = 0; i < m; ++i) layer_norm_row(o + i * d.c, d.c, weight, ln_bias, eps);
-}
-
-CANDLE_NN_MULTIVERSION
-void prompt_sides(const Dims& d, const float* folded, const float* q, float* ft, float* qt,
-                  int64_t p0, int64_t p1) {
-  for (int64_t p = p0; p < p1; ++p)
-    prompt_side(d, folded, q, p, folded ? ft + p * d.c * d.cols : nullptr,
-                qt + p * d.heads * d.d * d.tp);
+  if (shared != nullptr) {
+    std::fill(tmp, tmp + m * h.ld, 0.0f);
+    add_per_head(h, shared, kt, tmp, h.ld, i0, m);
+    for (int64_t i = 0; i < m; ++i) {
+      const float a = scale[p * h.n + i0 + i];
+      for (int64_t j = 0; j < h.r; ++j) s[i * h.ld + j] += a * tmp[i * h.ld + j];
+    }
+  }
+  add_per_head(h, pe, kt, s, h.ld, i0, m);
 }
 
 void check(bool ok, const char* op, const char* what) {
   if (!ok) throw std::invalid_argument(std::string("candle_nn.") + op + ": " + what);
 }
 
-// The shapes, from pe (heads, n, d) and q (heads, b t, d), checked against b, n and c.
-Dims dims(const mx::array& pe, const mx::array& q, int64_t b, int64_t n, int64_t c,
-          const char* op) {
-  check(pe.ndim() == 3 && q.ndim() == 3 && pe.shape(0) == q.shape(0) && pe.shape(1) == n &&
-            pe.shape(2) == q.shape(2) && b > 0 && q.shape(1) % b == 0,
-        op, "pe must be (heads, n, d) and q (heads, b * t, d)");
-  check(c % kLanes == 0, op, "channels must be a multiple of 8");
-  Dims d{b, n, c, pe.shape(0), q.shape(1) / b, pe.shape(2), 0, 0, 0, 0};
-  d.r = d.heads * d.t;
-  d.tp = (d.t + kLanes - 1) / kLanes * kLanes;
-  d.cols = (d.r + kLanes - 1) / kLanes * kLanes;
-  d.ld = std::max(d.cols, (d.r - d.t + d.tp + kLanes - 1) / kLanes * kLanes);
-  return d;
+void check_per_head(const mx::array& shared, const mx::array& tok, int64_t b, int64_t n,
+                    const char* op) {
+  check(shared.ndim() == 3 && tok.ndim() == 3 && shared.shape(0) == tok.shape(0) &&
+            shared.shape(1) == n && shared.shape(2) == tok.shape(2) && b > 0 &&
+            tok.shape(1) % b == 0,
+        op, "per-head products need shared (heads, n, d) and tokens (heads, b * t, d)");
+}
+
+std::vector<mx::array> contiguous(std::initializer_list<const mx::array*> arrays,
+                                  mx::Stream stream) {
+  std::vector<mx::array> out;
+  for (const auto* a : arrays) out.push_back(mx::contiguous(*a, false, stream));
+  return out;
+}
+
+// -- point_probs -------------------------------------------------------------------------------
+// inputs: pe, k, [scale, shared], [coeff, fold, bias]
+CANDLE_NN_MULTIVERSION
+void probs_block(const PerHead& h, const float* scale, const float* coeff, int64_t mc,
+                 const float* foldt, const float* bias, const float* shared, const float* pe,
+                 const float* kt, float* out, int64_t p, int64_t i0, int64_t m) {
+  thread_local std::vector<float> s, tmp, g;
+  s.resize(m * h.ld);
+  tmp.resize(shared ? m * h.ld : 0);
+  g.resize(h.r);
+  scores(h, scale, coeff, mc, foldt, shared, pe, kt, s.data(), tmp.data(), p, i0, m);
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = s.data() + i * h.ld;
+    float* o = out + (p * h.n + i0 + i) * h.r;
+    if (bias != nullptr)
+      for (int64_t j = 0; j < h.r; ++j) row[j] += bias[p * h.r + j];
+    // per head: its maximum on each of its columns, exp over the row, its sum's inverse
+    for (int64_t hh = 0; hh < h.heads; ++hh) {
+      float top = row[hh * h.t];
+      for (int64_t u = 1; u < h.t; ++u) top = std::max(top, row[hh * h.t + u]);
+      for (int64_t u = 0; u < h.t; ++u) g[hh * h.t + u] = top;
+    }
+    for (int64_t j = 0; j < h.r; ++j) row[j] = exp_f32(row[j] - g[j]);
+    for (int64_t hh = 0; hh < h.heads; ++hh) {
+      float total = 0.0f;
+      for (int64_t u = 0; u < h.t; ++u) total += row[hh * h.t + u];
+      for (int64_t u = 0; u < h.t; ++u) g[hh * h.t + u] = 1.0f / total;
+    }
+    for (int64_t j = 0; j < h.r; ++j) o[j] = row[j] * g[j];
+  }
+}
+
+// -- point_norm --------------------------------------------------------------------------------
+struct NormDims {
+  int64_t mc, mu, channels;
+};
+
+// u (m x mu) rows [coeff, probs, 0...] of rows [i0, i0 + m); then out = inv u with inv the
+// rows' 1 / sqrt(var + eps), var = (s² sq + 2 s lin + u G uᵀ) / channels.
+CANDLE_NN_MULTIVERSION
+void norm_block(const PerHead& h, const NormDims& nd, const float* scale, const float* coeff,
+                const float* probs, const float* sq, const float* lc_shared, const float* lct,
+                const PerHead* hc, const float* lp_shared, const float* lpt, const float* lin0,
+                const float* uppers, float eps, float* out, int64_t p, int64_t i0, int64_t m) {
+  thread_local std::vector<float> u, t, lp, lc;
+  u.resize(m * nd.mu);
+  t.resize(m * nd.mu);
+  lp.resize(m * h.ld);
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = u.data() + i * nd.mu;
+    const int64_t g = p * h.n + i0 + i;
+    for (int64_t j = 0; j < nd.mc; ++j) row[j] = coeff[g * nd.mc + j];
+    for (int64_t j = 0; j < h.r; ++j) row[nd.mc + j] = probs[g * h.r + j];
+    for (int64_t j = nd.mc + h.r; j < nd.mu; ++j) row[j] = 0.0f;
+  }
+  // t = u · upper, upper = the gram's upper triangle with half its diagonal (u gram uᵀ = 2 u ·
+  // t): per 16-column panel only the rows of upper up to the panel's last
+  const float* upper = uppers + p * nd.mu * nd.mu;
+  for (int64_t j0 = 0; j0 < nd.mu; j0 += 2 * kLanes) {
+    const int64_t cols = std::min<int64_t>(2 * kLanes, nd.mu - j0);
+    gemm_strided(u.data(), nd.mu, 1, upper + j0, nd.mu, t.data() + j0, nd.mu, m, cols, j0 + cols,
+                 nullptr, 0, m);
+  }
+  std::fill(lp.begin(), lp.end(), 0.0f);
+  add_per_head(h, lp_shared, lpt, lp.data(), h.ld, i0, m);
+  if (lc_shared != nullptr) {
+    lc.resize(m * hc->ld);
+    std::fill(lc.begin(), lc.end(), 0.0f);
+    add_per_head(*hc, lc_shared, lct, lc.data(), hc->ld, i0, m);
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t g = p * h.n + i0 + i;
+    const float* row = u.data() + i * nd.mu;
+    float quad = 0.0f, lin = lin0[i0 + i];
+    for (int64_t j = 0; j < nd.mu; ++j) quad += row[j] * t[i * nd.mu + j];
+    quad *= 2.0f;
+    for (int64_t j = 0; j < h.r; ++j) lin += row[nd.mc + j] * lp[i * h.ld + j];
+    if (lc_shared != nullptr)
+      for (int64_t j = 0; j < nd.mc; ++j) lin += row[j] * lc[i * hc->ld + j];
+    const float s = scale ? scale[g] : 1.0f;
+    const float var = (s * s * sq[i0 + i] + 2.0f * s * lin + quad) / static_cast<float>(nd.channels);
+    const float inv = 1.0f / std::sqrt(var + eps);
+    float* o = out + g * nd.mu;
+    for (int64_t j = 0; j < nd.mu; ++j) o[j] = inv * row[j];
+  }
+}
+
+// -- point_pool --------------------------------------------------------------------------------
+// Prompt p: out (r x (mc + dv)) = [A coeff, per head (A scale) shared_v] with A the scores'
+// softmax over the n image tokens, scores as in `scores`.
+CANDLE_NN_MULTIVERSION
+void pool_prompt(const PerHead& h, const float* scale, const float* coeff, int64_t mc,
+                 const float* foldt, const float* shared, const float* pe, const float* kt,
+                 const float* shared_v, int64_t dv, float* out, int64_t p) {
+  thread_local std::vector<float> s, tmp, top, sum;
+  constexpr int64_t kBlock = 48;
+  s.resize(h.n * h.ld);
+  tmp.resize(kBlock * h.ld);
+  for (int64_t i0 = 0; i0 < h.n; i0 += kBlock) {
+    const int64_t m = std::min(kBlock, h.n - i0);
+    scores(h, scale, coeff, mc, foldt, shared, pe, kt, s.data() + i0 * h.ld, tmp.data(), p, i0,
+           m);
+  }
+  top.assign(h.r, -INFINITY);
+  sum.assign(h.r, 0.0f);
+  for (int64_t i = 0; i < h.n; ++i) {
+    const float* row = s.data() + i * h.ld;
+    for (int64_t j = 0; j < h.r; ++j) top[j] = std::max(top[j], row[j]);
+  }
+  for (int64_t i = 0; i < h.n; ++i) {
+    float* row = s.data() + i * h.ld;
+    for (int64_t j = 0; j < h.r; ++j) {
+      const float e = exp_f32(row[j] - top[j]);
+      row[j] = e;
+      sum[j] += e;
+    }
+    for (int64_t j = h.r; j < h.ld; ++j) row[j] = 0.0f;
+  }
+  const int64_t ldo = mc + dv;
+  float* o = out + p * h.r * ldo;
+  const float* cp = coeff + p * h.n * mc;
+  constexpr int64_t kK = 256;
+  for (int64_t k0 = 0; k0 < h.n; k0 += kK) {
+    const int64_t kc = std::min(kK, h.n - k0);
+    gemm_strided(s.data() + k0 * h.ld, 1, h.ld, cp + k0 * mc, mc, o, ldo, h.r, mc, kc,
+                 k0 > 0 ? o : nullptr, ldo, h.r);
+  }
+  for (int64_t i = 0; i < h.n; ++i) {
+    const float a = scale[p * h.n + i];
+    float* row = s.data() + i * h.ld;
+    for (int64_t j = 0; j < h.r; ++j) row[j] *= a;
+  }
+  for (int64_t hh = 0; hh < h.heads; ++hh) {
+    float* oh = o + hh * h.t * ldo + mc;
+    for (int64_t k0 = 0; k0 < h.n; k0 += kK) {
+      const int64_t kc = std::min(kK, h.n - k0);
+      gemm_strided(s.data() + k0 * h.ld + hh * h.t, 1, h.ld, shared_v + (hh * h.n + k0) * dv, dv,
+                   oh, ldo, h.t, dv, kc, k0 > 0 ? oh : nullptr, ldo, h.t);
+    }
+  }
+  for (int64_t j = 0; j < h.r; ++j) {
+    const float inv = 1.0f / sum[j];
+    for (int64_t c = 0; c < ldo; ++c) o[j * ldo + c] *= inv;
+  }
+}
+
+// Per prompt: kt (heads, d, tp) of the tokens, foldt (mc x ld) of fold (b, r, mc).
+void prompt_sides(const PerHead& h, const float* tok, const float* fold, int64_t mc, float* kt,
+                  float* foldt, int64_t p0, int64_t p1) {
+  for (int64_t p = p0; p < p1; ++p) {
+    tokens_t(h, tok, p, kt + p * h.heads * h.d * h.tp);
+    if (fold != nullptr) transpose(fold + p * h.r * mc, h.r, mc, foldt + p * mc * h.ld, h.ld);
+  }
 }
 
 }  // namespace
 
-mx::array point_pool(const mx::array& folded, const mx::array& image, const mx::array& pe,
-                     const mx::array& q, mx::StreamOrDevice s) {
-  const char* op = "point_pool";
-  for (const auto* a : {&folded, &image, &pe, &q}) check_float32_cpu(*a, op);
-  check(!traced({&folded, &image, &pe, &q}), op, "no tracer inputs (use the reference)");
-  check(folded.ndim() == 3 && image.ndim() == 3 && image.shape(0) == folded.shape(0) &&
-            image.shape(2) == folded.shape(2),
-        op, "folded (b, r, c), image (b, n, c)");
-  Dims d = dims(pe, q, folded.shape(0), image.shape(1), image.shape(2), op);
-  check(d.r == folded.shape(1), op, "folded must have heads * t rows");
+// -- point_probs -------------------------------------------------------------------------------
+mx::array point_probs(const mx::array& pe, const mx::array& k, int t,
+                      const std::optional<mx::array>& scale,
+                      const std::optional<mx::array>& shared,
+                      const std::optional<mx::array>& coeff, const std::optional<mx::array>& fold,
+                      const std::optional<mx::array>& bias, mx::StreamOrDevice s) {
+  const char* op = "point_probs";
+  for (const auto* a : {&pe, &k}) check_float32_cpu(*a, op);
+  check(pe.ndim() == 3 && k.ndim() == 3, op, "pe (heads, n, d), k (heads, b t, d)");
+  check(scale.has_value() == shared.has_value() && coeff.has_value() == fold.has_value() &&
+            (!bias || coeff),
+        op, "scale with shared, coeff with fold, bias only with them");
+  check(t > 0 && k.shape(1) % t == 0, op, "k must have b * t rows");
+  const int64_t b = k.shape(1) / t;
+  const int64_t n = pe.shape(1);
+  check_per_head(pe, k, b, n, op);
+  std::vector<mx::array> inputs = contiguous({&pe, &k}, mx::to_stream(s));
+  int flags = 0;
+  if (scale) {
+    check_float32_cpu(*scale, op);
+    check_float32_cpu(*shared, op);
+    check(scale->ndim() == 2 && scale->shape(0) == b && scale->shape(1) == n &&
+              shared->shape() == pe.shape(),
+          op, "scale (b, n), shared as pe");
+    for (auto& a : contiguous({&*scale, &*shared}, mx::to_stream(s))) inputs.push_back(a);
+    flags |= 1;
+  }
+  if (coeff) {
+    check_float32_cpu(*coeff, op);
+    check_float32_cpu(*fold, op);
+    const int64_t r = pe.shape(0) * (k.shape(1) / b);
+    check(coeff->ndim() == 3 && coeff->shape(0) == b && coeff->shape(1) == n &&
+              fold->ndim() == 3 && fold->shape(0) == b && fold->shape(1) == r &&
+              fold->shape(2) == coeff->shape(2),
+          op, "coeff (b, n, m), fold (b, heads t, m)");
+    for (auto& a : contiguous({&*coeff, &*fold}, mx::to_stream(s))) inputs.push_back(a);
+    flags |= 2;
+    if (bias) {
+      check_float32_cpu(*bias, op);
+      check(bias->ndim() == 2 && bias->shape(0) == b && bias->shape(1) == r, op,
+            "bias (b, heads t)");
+      inputs.push_back(mx::contiguous(*bias, false, mx::to_stream(s)));
+      flags |= 4;
+    }
+  }
+  std::vector<const mx::array*> all;
+  for (const auto& a : inputs) all.push_back(&a);
+  for (const auto* a : all) check(!traced({a}), op, "no tracer inputs (use the reference)");
+  mx::Shape shape{static_cast<int>(b), static_cast<int>(n),
+                  static_cast<int>(pe.shape(0) * (k.shape(1) / b))};
+  return primitive_output<PointProbs>(shape, std::move(inputs), mx::to_stream(s), flags);
+}
+
+void PointProbs::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  auto& encoder = begin_eval(stream(), inputs, out);
+  const int64_t b = out.shape(0);
+  PerHead h = per_head_of(inputs[0], inputs[1], b);
+  size_t next = 2;
+  const float *scale = nullptr, *shared = nullptr, *coeff = nullptr, *fold = nullptr,
+              *bias = nullptr;
+  int64_t mc = 0;
+  if (flags_ & 1) {
+    scale = inputs[next++].data<float>();
+    shared = inputs[next++].data<float>();
+  }
+  if (flags_ & 2) {
+    mc = inputs[next].shape(2);
+    coeff = inputs[next++].data<float>();
+    fold = inputs[next++].data<float>();
+  }
+  if (flags_ & 4) bias = inputs[next++].data<float>();
+  encoder.dispatch([h, mc, scale, shared, coeff, fold, bias, pe = inputs[0].data<float>(),
+                    k = inputs[1].data<float>(), o = out.data<float>()]() {
+    if (h.n == 0 || h.r == 0) return;
+    std::vector<float> kt(h.b * h.heads * h.d * h.tp), foldt(fold ? h.b * mc * h.ld : 0);
+    prompt_sides(h, k, fold, mc, kt.data(), foldt.data(), 0, h.b);
+    constexpr int64_t kBlock = 64;
+    const int64_t blocks = (h.n + kBlock - 1) / kBlock;
+    ThreadPool::instance().run(static_cast<int>(h.b * blocks), [&](int task) {
+      const int64_t p = task / blocks, i0 = task % blocks * kBlock;
+      probs_block(h, scale, coeff, mc, fold ? foldt.data() + p * mc * h.ld : nullptr, bias,
+                  shared, pe, kt.data() + p * h.heads * h.d * h.tp, o, p, i0,
+                  std::min(kBlock, h.n - i0));
+    });
+  });
+}
+
+void PointProbs::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("candle_nn.point_probs: a CPU-only kernel (run on the CPU device)");
+}
+
+bool PointProbs::is_equivalent(const mx::Primitive& other) const {
+  auto* p = dynamic_cast<const PointProbs*>(&other);
+  return p && p->flags_ == flags_;
+}
+
+// -- point_norm --------------------------------------------------------------------------------
+mx::array point_norm(const mx::array& probs, const mx::array& sq, const mx::array& lp_shared,
+                     const mx::array& lp_tok, const mx::array& lin0, const mx::array& gram,
+                     float eps, int channels, const std::optional<mx::array>& scale,
+                     const std::optional<mx::array>& coeff,
+                     const std::optional<mx::array>& lc_shared,
+                     const std::optional<mx::array>& lc_tok, mx::StreamOrDevice s) {
+  const char* op = "point_norm";
+  for (const auto* a : {&probs, &sq, &lp_shared, &lp_tok, &lin0, &gram}) check_float32_cpu(*a, op);
+  check(probs.ndim() == 3, op, "probs (b, n, heads t)");
+  const int64_t b = probs.shape(0), n = probs.shape(1), r = probs.shape(2);
+  check_per_head(lp_shared, lp_tok, b, n, op);
+  check(lp_shared.shape(0) * (lp_tok.shape(1) / b) == r, op, "probs must have heads * t columns");
+  check(sq.ndim() == 1 && sq.shape(0) == n && lin0.ndim() == 1 && lin0.shape(0) == n, op,
+        "sq and lin0 (n,)");
+  check(coeff.has_value() == lc_shared.has_value() && lc_shared.has_value() == lc_tok.has_value(),
+        op, "coeff with lc_shared and lc_tok");
+  const int64_t mc = coeff ? coeff->shape(2) : 0;
+  const int64_t mu = round8(mc + r);
+  check(gram.ndim() == 3 && gram.shape(0) == b && gram.shape(1) == mu && gram.shape(2) == mu, op,
+        "gram (b, mu, mu), mu = coeff's and probs' columns rounded up to 8");
+  check(channels > 0, op, "channels must be positive");
   auto stream = mx::to_stream(s);
-  std::vector<mx::array> inputs;
-  for (const auto* a : {&folded, &image, &pe, &q})
-    inputs.push_back(mx::contiguous(*a, false, stream));
-  return primitive_output<PointPool>(folded.shape(), std::move(inputs), stream);
+  std::vector<mx::array> inputs = contiguous({&probs, &sq, &lp_shared, &lp_tok, &lin0, &gram},
+                                             stream);
+  if (scale) {
+    check_float32_cpu(*scale, op);
+    check(scale->ndim() == 2 && scale->shape(0) == b && scale->shape(1) == n, op, "scale (b, n)");
+    inputs.push_back(mx::contiguous(*scale, false, stream));
+  }
+  if (coeff) {
+    for (const auto* a : {&*coeff, &*lc_shared, &*lc_tok}) check_float32_cpu(*a, op);
+    check(coeff->ndim() == 3 && coeff->shape(0) == b && coeff->shape(1) == n, op,
+          "coeff (b, n, m)");
+    check_per_head(*lc_shared, *lc_tok, b, n, op);
+    check(lc_shared->shape(0) * (lc_tok->shape(1) / b) == mc, op,
+          "coeff must have lc's heads * t columns");
+    for (auto& a : contiguous({&*coeff, &*lc_shared, &*lc_tok}, stream)) inputs.push_back(a);
+  }
+  for (const auto& a : inputs) check(!traced({&a}), op, "no tracer inputs (use the reference)");
+  mx::Shape shape{static_cast<int>(b), static_cast<int>(n), static_cast<int>(mu)};
+  return primitive_output<PointNorm>(shape, std::move(inputs), stream, eps, channels,
+                                     scale.has_value(), coeff.has_value());
+}
+
+void PointNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  auto& encoder = begin_eval(stream(), inputs, out);
+  const int64_t b = out.shape(0);
+  PerHead h = per_head_of(inputs[2], inputs[3], b);
+  size_t next = 6;
+  const float* scale = has_scale_ ? inputs[next++].data<float>() : nullptr;
+  const float *coeff = nullptr, *lc_shared = nullptr, *lc_tok = nullptr;
+  PerHead hc{};
+  int64_t mc = 0;
+  if (has_coeff_) {
+    mc = inputs[next].shape(2);
+    coeff = inputs[next++].data<float>();
+    hc = per_head_of(inputs[next], inputs[next + 1], b);
+    lc_shared = inputs[next++].data<float>();
+    lc_tok = inputs[next++].data<float>();
+  }
+  NormDims nd{mc, out.shape(2), channels_};
+  encoder.dispatch([h, hc, nd, eps = eps_, scale, coeff, lc_shared, lc_tok,
+                    probs = inputs[0].data<float>(), sq = inputs[1].data<float>(),
+                    lp_shared = inputs[2].data<float>(), lp_tok = inputs[3].data<float>(),
+                    lin0 = inputs[4].data<float>(), gram = inputs[5].data<float>(),
+                    o = out.data<float>(), bytes = out.nbytes()]() {
+    if (h.n == 0) return;
+    advise_huge_pages(o, bytes);
+    std::vector<float> lpt(h.b * h.heads * h.d * h.tp),
+        lct(lc_tok ? h.b * hc.heads * hc.d * hc.tp : 0), upper(h.b * nd.mu * nd.mu);
+    for (int64_t p = 0; p < h.b; ++p) {
+      const float* g = gram + p * nd.mu * nd.mu;
+      float* up = upper.data() + p * nd.mu * nd.mu;
+      for (int64_t i = 0; i < nd.mu; ++i)
+        for (int64_t j = 0; j < nd.mu; ++j)
+          up[i * nd.mu + j] = j > i ? g[i * nd.mu + j] : (j == i ? 0.5f * g[i * nd.mu + j] : 0.0f);
+      tokens_t(h, lp_tok, p, lpt.data() + p * h.heads * h.d * h.tp);
+      if (lc_tok) tokens_t(hc, lc_tok, p, lct.data() + p * hc.heads * hc.d * hc.tp);
+    }
+    constexpr int64_t kBlock = 64;
+    const int64_t blocks = (h.n + kBlock - 1) / kBlock;
+    ThreadPool::instance().run(static_cast<int>(h.b * blocks), [&](int task) {
+      const int64_t p = task / blocks, i0 = task % blocks * kBlock;
+      norm_block(h, nd, scale, coeff, probs, sq, lc_shared,
+                 lc_tok ? lct.data() + p * hc.heads * hc.d * hc.tp : nullptr, &hc, lp_shared,
+                 lpt.data() + p * h.heads * h.d * h.tp, lin0, upper.data(), eps, o, p, i0,
+                 std::min(kBlock, h.n - i0));
+    });
+  });
+}
+
+void PointNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("candle_nn.point_norm: a CPU-only kernel (run on the CPU device)");
+}
+
+bool PointNorm::is_equivalent(const mx::Primitive& other) const {
+  auto* p = dynamic_cast<const PointNorm*>(&other);
+  return p && p->eps_ == eps_ && p->channels_ == channels_ &&
+         p->has_scale_ == has_scale_ && p->has_coeff_ == has_coeff_;
+}
+
+// -- point_pool --------------------------------------------------------------------------------
+mx::array point_pool(const mx::array& scale, const mx::array& coeff, const mx::array& fold,
+                     const mx::array& shared_k, const mx::array& pe, const mx::array& q,
+                     const mx::array& shared_v, mx::StreamOrDevice s) {
+  const char* op = "point_pool";
+  for (const auto* a : {&scale, &coeff, &fold, &shared_k, &pe, &q, &shared_v})
+    check_float32_cpu(*a, op);
+  check(!traced({&scale, &coeff, &fold, &shared_k, &pe, &q, &shared_v}), op,
+        "no tracer inputs (use the reference)");
+  check(scale.ndim() == 2 && coeff.ndim() == 3 && fold.ndim() == 3 && shared_v.ndim() == 3, op,
+        "scale (b, n), coeff (b, n, m), fold (b, heads t, m), shared_v (heads, n, dv)");
+  const int64_t b = scale.shape(0), n = scale.shape(1), mc = coeff.shape(2);
+  check_per_head(pe, q, b, n, op);
+  const int64_t r = pe.shape(0) * (q.shape(1) / b);
+  check(coeff.shape(0) == b && coeff.shape(1) == n && fold.shape(0) == b &&
+            fold.shape(1) == r && fold.shape(2) == mc && shared_k.shape() == pe.shape() &&
+            shared_v.shape(0) == pe.shape(0) && shared_v.shape(1) == n,
+        op, "shapes: scale (b, n), coeff (b, n, m), fold (b, heads t, m), shared_k as pe");
+  check(mc % kLanes == 0 && shared_v.shape(2) % kLanes == 0, op,
+        "coeff's columns and shared_v's d must be multiples of 8");
+  auto stream = mx::to_stream(s);
+  mx::Shape shape{static_cast<int>(b), static_cast<int>(r),
+                  static_cast<int>(mc + shared_v.shape(2))};
+  return primitive_output<PointPool>(
+      shape, contiguous({&scale, &coeff, &fold, &shared_k, &pe, &q, &shared_v}, stream), stream);
 }
 
 void PointPool::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
   auto& encoder = begin_eval(stream(), inputs, out);
-  Dims d = dims(inputs[2], inputs[3], inputs[0].shape(0), inputs[1].shape(1),
-                inputs[1].shape(2), "point_pool");
-  encoder.dispatch([d, f = inputs[0].data<float>(), x = inputs[1].data<float>(),
-                    pe = inputs[2].data<float>(), q = inputs[3].data<float>(),
-                    o = out.data<float>()]() {
-    if (d.r == 0 || d.c == 0) return;
-    ThreadPool::instance().run(static_cast<int>(d.b), [&](int p) {
-      pool_prompt(d, f, x, pe, q, o, p);
+  const int64_t b = out.shape(0);
+  PerHead h = per_head_of(inputs[4], inputs[5], b);
+  const int64_t mc = inputs[1].shape(2), dv = inputs[6].shape(2);
+  encoder.dispatch([h, mc, dv, scale = inputs[0].data<float>(), coeff = inputs[1].data<float>(),
+                    fold = inputs[2].data<float>(), shared_k = inputs[3].data<float>(),
+                    pe = inputs[4].data<float>(), q = inputs[5].data<float>(),
+                    shared_v = inputs[6].data<float>(), o = out.data<float>()]() {
+    if (h.r == 0) return;
+    std::vector<float> qt(h.b * h.heads * h.d * h.tp), foldt(h.b * mc * h.ld);
+    prompt_sides(h, q, fold, mc, qt.data(), foldt.data(), 0, h.b);
+    ThreadPool::instance().run(static_cast<int>(h.b), [&](int p) {
+      pool_prompt(h, scale, coeff, mc, foldt.data() + p * mc * h.ld, shared_k, pe,
+                  qt.data() + p * h.heads * h.d * h.tp, shared_v, dv, o, p);
     });
   });
 }
 
 void PointPool::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   throw std::runtime_error("candle_nn.point_pool: a CPU-only kernel (run on the CPU device)");
-}
-
-mx::array point_spread(const mx::array& x, const std::optional<mx::array>& folded,
-                       const mx::array& pe, const mx::array& q, const mx::array& values,
-                       const mx::array& weight, const mx::array& ln_bias, float eps,
-                       mx::StreamOrDevice s) {
-  const char* op = "point_spread";
-  for (const auto* a : {&x, &pe, &q, &values, &weight, &ln_bias}) check_float32_cpu(*a, op);
-  check(!traced({&x, folded ? &*folded : nullptr, &pe, &q, &values, &weight, &ln_bias}), op,
-        "no tracer inputs (use the reference)");
-  check(values.ndim() == 3 && x.ndim() == 3 && values.shape(2) == x.shape(2) &&
-            (x.shape(0) == 1 || x.shape(0) == values.shape(0)),
-        op, "x (1 or b, n, c), values (b, r, c)");
-  const int64_t b = values.shape(0), n = x.shape(1), c = x.shape(2);
-  Dims d = dims(pe, q, b, n, c, op);
-  check(d.r == values.shape(1), op, "values must have heads * t rows");
-  check(weight.ndim() == 1 && weight.shape(0) == c && ln_bias.ndim() == 1 &&
-            ln_bias.shape(0) == c,
-        op, "weight and bias must be (c,)");
-  auto stream = mx::to_stream(s);
-  std::vector<mx::array> inputs;
-  for (const auto* a : {&x, &pe, &q, &values, &weight, &ln_bias})
-    inputs.push_back(mx::contiguous(*a, false, stream));
-  if (folded) {
-    check_float32_cpu(*folded, op);
-    check(folded->shape() == values.shape(), op, "folded must have values' shape");
-    inputs.push_back(mx::contiguous(*folded, false, stream));
-  }
-  mx::Shape shape{static_cast<int>(b), static_cast<int>(n), static_cast<int>(c)};
-  return primitive_output<PointSpread>(shape, std::move(inputs), stream, eps);
-}
-
-void PointSpread::eval_cpu(const std::vector<mx::array>& inputs,
-                           std::vector<mx::array>& outputs) {
-  auto& out = outputs[0];
-  auto& encoder = begin_eval(stream(), inputs, out);
-  const auto& x = inputs[0];
-  const int64_t b = inputs[3].shape(0);
-  Dims d = dims(inputs[1], inputs[2], b, x.shape(1), x.shape(2), "point_spread");
-  const float* folded = inputs.size() > 6 ? inputs[6].data<float>() : nullptr;
-  encoder.dispatch([d, eps = eps_, shared_x = x.shape(0) == 1, xp = x.data<float>(),
-                    pe = inputs[1].data<float>(), q = inputs[2].data<float>(),
-                    values = inputs[3].data<float>(), weight = inputs[4].data<float>(),
-                    ln_bias = inputs[5].data<float>(), folded, o = out.data<float>(),
-                    bytes = out.nbytes()]() {
-    if (d.n == 0 || d.c == 0) return;
-    advise_huge_pages(o, bytes);
-    std::vector<float> ft(folded ? d.b * d.c * d.cols : 0), qt(d.b * d.heads * d.d * d.tp);
-    parallel_for(d.b, 1, 1, [&](int64_t p0, int64_t p1) {
-      prompt_sides(d, folded, q, ft.data(), qt.data(), p0, p1);
-    });
-    // Tasks block-major: the prompts of one block of image rows run together (their
-    // positional rows stay in cache).
-    constexpr int64_t kBlock = 64;
-    const int64_t blocks = (d.n + kBlock - 1) / kBlock;
-    ThreadPool::instance().run(static_cast<int>(d.b * blocks), [&](int task) {
-      const int64_t p = task % d.b, i0 = task / d.b * kBlock;
-      spread_block(d, xp, shared_x, folded ? ft.data() + p * d.c * d.cols : nullptr,
-                   qt.data() + p * d.heads * d.d * d.tp, pe, values, weight, ln_bias, eps, o, p,
-                   i0, std::min(kBlock, d.n - i0));
-    });
-  });
-}
-
-void PointSpread::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error("candle_nn.point_spread: a CPU-only kernel (run on the CPU device)");
-}
-
-bool PointSpread::is_equivalent(const mx::Primitive& other) const {
-  auto* p = dynamic_cast<const PointSpread*>(&other);
-  return p && p->eps_ == eps_;
 }
 
 }  // namespace candle_nn

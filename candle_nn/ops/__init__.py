@@ -24,7 +24,7 @@ from .linear import linear
 from .mask_postprocess import resize_masks, stability_score
 from .mask_upscale import mask_upscale
 from .norm import batch_norm_train, layer_norm
-from .point_attention import point_pool, point_spread
+from .point_attention import point_norm, point_pool, point_probs
 from .pooling import max_pool2d
 from .registry import (
     Impl, Op, disable, disabled, enable, implementations, is_enabled, only, ops, refresh,
@@ -38,7 +38,8 @@ __all__ = [
     "dfl_decode", "disable", "disabled", "enable", "gelu", "gelu_tanh", "implementations",
     "is_depthwise", "is_enabled", "layer_norm", "linear", "mask_upscale", "max_pool2d",
     "multi_head_attention",
-    "only", "ops", "packed_qkv_attention", "point_pool", "point_spread", "refresh", "relu",
+    "only", "ops", "packed_qkv_attention", "point_norm", "point_pool", "point_probs", "refresh",
+    "relu",
     "resize_masks", "scaled_dot_product_attention", "stability_score",
     "sigmoid",
     "silu", "softmax", "status",

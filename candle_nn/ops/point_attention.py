@@ -1,10 +1,12 @@
-"""Attention between a few prompt tokens and many image tokens, each prompt with its own copy of
-the image tokens (SAM's automatic masks: ``b`` point prompts, ``n = 4096`` image tokens of ``c``
-channels each, ``r = heads * t`` folded token rows per prompt).
+"""Attention between a few prompt tokens and many image tokens held in factored form (SAM's
+automatic masks: ``b`` point prompts, ``n = 4096`` image tokens, ``r = heads * t`` token rows
+per prompt).
 
-Both ops add to the scores a per-head positional share ``pe[h] @ q[h]ᵀ``: ``pe (heads, n, d)``
-(per image), ``q (heads, b t, d)`` (per prompt, rows ``p t .. p t + t - 1`` of prompt ``p``);
-row ``h * t + u`` of prompt ``p``'s scores gets ``pe[h] @ q[h, p t + u]``.
+Each prompt's image tokens are ``scale_i y_i + coeff_i basis + bias``: rows ``y`` shared by every
+prompt, ``scale (b, n)``, ``coeff (b, n, m)`` per prompt. The ops take ``y``'s products with the
+projections per head (``shared (heads, n, d)``, per image) and the prompts' tokens per head
+(``tok (heads, b t, d)``, rows ``p t .. p t + t - 1`` of prompt ``p``): row ``h t + u`` of prompt
+``p`` gets the per-head product ``shared[h] @ tok[h, p t + u]`` (:func:`per_head`).
 """
 
 from __future__ import annotations
@@ -14,36 +16,95 @@ import mlx.core as mx
 from .registry import op
 
 
-def _positional(pe: mx.array, q: mx.array, b: int) -> mx.array:
-    """The positional share ``(b, n, heads, t)``."""
-    heads, n, _ = pe.shape
-    share = (pe @ q.swapaxes(1, 2)).reshape(heads, n, b, -1)
-    return share.transpose(2, 1, 0, 3)
+def per_head(shared: mx.array, tok: mx.array, b: int) -> mx.array:
+    """``shared (heads, n, d)``, ``tok (heads, b t, d)`` → ``(b, n, heads t)``: per prompt and
+    head, ``shared[h] @ tok[h]ᵀ``. One product for every prompt against ``tok``
+    block-diagonal (``heads`` times the multiply-adds of the per-head products, without
+    transposing their ``(heads, n, b t)`` out)."""
+    heads, n, d = shared.shape
+    t = tok.shape[1] // b
+    blocks = (tok.reshape(heads, b, t, d).transpose(0, 3, 1, 2)[:, :, :, None]
+              * mx.eye(heads, dtype=tok.dtype).reshape(heads, 1, 1, heads, 1))
+    out = shared.transpose(1, 0, 2).reshape(n, -1) @ blocks.reshape(heads * d, -1)
+    return out.reshape(n, b, heads * t).transpose(1, 0, 2)
+
+
+@op("point_probs")
+def point_probs(pe: mx.array, k: mx.array, t: int, scale: mx.array | None = None,
+                shared: mx.array | None = None, coeff: mx.array | None = None,
+                fold: mx.array | None = None, bias: mx.array | None = None) -> mx.array:
+    """Image → tokens attention probabilities of factored image rows: the softmax over each
+    head's ``t`` tokens of ``pe · k + scale (shared · k) + coeff @ foldᵀ + bias``.
+
+    Shapes: ``pe``, ``shared (heads, n, d)``, ``k (heads, b t, d)``, ``scale (b, n)``, ``coeff
+    (b, n, m)``, ``fold (b, r, m)``, ``bias (b, r)`` → ``(b, n, r)``, ``r = heads t``;
+    ``scale`` comes with ``shared``, ``coeff`` with ``fold``."""
+    b = k.shape[1] // t
+    scores = per_head(pe, k, b)
+    if scale is not None:
+        scores = scores + scale[..., None] * per_head(shared, k, b)
+    if coeff is not None:
+        scores = scores + coeff @ fold.swapaxes(1, 2)
+        if bias is not None:
+            scores = scores + bias[:, None]
+    heads, r = pe.shape[0], scores.shape[-1]
+    return mx.softmax(scores.reshape(b, -1, heads, r // heads), axis=-1,
+                      precise=True).reshape(scores.shape)
+
+
+@op("point_norm")
+def point_norm(probs: mx.array, sq: mx.array, lp_shared: mx.array, lp_tok: mx.array,
+               lin0: mx.array, gram: mx.array, eps: float, channels: int,
+               scale: mx.array | None = None, coeff: mx.array | None = None,
+               lc_shared: mx.array | None = None, lc_tok: mx.array | None = None) -> mx.array:
+    """A LayerNorm's ``1 / sqrt(var + eps)`` of factored rows, times their coefficients.
+
+    The rows (centred) are ``s z + u B`` with ``u = [coeff, probs, 0...] (b, n, mu)``
+    (``mu`` rounded up to 8), ``s = scale`` (or 1): ``var = (s² sq + 2 s lin + u gram uᵀ) /
+    channels`` where ``sq = |z|²``, ``gram = B Bᵀ`` and ``lin = z · (u B)`` = ``lin0 + Σ probs
+    (lp_shared · lp_tok) + Σ coeff (lc_shared · lc_tok)`` (per-head products).
+
+    Shapes: ``probs (b, n, r)``, ``sq``, ``lin0 (n,)``, ``lp_shared (heads, n, d)``, ``lp_tok
+    (heads, b t, d)`` (``r = heads t``), ``gram (b, mu, mu)``, ``scale (b, n)``, ``coeff (b, n,
+    m)`` with ``lc_shared (heads', n, d')``, ``lc_tok (heads', b t', d')``, ``m = heads' t'`` →
+    ``inv u (b, n, mu)``."""
+    b, n, _ = probs.shape
+    parts = [probs] if coeff is None else [coeff, probs]
+    width = sum(p.shape[-1] for p in parts)
+    mu = gram.shape[-1]
+    if mu > width:
+        parts.append(mx.zeros((b, n, mu - width), dtype=probs.dtype))
+    u = mx.concatenate(parts, axis=-1)
+    lin = lin0 + (probs * per_head(lp_shared, lp_tok, b)).sum(-1)
+    if coeff is not None:
+        lin = lin + (coeff * per_head(lc_shared, lc_tok, b)).sum(-1)
+    quad = ((u @ gram) * u).sum(-1)
+    s = 1.0 if scale is None else scale
+    inv = mx.rsqrt((s * s * sq + 2 * s * lin + quad) / channels + eps)
+    return inv[..., None] * u
 
 
 @op("point_pool")
-def point_pool(folded: mx.array, image: mx.array, pe: mx.array, q: mx.array) -> mx.array:
-    """``softmax(folded @ imageᵀ + positional) @ image`` per prompt, the softmax over the ``n``
-    image tokens: ``folded (b, r, c)``, ``image (b, n, c)``, ``pe (heads, n, d)``,
-    ``q (heads, b t, d)`` with ``r = heads * t`` → ``(b, r, c)``."""
-    b, r, _ = folded.shape
-    heads, n, _ = pe.shape
-    share = (q @ pe.swapaxes(1, 2)).reshape(heads, b, r // heads, n)  # (heads, b, t, n)
-    scores = folded @ image.swapaxes(1, 2) + share.transpose(1, 0, 2, 3).reshape(b, r, n)
-    return mx.softmax(scores, axis=-1) @ image
+def point_pool(scale: mx.array, coeff: mx.array, fold: mx.array, shared_k: mx.array,
+               pe: mx.array, q: mx.array, shared_v: mx.array) -> mx.array:
+    """Tokens → image attention pooling of factored image rows: ``A`` the softmax over the
+    ``n`` image tokens of ``scale (shared_k · q) + pe · q + fold @ coeffᵀ`` → ``[A coeff, per
+    head (A scale) shared_v[h]]``.
 
+    Shapes: ``scale (b, n)``, ``coeff (b, n, m)``, ``fold (b, r, m)``, ``shared_k``, ``pe
+    (heads, n, d)``, ``q (heads, b t, d)`` (``r = heads t``), ``shared_v (heads, n, dv)`` →
+    ``(b, r, m + dv)``."""
+    b, n = scale.shape
+    heads = pe.shape[0]
+    t = q.shape[1] // b
 
-@op("point_spread")
-def point_spread(x: mx.array, folded: mx.array | None, pe: mx.array, q: mx.array,
-                 values: mx.array, weight: mx.array, ln_bias: mx.array, eps: float) -> mx.array:
-    """``LayerNorm(x + P @ values)`` with ``P = softmax(x @ foldedᵀ + positional)``, the softmax
-    over each head's ``t`` tokens: ``x (1 or b, n, c)`` (one image shared by every prompt, or
-    one per prompt), ``folded`` and ``values (b, r, c)`` (``folded=None``: the scores are the
-    positional share alone), ``pe (heads, n, d)``, ``q (heads, b t, d)``, LayerNorm
-    ``weight``, ``ln_bias (c,)`` → ``(b, n, c)``."""
-    b, r, _ = values.shape
-    scores = _positional(pe, q, b)  # (b, n, heads, t)
-    if folded is not None:
-        scores = scores + (x @ folded.swapaxes(1, 2)).reshape(scores.shape)
-    probs = mx.softmax(scores, axis=-1).reshape(b, -1, r)
-    return mx.fast.layer_norm(mx.addmm(x, probs, values), weight, ln_bias, eps)
+    def to_prompts(x: mx.array) -> mx.array:  # (heads, b t, n) -> (b, heads t, n)
+        return x.reshape(heads, b, t, n).transpose(1, 0, 2, 3).reshape(b, heads * t, n)
+
+    scores = (scale[:, None] * to_prompts(q @ shared_k.swapaxes(1, 2))
+              + to_prompts(q @ pe.swapaxes(1, 2)) + fold @ coeff.swapaxes(1, 2))
+    probs = mx.softmax(scores, axis=-1, precise=True)  # (b, r, n)
+    weighted = (probs * scale[:, None]).reshape(b, heads, t, n).transpose(1, 0, 2, 3)
+    pooled = weighted.reshape(heads, b * t, n) @ shared_v  # (heads, b t, dv)
+    pooled = pooled.reshape(heads, b, t, -1).transpose(1, 0, 2, 3).reshape(b, heads * t, -1)
+    return mx.concatenate([probs @ coeff, pooled], axis=-1)

@@ -1,12 +1,12 @@
-"""SAM's automatic-mask attention between prompt tokens and per-prompt image tokens by the
-compiled kernels (csrc/point_attention.cpp): ``point_pool`` one prompt per task,
-``point_spread`` one block of a prompt's image rows per task, products single-threaded on
-register tiles, the positional scores, softmax, residual and LayerNorm fused.
+"""SAM's automatic-mask attention on factored image tokens by the compiled kernels
+(csrc/point_attention.cpp): ``point_pool`` one prompt per task, ``point_probs`` and
+``point_norm`` one block of a prompt's image rows per task, products single-threaded on register
+tiles, the per-head products, softmax and LayerNorm statistics fused in per-thread scratch.
 
-MLX limitation: a batched matmul of few-row products (56 x 256 x 4096 per prompt) runs as one
-threaded sgemm call per prompt, whose threads synchronise several times per call (one thread per
-call is ~3x faster at these shapes), and the softmax and LayerNorm between them are more passes
-over the ``(b, n, c)`` image tokens.
+MLX limitation: a batched matmul of few-row products (56 x 112 x 4096 per prompt) runs as one
+threaded sgemm call per prompt, whose threads synchronise several times per call; the per-head
+products, the softmax over 7 tokens (MLX's ``exp`` ~14 ns an element on the CPU) and the
+transposes between the head and the prompt layouts are further passes over ``(b, n, r)``.
 """
 
 from __future__ import annotations
@@ -21,27 +21,45 @@ def _f32(*arrays) -> bool:
     return all(a is None or a.dtype == mx.float32 for a in arrays)
 
 
-def _pool_applies(folded, image, pe, q) -> bool:
-    return (kernels.float32_cpu(folded.dtype) and _f32(image, pe, q) and folded.ndim == 3
-            and image.ndim == 3 and image.shape[2] % 8 == 0)
+def _probs_applies(pe, k, t, scale=None, shared=None, coeff=None, fold=None, bias=None) -> bool:
+    return (kernels.float32_cpu(pe.dtype) and _f32(k, scale, shared, coeff, fold, bias)
+            and pe.ndim == 3 and k.ndim == 3
+            and (scale is None) == (shared is None) and (coeff is None) == (fold is None)
+            and (bias is None or coeff is not None))
+
+
+@register("point_probs", "point_probs", "cpu", applies=_probs_applies, available=kernels.loaded,
+          works_around="per-head products, a 7-wide softmax and layout transposes as passes")
+def point_probs(pe, k, t, scale=None, shared=None, coeff=None, fold=None, bias=None):
+    kernels.sync_threads()
+    return kernels.module().point_probs(pe, k, t, scale, shared, coeff, fold, bias)
+
+
+def _norm_applies(probs, sq, lp_shared, lp_tok, lin0, gram, eps, channels, scale=None,
+                  coeff=None, lc_shared=None, lc_tok=None) -> bool:
+    return (kernels.float32_cpu(probs.dtype)
+            and _f32(sq, lp_shared, lp_tok, lin0, gram, scale, coeff, lc_shared, lc_tok)
+            and probs.ndim == 3 and gram.ndim == 3
+            and (coeff is None) == (lc_shared is None) == (lc_tok is None))
+
+
+@register("point_norm", "point_norm", "cpu", applies=_norm_applies, available=kernels.loaded,
+          works_around="per-head products and quadratic forms as passes over (b, n, m)")
+def point_norm(probs, sq, lp_shared, lp_tok, lin0, gram, eps, channels, scale=None,
+               coeff=None, lc_shared=None, lc_tok=None):
+    kernels.sync_threads()
+    return kernels.module().point_norm(probs, sq, lp_shared, lp_tok, lin0, gram, eps,
+                                       channels, scale, coeff, lc_shared, lc_tok)
+
+
+def _pool_applies(scale, coeff, fold, shared_k, pe, q, shared_v) -> bool:
+    return (kernels.float32_cpu(scale.dtype) and _f32(coeff, fold, shared_k, pe, q, shared_v)
+            and coeff.ndim == 3 and shared_v.ndim == 3
+            and coeff.shape[2] % 8 == 0 and shared_v.shape[2] % 8 == 0)
 
 
 @register("point_pool", "point_pool", "cpu", applies=_pool_applies, available=kernels.loaded,
           works_around="few-row batched matmuls: one threaded sgemm call per prompt")
-def point_pool(folded, image, pe, q):
+def point_pool(scale, coeff, fold, shared_k, pe, q, shared_v):
     kernels.sync_threads()
-    return kernels.module().point_pool(folded, image, pe, q)
-
-
-def _spread_applies(x, folded, pe, q, values, weight, ln_bias, eps) -> bool:
-    return (kernels.float32_cpu(x.dtype) and _f32(folded, pe, q, values, weight, ln_bias)
-            and x.ndim == 3 and x.shape[2] % 8 == 0
-            and weight is not None and ln_bias is not None)
-
-
-@register("point_spread", "point_spread", "cpu", applies=_spread_applies,
-          available=kernels.loaded,
-          works_around="few-row batched matmuls: one threaded sgemm call per prompt")
-def point_spread(x, folded, pe, q, values, weight, ln_bias, eps):
-    kernels.sync_threads()
-    return kernels.module().point_spread(x, folded, pe, q, values, weight, ln_bias, eps)
+    return kernels.module().point_pool(scale, coeff, fold, shared_k, pe, q, shared_v)

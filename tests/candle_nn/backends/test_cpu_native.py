@@ -572,17 +572,25 @@ def test_amg_kernels_train_through_their_references(path) -> None:
     def f32(*shape):
         return mx.array(r.standard_normal(shape).astype(np.float32))
 
-    b, n, c, heads, t, d = 2, 40, 16, 2, 3, 4
-    image, folded, values = f32(b, n, c), f32(b, heads * t, c), f32(b, heads * t, c)
-    pe, q, w, lb = f32(heads, n, d), f32(heads, b * t, d), f32(c), f32(c)
+    b, n, heads, t, d, m = 2, 40, 2, 3, 4, 8
+    pe, k, shared, scale = f32(heads, n, d), f32(heads, b * t, d), f32(heads, n, d), f32(b, n)
+    fold, bias, shared_v = f32(b, heads * t, m), f32(b, heads * t), f32(heads, n, 8)
     _assert_grad_matches_the_plain_ops(
-        lambda x: cn.ops.point_pool(folded, x, pe, q).sum(), image, path)
+        lambda x: (cn.ops.point_probs(pe, k, t, scale, shared, x, fold, bias) ** 2).sum(),
+        f32(b, n, m), path)
     _assert_grad_matches_the_plain_ops(
-        lambda x: (cn.ops.point_spread(x, folded, pe, q, values, w, lb, 1e-5) ** 2).sum(),
-        image, path)
-    u, c1, c2, m = 2, 8, 8, 3
-    w1, b1, lw, lb1 = f32(4 * c1, c), f32(4 * c1), f32(c1), f32(c1)
-    w2, b2, hyper = f32(4 * c2, c1), f32(4 * c2), f32(u, m, c2)
+        lambda x: cn.ops.point_pool(scale, x, fold, shared, pe, k, shared_v).sum(),
+        f32(b, n, m), path)
+    basis = f32(b, 16, 24)
+    gram, sq = basis @ basis.swapaxes(1, 2), mx.full((n,), 100.0)
+    norm_args = (f32(heads, n, d), k, f32(n), gram, 1e-5, 24, scale, f32(b, n, m),
+                 f32(heads, n, 5), f32(heads, b * 4, 5))
     _assert_grad_matches_the_plain_ops(
-        lambda k: cn.ops.mask_upscale(k, w1, b1, lw, lb1, 1e-6, w2, b2, hyper).sum(),
-        f32(u, n, c), path)
+        lambda x: (cn.ops.point_norm(x, sq, *norm_args) ** 2).sum(),
+        mx.softmax(f32(b, n, heads, t), -1).reshape(b, n, -1), path)
+    u, kc, c1, c2 = 2, 12, 8, 8
+    scale1, shared1, weight, bias1 = f32(u, n), f32(n, 4 * c1), f32(u, kc, 4 * c1), f32(4 * c1)
+    lw, lb1, w2, b2, hyper = f32(c1), f32(c1), f32(4 * c2, c1), f32(4 * c2), f32(u, 3, c2)
+    _assert_grad_matches_the_plain_ops(
+        lambda x: cn.ops.mask_upscale(scale1, shared1, x, weight, bias1, lw, lb1, 1e-6, w2, b2,
+                                      hyper).sum(), f32(u, n, kc), path)

@@ -213,33 +213,45 @@ def test_nan_positions_on_every_device(device, op):
 
 
 def test_point_attention_propagates_nonfinite(path):
-    """The AMG decoder's fused attention: a NaN / Inf image token reaches the outputs as the
-    plain ops' softmax and LayerNorm carry it."""
-    b, n, c, heads, t, d = 2, 90, 24, 2, 3, 4
-    image = poisoned((b, n, c))
+    """The AMG decoder's attention on factored image tokens: a NaN / Inf coefficient (or
+    probability) reaches the outputs as the plain ops' products, softmax and LayerNorm
+    statistics carry it."""
+    b, n, heads, t, d, m = 2, 90, 2, 3, 4, 8
     r = np.random.default_rng(11)
-    folded, values = (r.standard_normal((b, heads * t, c)).astype(np.float32) for _ in range(2))
-    pe = r.standard_normal((heads, n, d)).astype(np.float32)
-    q = r.standard_normal((heads, b * t, d)).astype(np.float32)
-    w, lb = r.standard_normal(c).astype(np.float32), r.standard_normal(c).astype(np.float32)
-    same_nonfinite(lambda a: cn.ops.point_pool(mx.array(folded), mx.array(a), mx.array(pe),
-                                               mx.array(q)), image)
-    same_nonfinite(lambda a: cn.ops.point_spread(mx.array(a), mx.array(folded), mx.array(pe),
-                                                 mx.array(q), mx.array(values), mx.array(w),
-                                                 mx.array(lb), 1e-5), image)
+
+    def f32(*shape):
+        return mx.array(r.standard_normal(shape).astype(np.float32))
+
+    pe, k, shared, scale = f32(heads, n, d), f32(heads, b * t, d), f32(heads, n, d), f32(b, n)
+    fold, bias, shared_v = f32(b, heads * t, m), f32(b, heads * t), f32(heads, n, 8)
+    same_nonfinite(lambda a: cn.ops.point_probs(pe, k, t, scale, shared, mx.array(a), fold,
+                                                bias), poisoned((b, n, m)))
+    same_nonfinite(lambda a: cn.ops.point_pool(scale, mx.array(a), fold, shared, pe, k,
+                                               shared_v), poisoned((b, n, m)))
+    mu = 16
+    basis = r.standard_normal((b, mu, 24))
+    gram = mx.array((basis @ basis.swapaxes(1, 2)).astype(np.float32))
+    sq = mx.array(np.full(n, 100.0, np.float32))
+    norm_args = (f32(heads, n, d), k, f32(n), gram, 1e-5, 24, scale, f32(b, n, m),
+                 f32(heads, n, 5), f32(heads, b * 4, 5))
+    same_nonfinite(lambda a: cn.ops.point_norm(mx.array(a), sq, *norm_args),
+                   poisoned((b, n, heads * t)))
 
 
 def test_mask_upscale_propagates_nonfinite(path):
-    u, n, c, c1, c2, m = 2, 40, 16, 8, 8, 3
-    keys = poisoned((u, n, c))
+    u, n, k, c1, c2, m = 2, 40, 12, 8, 8, 3
+    coeff = poisoned((u, n, k))
     r = np.random.default_rng(12)
-    w1, b1 = r.standard_normal((4 * c1, c)).astype(np.float32), np.zeros(4 * c1, np.float32)
+    scale, shared = r.standard_normal((u, n)).astype(np.float32), r.standard_normal(
+        (n, 4 * c1)).astype(np.float32)
+    weight, bias = r.standard_normal((u, k, 4 * c1)).astype(np.float32), np.zeros(4 * c1,
+                                                                                   np.float32)
     lw, lb = np.ones(c1, np.float32), np.zeros(c1, np.float32)
     w2, b2 = r.standard_normal((4 * c2, c1)).astype(np.float32), np.zeros(4 * c2, np.float32)
     hyper = r.standard_normal((u, m, c2)).astype(np.float32)
     same_nonfinite(lambda a: cn.ops.mask_upscale(
-        mx.array(a), *(mx.array(x) for x in (w1, b1, lw, lb)), 1e-6,
-        *(mx.array(x) for x in (w2, b2, hyper))), keys)
+        mx.array(scale), mx.array(shared), mx.array(a), *(mx.array(x) for x in (
+            weight, bias, lw, lb)), 1e-6, *(mx.array(x) for x in (w2, b2, hyper))), coeff)
 
 
 def test_mask_resize_and_stability_with_nonfinite_logits(path):

@@ -251,57 +251,108 @@ def test_max_pool_and_dfl(op_paths) -> None:
     assert _rel(dfl, (e / e.sum(-1, keepdims=True)) @ w) <= 1e-6
 
 
-def _point_scores64(x, folded, pe, q):
-    """Scores ``(b, n, heads, t)`` of the point ops in float64: ``x @ foldedᵀ`` plus the
-    positional share ``pe[h] @ q[h, p t + u]``."""
-    heads, n, _ = pe.shape
-    b = x.shape[0] if folded is None else folded.shape[0]
-    share = np.einsum("hnd,hbud->bnhu", pe, q.reshape(heads, b, -1, q.shape[-1]))
-    if folded is not None:
-        share = share + np.einsum("bnc,brc->bnr", x, folded).reshape(share.shape)
-    return share
+def _per_head64(shared: np.ndarray, tok: np.ndarray, b: int) -> np.ndarray:
+    """``shared[h] @ tok[h, p t + u]`` as ``(b, n, heads t)`` in float64."""
+    heads, n, d = shared.shape
+    tok = tok.astype(np.float64).reshape(heads, b, -1, d)
+    return np.einsum("hnd,hbud->bnhu", shared.astype(np.float64), tok).reshape(b, n, -1)
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_point_attention(op_paths, shared) -> None:
-    # n spans several row and K blocks of the kernels, c a 16- and an 8-wide column panel,
-    # r = 6 rows padded to 8 in their score matrices
-    b, n, c, heads, t, d = 3, 300, 24, 2, 3, 4
-    image, folded = _f32(b, n, c), _f32(b, heads * t, c) * 0.3
-    pe, q = _f32(heads, n, d), _f32(heads, b * t, d)
-    values, w, lb = _f32(b, heads * t, c), _f32(c), _f32(c)
-    x64, f64 = image.astype(np.float64), folded.astype(np.float64)
-    pe64, q64 = pe.astype(np.float64), q.astype(np.float64)
-    s = _point_scores64(x64, f64, pe64, q64).reshape(b, n, heads * t)
-    e = np.exp(s - s.max(1, keepdims=True))
-    pool_ref = np.einsum("bnr,bnc->brc", e / e.sum(1, keepdims=True), x64)
-    x = image[:1] if shared else image
-    xs = x.astype(np.float64)
-    s = _point_scores64(np.broadcast_to(xs, x64.shape), None if shared else f64, pe64, q64)
-    e = np.exp(s - s.max(-1, keepdims=True))
-    y = xs + np.einsum("bnr,brc->bnc", (e / e.sum(-1, keepdims=True)).reshape(b, n, -1), values)
-    mean, var = y.mean(-1, keepdims=True), y.var(-1, keepdims=True)
-    spread_ref = (y - mean) / np.sqrt(var + 1e-5) * w + lb
+def _softmax64(x: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(x - x.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+
+# Shapes of the point ops' tests: n spans several row blocks of the kernels (64 and 48 rows) and
+# K blocks (256), r = heads t = 6 columns padded to 8, m = 8 coefficients.
+B, N, HEADS, T, D, M = 3, 300, 2, 3, 4, 8
+
+
+@pytest.mark.parametrize("form", ["positional", "factored"])
+def test_point_probs(op_paths, form) -> None:
+    pe, k = _f32(HEADS, N, D), _f32(HEADS, B * T, D)
+    s = _per_head64(pe, k, B)
+    args = {}
+    if form == "factored":
+        args = dict(scale=_f32(B, N) * 0.5 + 1, shared=_f32(HEADS, N, D), coeff=_f32(B, N, M),
+                    fold=_f32(B, HEADS * T, M) * 0.5, bias=_f32(B, HEADS * T))
+        s = (s + args["scale"][..., None] * _per_head64(args["shared"], k, B)
+             + args["coeff"].astype(np.float64) @ args["fold"].swapaxes(1, 2)
+             + args["bias"][:, None])
+    ref = _softmax64(s.reshape(B, N, HEADS, T), -1).reshape(B, N, -1)
     with mx.stream(mx.cpu):
-        pooled = cn.ops.point_pool(mx.array(folded), mx.array(image), mx.array(pe), mx.array(q))
-        spread = cn.ops.point_spread(mx.array(x), None if shared else mx.array(folded),
-                                     mx.array(pe), mx.array(q), mx.array(values), mx.array(w),
-                                     mx.array(lb), 1e-5)
-    assert _rel(pooled, pool_ref) <= 1e-5, op_paths
-    assert _rel(spread, spread_ref) <= 1e-5, op_paths
+        ours = cn.ops.point_probs(mx.array(pe), mx.array(k), T,
+                                  **{key: mx.array(v) for key, v in args.items()})
+    assert _rel(ours, ref) <= 1e-5, op_paths
+
+
+@pytest.mark.parametrize("form", ["first", "factored"])
+def test_point_norm(op_paths, form) -> None:
+    """A LayerNorm's ``1 / std`` of factored rows from their centred squared norm's parts,
+    times the rows' coefficients ``u = [coeff, probs, 1?, 0...]``."""
+    c = 24
+    probs = _softmax64(_f32(B, N, HEADS, T).astype(np.float64), -1).reshape(B, N, -1)
+    probs = probs.astype(np.float32)
+    sq = (_f32(N) ** 2 + 100).astype(np.float32)  # |z|²: a variance far from 0
+    lp_shared, lp_tok, lin0 = _f32(HEADS, N, D), _f32(HEADS, B * T, D), _f32(N)
+    lin = lin0 + (probs * _per_head64(lp_shared, lp_tok, B)).sum(-1)
+    parts = [probs]
+    kwargs, s = {}, np.ones((B, N))
+    if form == "factored":
+        kwargs = dict(scale=_f32(B, N) * 0.2 + 1, coeff=_f32(B, N, M) * 0.3,
+                      lc_shared=_f32(HEADS, N, 5), lc_tok=_f32(HEADS, B * 4, 5))
+        s = kwargs["scale"].astype(np.float64)
+        parts = [kwargs["coeff"], probs]
+        lin = lin + (kwargs["coeff"] * _per_head64(kwargs["lc_shared"], kwargs["lc_tok"],
+                                                   B)).sum(-1)
+    u = np.concatenate(parts, -1).astype(np.float64)
+    mu = -(-u.shape[-1] // 8) * 8
+    u = np.concatenate([u, np.zeros((B, N, mu - u.shape[-1]))], -1)
+    basis = _f32(B, mu, c).astype(np.float64)
+    gram = (basis @ basis.swapaxes(1, 2)).astype(np.float32)
+    quad = np.einsum("bnm,bmk,bnk->bn", u, gram.astype(np.float64), u)
+    var = (s * s * sq + 2 * s * lin + quad) / c
+    ref = u / np.sqrt(var + 1e-5)[..., None]
+    gram = (basis @ basis.swapaxes(1, 2)).astype(np.float32)
+    with mx.stream(mx.cpu):
+        ours = cn.ops.point_norm(mx.array(probs), mx.array(sq), mx.array(lp_shared),
+                                 mx.array(lp_tok), mx.array(lin0), mx.array(gram), 1e-5, c,
+                                 **{key: mx.array(v) for key, v in kwargs.items()})
+    assert _rel(ours, ref) <= 1e-5, op_paths
+
+
+def test_point_pool(op_paths) -> None:
+    dv = 8
+    scale, coeff, fold = _f32(B, N) * 0.5 + 1, _f32(B, N, M), _f32(B, HEADS * T, M) * 0.5
+    shared_k, pe, q, shared_v = (_f32(HEADS, N, D), _f32(HEADS, N, D), _f32(HEADS, B * T, D),
+                                 _f32(HEADS, N, dv))
+    s = (scale[..., None] * _per_head64(shared_k, q, B) + _per_head64(pe, q, B)
+         + coeff.astype(np.float64) @ fold.swapaxes(1, 2).astype(np.float64))
+    a = _softmax64(s, 1)  # (b, n, r): over the image tokens
+    pooled = np.einsum("bnr,bnm->brm", a, coeff)
+    weighted = (a * scale[..., None]).reshape(B, N, HEADS, T)
+    values = np.einsum("bnhu,hnd->bhud", weighted, shared_v).reshape(B, HEADS * T, dv)
+    ref = np.concatenate([pooled, values], -1)
+    with mx.stream(mx.cpu):
+        ours = cn.ops.point_pool(*(mx.array(x) for x in (scale, coeff, fold, shared_k, pe, q,
+                                                         shared_v)))
+    assert _rel(ours, ref) <= 1e-5, op_paths
 
 
 def test_mask_upscale(op_paths) -> None:
-    u, n, c, c1, c2, m = 2, 70, 16, 8, 8, 3  # n: two full token blocks of the kernel and a part
-    keys, w1, b1 = _f32(u, n, c), _f32(4 * c1, c) * 0.3, _f32(4 * c1)
+    u, n, k, c1, c2, m = 2, 70, 12, 8, 8, 3  # n: two full token blocks of the kernel and a part
+    scale, shared, coeff = _f32(u, n) * 0.5 + 1, _f32(n, 4 * c1), _f32(u, n, k) * 0.3
+    weight, bias = _f32(u, k, 4 * c1) * 0.3, _f32(4 * c1)
     lw, lb, w2, b2, hyper = _f32(c1), _f32(c1), _f32(4 * c2, c1) * 0.3, _f32(4 * c2), _f32(u, m, c2)
-    x = (keys.astype(np.float64) @ w1.T.astype(np.float64) + b1).reshape(u, n * 4, c1)
+    x = (scale[..., None] * shared.astype(np.float64) + coeff.astype(np.float64) @ weight
+         + bias).reshape(u, n * 4, c1)
     x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-6) * lw + lb
     x = activation64(activation64(x, "gelu") @ w2.T.astype(np.float64) + b2, "gelu")
     x = x.reshape(u, n * 16, c2)
     ref = np.einsum("umc,upc->ump", hyper.astype(np.float64), x).reshape(u, m, n, 16)
     with mx.stream(mx.cpu):
-        ours = cn.ops.mask_upscale(*(mx.array(a) for a in (keys, w1, b1, lw, lb)), 1e-6,
+        ours = cn.ops.mask_upscale(*(mx.array(a) for a in (scale, shared, coeff, weight, bias,
+                                                           lw, lb)), 1e-6,
                                    *(mx.array(a) for a in (w2, b2, hyper)))
     assert _rel(ours, ref) <= 1e-5, op_paths
 

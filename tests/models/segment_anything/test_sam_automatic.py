@@ -14,6 +14,7 @@ one line per comparison.
 
 from __future__ import annotations
 
+import contextlib
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -130,23 +131,27 @@ def test_fixture_weights_match_mobile_sam(device, weights, bike, real_reference)
     assert 5 <= worst["count"] < 27  # 3x3 points x 3 masks, some dropped by each threshold
 
 
-def test_point_grid_decoder_matches_forward(weights):
-    """The automatic masks' decoder (image side once, attention re-associated, upscaling only
-    for the listed masks, in chunks) against ``Sam.forward`` on the same single-point prompts:
-    IoUs and the listed low-res logits within float32 rounding (1e-5 of their range)."""
+@pytest.mark.parametrize("path", ["kernels", "reference"])
+def test_point_grid_decoder_matches_forward(weights, path):
+    """The automatic masks' decoder (image side once, attention re-associated, image tokens
+    factored, upscaling only for the listed masks, in chunks; the CPU kernels or their MLX
+    references) against ``Sam.forward`` on the same single-point prompts: IoUs and the listed
+    low-res logits within float32 rounding (1e-5 of their range)."""
     sam = Sam.load(cn.VarBuilder.from_safetensors(weights, device="cpu"))
     features = mx.random.normal((1, 64, 64, 256), key=mx.random.key(5))
     rng = np.random.default_rng(5)
-    b = 2 * sam.point_grid_decoder(features).chunk + 3  # three chunks, the last one short
+    b = 2 * PointGridDecoder.chunk + 3  # three chunks, the last one short
     coords = rng.uniform(0, 1024, size=(b, 2)).astype(np.float32)
     low_res, iou = sam(features, (mx.array(coords)[:, None, :], mx.ones((b, 1))),
                        multimask_output=True)
-    decoder = sam.point_grid_decoder(features)
-    ours_iou, state = decoder.decode(mx.array(coords))
-    np.testing.assert_allclose(np.array(ours_iou), np.array(iou), rtol=0, atol=1e-5)
     prompts = rng.permutation(np.repeat(np.arange(b), 2))[:b + 5]  # repeats, out of order
     which = rng.integers(0, 3, size=len(prompts))
-    ours = np.array(decoder.masks(state, prompts, which))
+    with cn.ops.disabled("point_probs", "point_norm", "point_pool", "mask_upscale") \
+            if path == "reference" else contextlib.nullcontext():
+        decoder = PointGridDecoder(sam, features)
+        ours_iou, state = decoder.decode(mx.array(coords))
+        ours = np.array(decoder.masks(state, prompts, which))
+    np.testing.assert_allclose(np.array(ours_iou), np.array(iou), rtol=0, atol=1e-5)
     ref = np.array(low_res)[prompts, :, :, which]
     assert ours.shape == ref.shape == (len(prompts), 256, 256)
     np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
