@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from .activation import softmax
 from .registry import op
 
 
@@ -48,8 +49,7 @@ def point_probs(pe: mx.array, k: mx.array, t: int, scale: mx.array | None = None
         if bias is not None:
             scores = scores + bias[:, None]
     heads, r = pe.shape[0], scores.shape[-1]
-    return mx.softmax(scores.reshape(b, -1, heads, r // heads), axis=-1,
-                      precise=True).reshape(scores.shape)
+    return softmax(scores.reshape(b, -1, heads, r // heads)).reshape(scores.shape)
 
 
 @op("point_norm")

@@ -19,6 +19,7 @@ _LIMITS = {
                  "encoder time on an H100",
     "dfl": "softmax over a 16-wide last axis is ~30x off bandwidth",
     "max_pool": "the strided-window reduction materialises kH * kW copies of the input",
+    "softmax": "softmax over a short last axis runs one block per row (~35x off bandwidth)",
 }
 
 
@@ -50,8 +51,19 @@ def max_pool2d(x, kernel, stride, padding):
     return kernels.max_pool2d(x, kernel, stride, padding)
 
 
+def _softmax_applies(x, axis=-1) -> bool:
+    return (axis in (-1, x.ndim - 1) and x.ndim > 0 and 0 < x.shape[-1] <= kernels.SHORT_ROW
+            and x.size > 0 and kernels.on_cuda("softmax", x.dtype))
+
+
+@register("softmax", "softmax", "cuda", applies=_softmax_applies,
+          available=kernels._cuda_backend, grad="own", works_around=_LIMITS["softmax"])
+def softmax(x, axis=-1):
+    return kernels.softmax_short(x)
+
+
 _mode, _names = config.cuda_kernels()
 if _mode == "off":
     disable("cuda")
 elif _mode == "named":
-    disable(*(f"cuda:{name}" for name in {"depthwise", "dfl", "max_pool"} - _names))
+    disable(*(f"cuda:{name}" for name in set(_LIMITS) - _names))

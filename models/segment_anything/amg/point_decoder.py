@@ -34,7 +34,7 @@ image tokens whole; the final attention runs only for the 4 tokens that the head
 ``point_probs``, ``point_norm``, ``point_pool`` (:mod:`candle_nn.ops.point_attention`) and
 ``mask_upscale``: on the CPU compiled kernels, one prompt or block of its rows per task on the
 thread pool; elsewhere their plain-MLX references, whose products with the shared rows are one
-GEMM for all prompts. On GPUs :meth:`decode` runs under ``mx.compile``.
+GEMM for all prompts.
 
 Shapes: the image grid is ``n = 64 * 64`` tokens of ``c = 256``; a batch has ``b`` prompts.
 """
@@ -65,7 +65,7 @@ class PointGridDecoder:
     chunk = 16  # prompts upscaled together by :meth:`masks` (as MLX ops: ~25 MB a prompt)
 
     def __init__(self, sam: "Sam", image_embeddings: mx.array,
-                 compiled: bool | None = None) -> None:
+                 compiled: bool = False) -> None:
         if image_embeddings.shape[0] != 1:
             raise ValueError(f"one image embedding at a time, not {image_embeddings.shape[0]}")
         self.sam = sam
@@ -78,8 +78,6 @@ class PointGridDecoder:
             key_pe = pe.get_dense_pe().reshape(h * w, c).astype(keys0.dtype)
             self.image_side = _image_side(sam, keys0, key_pe)
             mx.eval(self.image_side)
-        if compiled is None:
-            compiled = sam.device is not None and sam.device.kind == "gpu"
         self.compiled = compiled
         self._upscaling: tuple[tuple[mx.array, mx.array], ...] | None = None
 
@@ -89,8 +87,9 @@ class PointGridDecoder:
         as factored rows over the image side's ``y2`` (``scale (b, n)``, ``coeff (b, n, m)``,
         ``basis (b, m, c)``) and the three masks' hypernetwork vectors ``(b, 3, c / 8)``.
 
-        Under ``mx.compile`` where ``compiled`` (by default on GPUs): one trace per batch size
-        and model, the image side an input (on the CPU the kernels beat MLX's compiled code)."""
+        Under ``mx.compile`` where ``compiled``: one trace per batch size and model, the image
+        side an input. Off by default: on the CPU the kernels beat MLX's compiled code, and on an
+        H100 the trace's first call costs minutes of kernel compilation for no steady gain."""
         with self.sam.on_device():
             if not self.compiled:
                 return _decode(self.sam, coords, self.image_side)

@@ -81,9 +81,35 @@ def test_dfl_decoding_matches_reference(device, dtype, tol):
     assert _rel(dfl(mx.array(x, dtype=dtype)), ref) < tol
 
 
+@pytest.mark.parametrize("dtype,tol", DTYPES, ids=["float32", "float16"])
+@pytest.mark.parametrize("length", [1, 7, 32, 33])
+def test_short_softmax_matches_reference(device, dtype, tol, length):
+    """The softmax op over short last axes (the CUDA kernel up to 32, MLX's beyond) against
+    float64, non-finite rows as MLX's softmax has them, and its gradient as the reference's."""
+    x = np.random.default_rng(length).standard_normal((3, 50, length)) * 4
+    x[0, 0, 0], x[0, 1, :] = np.nan, -np.inf
+    xq = np.array(mx.array(x, dtype=dtype).astype(mx.float32), dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(xq - xq.max(-1, keepdims=True))
+        ref = e / e.sum(-1, keepdims=True)
+    with mx.stream(device.stream):
+        got = cn.ops.softmax(mx.array(x, dtype=dtype))
+        plain = mx.softmax(mx.array(x, dtype=dtype), axis=-1, precise=True)
+        got_nan = np.isnan(np.array(got.astype(mx.float32)))
+        assert (got_nan == np.isnan(np.array(plain.astype(mx.float32)))).all()
+        assert got_nan[0, 0].all() and got_nan[0, 1].all()
+        assert _rel(got[1:], ref[1:]) < tol
+        w = mx.array(np.random.default_rng(0).standard_normal(x.shape[1:]), dtype=mx.float32)
+        xf = mx.array(x[1:], dtype=mx.float32)
+        grads = [mx.grad(lambda v, f=f: (f(v) * w).sum())(xf) for f in
+                 (cn.ops.softmax, lambda v: mx.softmax(v, axis=-1, precise=True))]
+        np.testing.assert_allclose(np.array(grads[0]), np.array(grads[1]), rtol=1e-5, atol=1e-6)
+
+
 def test_kernels_follow_the_switch_and_the_device(monkeypatch):
     with mx.stream(mx.cpu):
-        assert not any(cuda_kernels.on_cuda(k) for k in ("depthwise", "dfl", "max_pool"))
+        assert not any(cuda_kernels.on_cuda(k) for k in ("depthwise", "dfl", "max_pool",
+                                                          "softmax"))
     gpu = [d for d in cn.Device.available() if d.stream.device.type == mx.DeviceType.gpu]
     for device in gpu:  # by default: the dtypes each kernel was measured faster in
         with mx.stream(device.stream):
