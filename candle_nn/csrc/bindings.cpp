@@ -88,6 +88,15 @@ NB_MODULE(_cpu_kernels, m) {
       "x"_a, "weight"_a = nb::none(), "bias"_a = nb::none(), "eps"_a,
       "LayerNorm over the last axis (float32), rows spread over the thread pool.");
   m.def(
+      "max_pool2d",
+      [](const mx::array& x, std::pair<int, int> kernel, std::pair<int, int> stride,
+         std::pair<int, int> padding) {
+        return candle_nn::max_pool2d_nhwc(x, kernel, stride, padding);
+      },
+      "x"_a, "kernel"_a, "stride"_a, "padding"_a,
+      "Max pooling of x (N, H, W, C) (float32), padding counting as -inf, NaN kept; output rows "
+      "spread over the thread pool.");
+  m.def(
       "attention_heads",
       [](const mx::array& q, const mx::array& k, const mx::array& v, int heads, float scale) {
         return candle_nn::attention_heads(q, k, v, heads, scale);

@@ -178,6 +178,27 @@ class LayerNormRows : public mx::Primitive {
   bool has_weight_, has_bias_;
 };
 
+// Max pooling of x (N, H, W, C) float32 (max_pool.cpp): padding counts as -inf (0 <= padding <=
+// kernel / 2), a NaN tap gives NaN; output rows over the thread pool. No VJP (tracers: the caller
+// runs MLX's pooling).
+mx::array max_pool2d_nhwc(const mx::array& x, std::pair<int, int> kernel,
+                          std::pair<int, int> stride, std::pair<int, int> padding,
+                          mx::StreamOrDevice s = {});
+
+class MaxPool2dNhwc : public mx::Primitive {
+ public:
+  MaxPool2dNhwc(mx::Stream stream, std::pair<int, int> kernel, std::pair<int, int> stride,
+                std::pair<int, int> padding)
+      : mx::Primitive(stream), kernel_(kernel), stride_(stride), padding_(padding) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNMaxPool2d"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  std::pair<int, int> kernel_, stride_, padding_;
+};
+
 // softmax(q k^T * scale) v per (sequence, head) with the heads side by side in the last axis:
 // q (B, Lq, heads * D), k (B, Lk, heads * D), v (B, Lk, heads * Dv) -> (B, Lq, heads * Dv)
 // (attention.cpp; no transposes to (B, heads, L, D) and back).
