@@ -178,6 +178,22 @@ class LayerNormRows : public mx::Primitive {
   bool has_weight_, has_bias_;
 };
 
+// Concatenation of xs (float32, equal shapes but the last axis) along the last axis
+// (concat.cpp): output rows over the thread pool, slices of a contiguous array's last axis read
+// in place. No VJP (tracers: the caller runs mx.concatenate).
+mx::array concat_last(const std::vector<mx::array>& xs, mx::StreamOrDevice s = {});
+
+class ConcatLast : public mx::Primitive {
+ public:
+  explicit ConcatLast(mx::Stream stream) : mx::Primitive(stream) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNConcatLast"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const ConcatLast*>(&other) != nullptr;
+  }
+};
+
 // Max pooling of x (N, H, W, C) float32 (max_pool.cpp): padding counts as -inf (0 <= padding <=
 // kernel / 2), a NaN tap gives NaN; output rows over the thread pool. No VJP (tracers: the caller
 // runs MLX's pooling).
