@@ -40,7 +40,7 @@ class C3k(cn.Module):
         y = self.cv1(x)
         for block in self.m:
             y = block(y)
-        return self.cv3(mx.concatenate([y, self.cv2(x)], axis=-1))
+        return self.cv3(cn.ops.concat_last([y, self.cv2(x)]))
 
 
 class C3k2(C2f):
@@ -147,4 +147,4 @@ class C2PSA(cn.Module):
         a, b = mx.split(self.cv1(x), 2, axis=-1)
         for block in self.m:
             b = block(b)
-        return self.cv2(mx.concatenate([a, b], axis=-1))
+        return self.cv2(cn.ops.concat_last([a, b]))

@@ -23,7 +23,7 @@ def upsample2(x: mx.array) -> mx.array:
 
 
 def _cat(*xs: mx.array) -> mx.array:
-    return mx.concatenate(xs, axis=-1)
+    return cn.ops.concat_last(xs)
 
 
 def pan_forward(p3: mx.array, p4: mx.array, p5: mx.array, *, top4: Block, top3: Block,

@@ -89,7 +89,7 @@ class C2f(cn.Module):
         ys = mx.split(self.cv1(x), 2, axis=-1)
         for block in self.bottleneck:
             ys.append(block(ys[-1]))
-        return self.cv2(mx.concatenate(ys, axis=-1))
+        return self.cv2(cn.ops.concat_last(ys))
 
 
 class Sppf(cn.Module):
@@ -116,4 +116,4 @@ class Sppf(cn.Module):
         ys = [self.cv1(x)]
         for _ in range(3):
             ys.append(cn.max_pool2d(ys[-1], self.k, 1, self.k // 2))
-        return self.cv2(mx.concatenate(ys, axis=-1))
+        return self.cv2(cn.ops.concat_last(ys))

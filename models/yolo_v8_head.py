@@ -121,7 +121,7 @@ class DetectionHead(cn.Module):
         """Per level, the box branch's DFL logits and the class logits side by side:
         ``(N, H, W, 4 * REG_MAX + num_classes)`` for each NHWC map of ``feats`` (ultralytics'
         train-mode ``Detect`` output, channels-last)."""
-        return [mx.concatenate([box(f), cls(f)], axis=-1)
+        return [cn.ops.concat_last([box(f), cls(f)])
                 for f, box, cls in zip(feats, self.cv2, self.cv3)]
 
     def forward_with_anchors(self, feats: list[mx.array]) -> tuple[mx.array, mx.array, mx.array]:
@@ -133,7 +133,7 @@ class DetectionHead(cn.Module):
                               for f, cv in zip(feats, self.cv3)], axis=1)
         anchors, strides = make_anchors([tuple(f.shape[1:3]) for f in feats], STRIDES, box.dtype)
         xywh = dist2bbox(self.dfl(box), anchors) * strides
-        return mx.concatenate([xywh, cn.sigmoid(cls)], axis=-1), anchors, strides
+        return cn.ops.concat_last([xywh, cn.sigmoid(cls)]), anchors, strides
 
     def forward(self, feats: list[mx.array]) -> mx.array:
         return self.forward_with_anchors(feats)[0]

@@ -3,6 +3,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "kernels.h"
 #include "thread_pool.h"
@@ -87,6 +88,20 @@ NB_MODULE(_cpu_kernels, m) {
          float eps) { return candle_nn::layer_norm(x, weight, bias, eps); },
       "x"_a, "weight"_a = nb::none(), "bias"_a = nb::none(), "eps"_a,
       "LayerNorm over the last axis (float32), rows spread over the thread pool.");
+  m.def(
+      "concat_last",
+      [](const std::vector<mx::array>& xs) { return candle_nn::concat_last(xs); }, "xs"_a,
+      "Concatenation along the last axis (float32): output rows over the thread pool, slices "
+      "of a contiguous array's last axis read in place.");
+  m.def(
+      "max_pool2d",
+      [](const mx::array& x, std::pair<int, int> kernel, std::pair<int, int> stride,
+         std::pair<int, int> padding) {
+        return candle_nn::max_pool2d_nhwc(x, kernel, stride, padding);
+      },
+      "x"_a, "kernel"_a, "stride"_a, "padding"_a,
+      "Max pooling of x (N, H, W, C) (float32), padding counting as -inf, NaN kept; output rows "
+      "spread over the thread pool.");
   m.def(
       "attention_heads",
       [](const mx::array& q, const mx::array& k, const mx::array& v, int heads, float scale) {

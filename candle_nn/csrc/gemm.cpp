@@ -247,6 +247,17 @@ const Isa* best_isa() {
 
 std::atomic<const Isa*> g_isa{best_isa()};
 
+// Row tiles of a block of `rows` rows: ceil(rows / mr) register tiles of near-equal heights,
+// tile t starting at row start(t). A remainder tile of a row or two runs at the multiply-add
+// latency, not its throughput (about the time of a 4-row tile): 49 rows as 4 x 6 + 5 x 5 rows,
+// not 8 x 6 + 1.
+struct RowTiles {
+  int64_t rows, count;
+  RowTiles(int64_t rows, int mr) : rows(rows), count((rows + mr - 1) / mr) {}
+  int64_t start(int64_t t) const { return t * rows / count; }
+  int height(int64_t t) const { return static_cast<int>(start(t + 1) - start(t)); }
+};
+
 // One task: C rows [m0, m0 + mc), columns [n0, n1) (n0 a multiple of 16).
 void block(const Isa& isa, const ASource& a, const float* bp, float* c, int64_t ldc, int64_t m0,
            int64_t mc, int64_t n0, int64_t n1, int64_t k, std::vector<float>& buf) {
@@ -254,6 +265,7 @@ void block(const Isa& isa, const ASource& a, const float* bp, float* c, int64_t 
   // K in equal blocks of at most ~kKc (one block up to 2 * kKc: no partial sums to reload).
   int64_t kb = k <= 2 * kKc ? 1 : (k + kKc - 1) / kKc;
   int64_t kcb = (k + kb - 1) / kb;
+  const RowTiles tiles(mc, isa.mr);
   for (int64_t pc = 0; pc < k; pc += kcb) {
     int64_t kc = std::min(kcb, k - pc);
     const float* ablk;
@@ -272,10 +284,10 @@ void block(const Isa& isa, const ASource& a, const float* bp, float* c, int64_t 
       int nv = (cols + isa.width - 1) / isa.width;
       const float* bj = bp + (j / kPanel) * kPanel * k + pc * kPanel;
       const auto& table = isa.table[nv - 1];
-      for (int64_t i = 0; i < mc; i += isa.mr) {
-        int rows = static_cast<int>(std::min<int64_t>(isa.mr, mc - i));
-        table[rows - 1](ablk + i * lda, lda, bj, kPanel * k, c + (m0 + i) * ldc + j, ldc, kc,
-                        pc > 0, cols);
+      for (int64_t t = 0; t < tiles.count; ++t) {
+        const int64_t i = tiles.start(t);
+        table[tiles.height(t) - 1](ablk + i * lda, lda, bj, kPanel * k, c + (m0 + i) * ldc + j,
+                                   ldc, kc, pc > 0, cols);
       }
     }
   }
@@ -295,7 +307,8 @@ void block_conv(const Isa& isa, const ASource& a, const float* bp, float* c, int
   const int64_t chunks = (row_len + 2 * kKc - 1) / (2 * kKc);
   const int64_t chunk = (row_len + chunks - 1) / chunks;
   const int64_t hw = static_cast<int64_t>(a.oh) * a.ow;
-  const int64_t ntiles = (mc + isa.mr - 1) / isa.mr;
+  const RowTiles row_tiles(mc, isa.mr);
+  const int64_t ntiles = row_tiles.count;
   struct TileA {
     const float* p;
     int64_t lda;
@@ -308,7 +321,7 @@ void block_conv(const Isa& isa, const ASource& a, const float* bp, float* c, int
     for (int64_t c0 = 0; c0 < row_len; c0 += chunk) {
       const int64_t kc = std::min(chunk, row_len - c0), pc = i * row_len + c0;
       for (int64_t t = 0; t < ntiles; ++t) {
-        const int64_t r0 = t * isa.mr, rows = std::min<int64_t>(isa.mr, mc - r0);
+        const int64_t r0 = row_tiles.start(t), rows = row_tiles.height(t);
         const int64_t m = m0 + r0, img = m / hw;
         const int oy = static_cast<int>((m / a.ow) % a.oh), ox = static_cast<int>(m % a.ow);
         const int iy = oy * a.sh - a.ph + static_cast<int>(i);
@@ -334,9 +347,9 @@ void block_conv(const Isa& isa, const ASource& a, const float* bp, float* c, int
         const auto& table = isa.table[nv - 1];
         for (int64_t t = 0; t < ntiles; ++t) {
           if (tiles[t].skip) continue;
-          int rows = static_cast<int>(std::min<int64_t>(isa.mr, mc - t * isa.mr));
-          table[rows - 1](tiles[t].p, tiles[t].lda, bj, kPanel * k,
-                          c + (m0 + t * isa.mr) * ldc + j, ldc, kc, tiles[t].written, cols);
+          table[row_tiles.height(t) - 1](tiles[t].p, tiles[t].lda, bj, kPanel * k,
+                                         c + (m0 + row_tiles.start(t)) * ldc + j, ldc, kc,
+                                         tiles[t].written, cols);
         }
       }
       for (auto& tile : tiles) tile.written |= !tile.skip;
@@ -344,11 +357,11 @@ void block_conv(const Isa& isa, const ASource& a, const float* bp, float* c, int
   }
   for (int64_t t = 0; t < ntiles; ++t) {  // tiles off the image for every kernel row: zeros
     if (tiles[t].written) continue;
-    int rows = static_cast<int>(std::min<int64_t>(isa.mr, mc - t * isa.mr));
     for (int64_t j = n0; j < n1; j += tile_cols) {
       int cols = static_cast<int>(std::min(tile_cols, n1 - j));
-      isa.table[(cols + isa.width - 1) / isa.width - 1][rows - 1](
-          nullptr, 0, bp, kPanel * k, c + (m0 + t * isa.mr) * ldc + j, ldc, 0, false, cols);
+      isa.table[(cols + isa.width - 1) / isa.width - 1][row_tiles.height(t) - 1](
+          nullptr, 0, bp, kPanel * k, c + (m0 + row_tiles.start(t)) * ldc + j, ldc, 0, false,
+          cols);
     }
   }
 }

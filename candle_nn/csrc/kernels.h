@@ -178,6 +178,43 @@ class LayerNormRows : public mx::Primitive {
   bool has_weight_, has_bias_;
 };
 
+// Concatenation of xs (float32, equal shapes but the last axis) along the last axis
+// (concat.cpp): output rows over the thread pool, slices of a contiguous array's last axis read
+// in place. No VJP (tracers: the caller runs mx.concatenate).
+mx::array concat_last(const std::vector<mx::array>& xs, mx::StreamOrDevice s = {});
+
+class ConcatLast : public mx::Primitive {
+ public:
+  explicit ConcatLast(mx::Stream stream) : mx::Primitive(stream) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNConcatLast"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const ConcatLast*>(&other) != nullptr;
+  }
+};
+
+// Max pooling of x (N, H, W, C) float32 (max_pool.cpp): padding counts as -inf (0 <= padding <=
+// kernel / 2), a NaN tap gives NaN; output rows over the thread pool. No VJP (tracers: the caller
+// runs MLX's pooling).
+mx::array max_pool2d_nhwc(const mx::array& x, std::pair<int, int> kernel,
+                          std::pair<int, int> stride, std::pair<int, int> padding,
+                          mx::StreamOrDevice s = {});
+
+class MaxPool2dNhwc : public mx::Primitive {
+ public:
+  MaxPool2dNhwc(mx::Stream stream, std::pair<int, int> kernel, std::pair<int, int> stride,
+                std::pair<int, int> padding)
+      : mx::Primitive(stream), kernel_(kernel), stride_(stride), padding_(padding) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNMaxPool2d"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  std::pair<int, int> kernel_, stride_, padding_;
+};
+
 // softmax(q k^T * scale) v per (sequence, head) with the heads side by side in the last axis:
 // q (B, Lq, heads * D), k (B, Lk, heads * D), v (B, Lk, heads * Dv) -> (B, Lq, heads * Dv)
 // (attention.cpp; no transposes to (B, heads, L, D) and back).

@@ -2,7 +2,9 @@
 // for Convolutional Neural Networks"), points 0, +-1, +-2, infinity:
 //   Y = A^T [ (G g G^T) . (B^T d B) ] A   for each 6x6 input tile d -> 4x4 output tile Y.
 // NHWC: every transform runs over 8 channels at a time. The tiles are split into blocks of B
-// (V and M of a block stay in L2), each block one task of the thread pool:
+// (V and M of a block stay in L2), each block one task of the thread pool (or, on small maps with
+// fewer blocks than threads, one task per block and range of output channels, so the threads
+// share U instead of each reading all of it):
 //   V[36][B][Cp] = input transform,
 //   M[36][B][Op] = V[p] . U[p] for p < 36 (a 6x16 AVX2 or 6x32 AVX-512 register-tile GEMM: 36
 //                  small products a block; one sgemm call of a multithreaded BLAS each would
@@ -33,6 +35,7 @@ constexpr int kOut = 4;           // output tile side
 constexpr int kIn = 6;            // input tile side
 constexpr int kPos = kIn * kIn;   // 36 transformed positions, one GEMM each
 constexpr int kLanes = 8;         // channels per vector
+constexpr int64_t kSplitU = 1 << 20;  // floats of U (4 MiB) from which small maps split it
 
 typedef float v8 __attribute__((vector_size(32)));
 
@@ -86,6 +89,7 @@ CANDLE_NN_INLINE void input_tile(const float* src, int64_t row_stride, int64_t c
 struct Geometry {
   int64_t n, h, w, c, cp, o, op, oh, ow, ph, pw, th, tw, tiles;
   int64_t block;               // tiles per task
+  int64_t chunk;               // output channels (of Op) per task: a multiple of 32, or Op
   int64_t v_stride, m_stride;  // floats between the 36 matrices of a block's V and M
 };
 
@@ -171,18 +175,20 @@ CANDLE_NN_INLINE void gemm_rows(const float* a, int64_t lda, const float* b, int
   }
 }
 
-// M[p] = V[p] . U[p] for the 36 positions of a block of `nt` tiles: (nt x Cp) . (Cp x Op),
-// 16 output channels (a 6 x 16 register tile of 8-lane vectors) at a time.
+// M[p][:, o0:o1] = V[p] . U[p][:, o0:o1] for the 36 positions of a block of `nt` tiles:
+// (nt x Cp) . (Cp x (o1 - o0)), 16 output channels (a 6 x 16 register tile of 8-lane vectors)
+// at a time; o0, o1 multiples of 8.
 CANDLE_NN_MULTIVERSION
-void batched_gemm(const float* v, const float* u, float* m, int64_t nt, const Geometry& g) {
+void batched_gemm(const float* v, const float* u, float* m, int64_t nt, int64_t o0, int64_t o1,
+                  const Geometry& g) {
   for (int p = 0; p < kPos; ++p) {
     const float* a = v + p * g.v_stride;
     const float* b = u + p * g.cp * g.op;
     float* c = m + p * g.m_stride;
-    int64_t j = 0;
-    for (; j + 2 * kLanes <= g.op; j += 2 * kLanes)
+    int64_t j = o0;
+    for (; j + 2 * kLanes <= o1; j += 2 * kLanes)
       gemm_rows<v8, 2>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
-    if (j < g.op) gemm_rows<v8, 1>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
+    if (j < o1) gemm_rows<v8, 1>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
   }
 }
 
@@ -194,20 +200,21 @@ std::atomic<bool> g_winograd_avx512{true};
 // instruction where the CPU has it (Zen 4/5, Xeons); backends/cpu/cpu_model.py picks per CPU.
 __attribute__((target("arch=x86-64-v4"))) void batched_gemm_avx512(const float* v,
                                                                     const float* u, float* m,
-                                                                    int64_t nt,
+                                                                    int64_t nt, int64_t o0,
+                                                                    int64_t o1,
                                                                     const Geometry& g) {
   for (int p = 0; p < kPos; ++p) {
     const float* a = v + p * g.v_stride;
     const float* b = u + p * g.cp * g.op;
     float* c = m + p * g.m_stride;
-    int64_t j = 0;
-    for (; j + 32 <= g.op; j += 32)
+    int64_t j = o0;
+    for (; j + 32 <= o1; j += 32)
       gemm_rows<v16, 2>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
-    if (j + 16 <= g.op) {
+    if (j + 16 <= o1) {
       gemm_rows<v16, 1>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
       j += 16;
     }
-    if (j < g.op) gemm_rows<v8, 1>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
+    if (j < o1) gemm_rows<v8, 1>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
   }
 }
 
@@ -226,12 +233,13 @@ CANDLE_NN_INLINE float activate(float v) {
   return v;
 }
 
-// Output transform of tiles [t0, t1) (M[p][t - t0][op]) with the epilogue
-// act(y + bias [+ residual]) (BeforeAct) or act(y + bias) + residual (AfterAct); bias has Op
-// entries (zeros past O).
+// Output transform of tiles [t0, t1), output channels [o0, o1) (M[p][t - t0][op]) with the
+// epilogue act(y + bias [+ residual]) (BeforeAct) or act(y + bias) + residual (AfterAct); bias
+// has Op entries (zeros past O).
 template <Act A, Residual R>
 CANDLE_NN_INLINE void output_transform_t(const float* m, const float* bias, const float* res,
-                                         float* out, int64_t t0, int64_t t1, const Geometry& g) {
+                                         float* out, int64_t t0, int64_t t1, int64_t o0,
+                                         int64_t o1, const Geometry& g) {
   const int64_t pos_stride = g.m_stride;
   alignas(32) float y[kOut * kOut * kLanes];
   for (int64_t t = t0; t < t1; ++t) {
@@ -239,7 +247,7 @@ CANDLE_NN_INLINE void output_transform_t(const float* m, const float* bias, cons
     int rows = static_cast<int>(std::min<int64_t>(kOut, g.oh - ty * kOut));
     int cols = static_cast<int>(std::min<int64_t>(kOut, g.ow - tx * kOut));
     const float* mt = m + (t - t0) * g.op;
-    for (int64_t ob = 0; ob < g.op; ob += kLanes) {
+    for (int64_t ob = o0; ob < o1; ob += kLanes) {
       v8 tmp[kOut][kIn];
       for (int j = 0; j < kIn; ++j) {
         const float* c = mt + ob + j * pos_stride;
@@ -287,10 +295,11 @@ CANDLE_NN_INLINE void output_transform_t(const float* m, const float* bias, cons
 
 CANDLE_NN_MULTIVERSION
 void output_transform(const float* m, const float* bias, const float* res, float* out,
-                      int64_t t0, int64_t t1, const Geometry& g, Act act, Residual mode) {
+                      int64_t t0, int64_t t1, int64_t o0, int64_t o1, const Geometry& g, Act act,
+                      Residual mode) {
   with_act(act, [&]<Act A>() CANDLE_NN_LAMBDA_INLINE {
     with_residual(mode, [&]<Residual M>() CANDLE_NN_LAMBDA_INLINE {
-      output_transform_t<A, M>(m, bias, res, out, t0, t1, g);
+      output_transform_t<A, M>(m, bias, res, out, t0, t1, o0, o1, g);
     });
   });
 }
@@ -458,11 +467,24 @@ void WinogradConv3x3::eval_cpu(const std::vector<mx::array>& inputs,
   g.tiles = g.n * g.th * g.tw;
   // Tiles per block: V and M in ~512 KiB (half an L2), or more where U (read once a block) is
   // larger than V and M together, a multiple of the GEMM's 6 rows; but at least one block per
-  // thread.
+  // thread. Where that leaves fewer blocks than threads (small maps, e.g. 14x14 at batch 1) and
+  // U is large (36 Cp x Op floats: 9.4 MiB at 256 channels, 4x the conv's weights), smaller
+  // blocks would each stream all of U from memory and run few-row GEMMs: split the output
+  // channels instead, each task reading its share of U (the input transform is repeated per
+  // share, which costs more than it saves where U stays in cache).
   int64_t threads = ThreadPool::instance().threads();
   int64_t block = std::max((1 << 17) / (kPos * (g.cp + g.op)), g.cp * g.op / (2 * (g.cp + g.op)));
   block = std::min<int64_t>((block + 5) / 6 * 6, 120);
-  g.block = std::max<int64_t>(1, std::min(block, (g.tiles + threads - 1) / threads));
+  const int64_t full_blocks = (g.tiles + block - 1) / block;
+  g.chunk = g.op;
+  if (threads > 1 && full_blocks < threads && kPos * g.cp * g.op >= kSplitU) {
+    g.block = (g.tiles + full_blocks - 1) / full_blocks;
+    const int64_t chunks = std::min((threads + full_blocks - 1) / full_blocks, g.op / 32);
+    const int64_t per = (g.op + chunks - 1) / chunks;
+    g.chunk = std::min(g.op, (per + 31) / 32 * 32);
+  } else {
+    g.block = std::max<int64_t>(1, std::min(block, (g.tiles + threads - 1) / threads));
+  }
   g.v_stride = position_stride(g.block * g.cp), g.m_stride = position_stride(g.block * g.op);
   encoder.dispatch([xp = x.data<float>(), up = u.data<float>(), wp = inputs.back().data<float>(),
                     bias, res, op = out.data<float>(), g, act = act_, mode = mode_]() {
@@ -471,32 +493,43 @@ void WinogradConv3x3::eval_cpu(const std::vector<mx::array>& inputs,
     if (bias) std::copy(bias, bias + g.o, b.begin());
     const float* bp = b.data();
     const std::vector<int64_t> bad_channels = nonfinite_channels(wp, g);
-    std::vector<int64_t> all_channels(g.o);
-    for (int64_t o = 0; o < g.o; ++o) all_channels[o] = o;
     int64_t blocks = (g.tiles + g.block - 1) / g.block;
+    int64_t chunks = (g.op + g.chunk - 1) / g.chunk;
+    // Per output-channel share: its channels < O, and those with a non-finite weight.
+    std::vector<std::vector<int64_t>> all_channels(chunks), bad_in_chunk(chunks);
+    for (int64_t q = 0; q < chunks; ++q) {
+      for (int64_t o = q * g.chunk; o < std::min(g.o, (q + 1) * g.chunk); ++o)
+        all_channels[q].push_back(o);
+      for (int64_t o : bad_channels)
+        if (o / g.chunk == q) bad_in_chunk[q].push_back(o);
+    }
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
     const bool avx512 = use_avx512();
 #endif
-    parallel_for(blocks, 1, 1, [&](int64_t b0, int64_t b1) {
+    parallel_for(blocks * chunks, 1, 1, [&](int64_t b0, int64_t b1) {
       // Scratch per thread, kept and reused (no page faults per call).
       thread_local std::vector<float> v, m;
       if (v.size() < static_cast<size_t>(kPos * g.v_stride)) v.resize(kPos * g.v_stride);
       if (m.size() < static_cast<size_t>(kPos * g.m_stride)) m.resize(kPos * g.m_stride);
-      for (int64_t blk = b0; blk < b1; ++blk) {
-        int64_t t0 = blk * g.block, t1 = std::min(g.tiles, t0 + g.block);
-        input_transform(xp, v.data(), t0, t1, g);
+      int64_t transformed = -1;  // the block whose input transform v holds
+      for (int64_t task = b0; task < b1; ++task) {
+        const int64_t blk = task / chunks, q = task % chunks;
+        const int64_t t0 = blk * g.block, t1 = std::min(g.tiles, t0 + g.block);
+        const int64_t o0 = q * g.chunk, o1 = std::min(g.op, o0 + g.chunk);
+        if (transformed != blk) input_transform(xp, v.data(), t0, t1, g);
+        transformed = blk;
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
         if (avx512)
-          batched_gemm_avx512(v.data(), up, m.data(), t1 - t0, g);
+          batched_gemm_avx512(v.data(), up, m.data(), t1 - t0, o0, o1, g);
         else
 #endif
-          batched_gemm(v.data(), up, m.data(), t1 - t0, g);
-        output_transform(m.data(), bp, res, op, t0, t1, g, act, mode);
+          batched_gemm(v.data(), up, m.data(), t1 - t0, o0, o1, g);
+        output_transform(m.data(), bp, res, op, t0, t1, o0, o1, g, act, mode);
         for (int64_t t = t0; t < t1; ++t) {
           if (tile_nonfinite(v.data(), t - t0, g))
-            direct_tile(xp, wp, bp, res, op, t, all_channels, g, act, mode);
-          else if (!bad_channels.empty())
-            direct_tile(xp, wp, bp, res, op, t, bad_channels, g, act, mode);
+            direct_tile(xp, wp, bp, res, op, t, all_channels[q], g, act, mode);
+          else if (!bad_in_chunk[q].empty())
+            direct_tile(xp, wp, bp, res, op, t, bad_in_chunk[q], g, act, mode);
         }
       }
     });

@@ -16,6 +16,7 @@ from __future__ import annotations
 from .activation import (
     ACTIVATIONS, bias_act, check_activation, gelu, gelu_tanh, relu, sigmoid, silu, softmax,
 )
+from .concat import concat_last
 from .attention import multi_head_attention, packed_qkv_attention, scaled_dot_product_attention
 from .conv import (blocks_to_image, conv2d, conv_transpose2d_blocks, depthwise_conv2d,
                    is_depthwise)
@@ -33,7 +34,7 @@ from .registry import (
 
 __all__ = [
     "ACTIVATIONS", "Impl", "Op", "batch_norm_train", "bias_act", "blocks_to_image",
-    "check_activation", "conv2d",
+    "check_activation", "concat_last", "conv2d",
     "conv_transpose2d_blocks", "depthwise_conv2d",
     "dfl_decode", "disable", "disabled", "enable", "gelu", "gelu_tanh", "implementations",
     "is_depthwise", "is_enabled", "layer_norm", "linear", "mask_upscale", "max_pool2d",

@@ -75,6 +75,11 @@ SHAPES = [
     (1, 11, 37, 8, 40, 5, 5, (1, 1), (2, 2)),
     (1, 4, 30, 32, 17, 1, 1, (1, 1), (1, 1)),  # padded 1x1: whole output rows are bias only
     (1, 6, 64, 600, 48, 3, 3, (1, 1), (1, 1)),  # kernel rows split into K chunks
+    # row tiles of near-equal heights instead of a few-row remainder: M = 49 (6 and 5 rows /
+    # 10 and 9), x read in place; M = 98 and 13
+    (1, 7, 7, 64, 40, 3, 3, (1, 1), (1, 1)),
+    (2, 7, 7, 48, 24, 1, 1, (1, 1), (0, 0)),
+    (1, 1, 13, 32, 20, 3, 3, (1, 1), (1, 1)),
 ]
 
 

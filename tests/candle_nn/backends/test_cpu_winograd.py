@@ -76,6 +76,48 @@ def test_winograd_conv_against_float64(avx512, act, mode, n, h, w, c, o, padding
 
 
 @needs_native
+@pytest.mark.parametrize("avx512", ["auto", "0"])
+@pytest.mark.parametrize("n, h, c, o", [
+    (1, 14, 64, 104),   # 16 tiles, one block: shares of 64 + 40 output channels
+    (2, 10, 24, 200),   # 18 tiles: 128 + 72 (2 threads), 96 + 96 + 8 (3 threads)
+])
+def test_winograd_splits_output_channels_over_threads_with_the_same_bits(avx512, n, h, c, o
+                                                                        ) -> None:
+    """Few tiles and several threads: tasks take shares of the output channels (each reading its
+    part of U) instead of smaller tile blocks. Every output is computed the same way on 1, 2 and
+    3 threads (same bits), equal to float64 to the bound, with the non-finite fallbacks (a NaN
+    input pixel: its tiles by the direct conv; an Inf weight in the second share: that channel
+    by the direct conv) restricted to each task's channels."""
+    cpu_native.module().set_winograd_avx512(avx512 != "0")
+    x, wt, b = _data(n, h, h, c, o, seed=c + o)
+    x[0, 5, 6, 3] = np.nan
+    wt[o - 3, 1, 2, 0] = np.inf
+    r = np.random.default_rng(2).standard_normal((n, h, h, o)).astype(np.float32)
+    kernels = cpu_native.module()
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            kernels.set_num_threads(threads)
+            with mx.stream(mx.cpu):
+                u = kernels.winograd_weights(mx.array(wt))
+                results.append(np.array(kernels.winograd_conv3x3(
+                    mx.array(x), mx.array(wt), u, mx.array(b), mx.array(r), (1, 1), 1, 1)))
+    finally:
+        cpu_native.sync_threads(force=True)
+        cpu_native.apply_plan(cpu_native.plan())
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0], other)
+    with np.errstate(invalid="ignore"):
+        ref = np.maximum(_conv64(x, wt, (1, 1)) + b + r, 0)
+    ours = results[0]
+    finite = np.isfinite(ref)
+    np.testing.assert_array_equal(ours[~finite], ref[~finite])  # NaN where NaN, same-sign Inf
+    assert np.isinf(ours[..., o - 3]).any() and np.isnan(ours[0, 4:7, 5:8]).all()
+    err = np.abs(ours[finite] - ref[finite]).max() / np.abs(ref[finite]).max()
+    assert err <= REL_BOUND, err
+
+
+@needs_native
 def test_conv2d_layer_takes_winograd_and_matches_mlx() -> None:
     """A 3x3 stride-1 ``Conv2d`` on the CPU goes through Winograd (its weights get transformed),
     equal (to the bound) to MLX's own conv with every fast path off; stride 2 convs do not."""
