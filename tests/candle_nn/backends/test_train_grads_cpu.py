@@ -18,6 +18,14 @@ RNG = np.random.default_rng(23)
 TOL = 2e-5
 
 
+@pytest.fixture(autouse=True)
+def _on_the_cpu():
+    """These are the CPU's VJPs: run every test on the CPU stream, also where a GPU is the
+    default device (there the same calls would take the GPU's paths instead)."""
+    with mx.stream(mx.cpu):
+        yield
+
+
 def _rel(got: mx.array, ref: np.ndarray) -> float:
     return float(np.abs(np.array(got, dtype=np.float64) - ref).max() / np.abs(ref).max())
 
