@@ -3,7 +3,10 @@ against ONNX Runtime's nodes, for one model at one batch size, on the CPU.
 
 - ours: every ``Conv2d`` / ``Linear`` module's input is captured in one forward, then the module
   is timed alone on it (the minimum of ``--repeat`` calls, each evaluated): the layer's kernel
-  with its input and weights in cache;
+  with its input and weights in cache. ``--cold`` reads a buffer larger than the last-level
+  cache before each timed call (a read: no dirty lines written back during the call), so the
+  weights, input and residual come from memory: an upper bound of the layer inside a forward,
+  where a large model's weights come from memory and the activations mostly from L3;
 - ONNX Runtime: the PyTorch reference exported and run as ``bench_peers`` does (same session
   options), timed by its node profiler (each node's kernel time, the minimum over the profiled
   runs): nodes inside a whole forward, whose weights come from memory. A Conv node includes the
@@ -39,9 +42,13 @@ from benchmarks.ours import load_ours, ours_inputs
 Times = dict[str, tuple[str, float]]  # name -> (layer or op type, ms)
 
 
-def ours_layers(model: BenchModel, batch: int, repeat: int, cache_dir: str) -> Times:
+COLD_BYTES = 256 << 20  # read before each ``cold`` call: above any CPU's last-level cache
+
+
+def ours_layers(model: BenchModel, batch: int, repeat: int, cache_dir: str,
+                cold: bool = False) -> Times:
     """Each Conv2d / Linear module of our model timed alone on its input (ms, min of
-    ``repeat``), by module path."""
+    ``repeat``), by module path; ``cold``: the caches flushed before each timed call."""
     forward, _, _ = load_ours(model, "cpu", "float32", cache_dir)
     inputs = tuple(ours_inputs(model, batch, "float32"))
     leaves = {id(m): path for path, m in forward.named_modules()
@@ -61,12 +68,15 @@ def ours_layers(model: BenchModel, batch: int, repeat: int, cache_dir: str) -> T
         mx.eval(forward(*inputs))
     finally:
         cn.Module.__call__ = original
+    flush = np.ones(COLD_BYTES // 4, np.float32) if cold else None
     times: Times = {}
     for path, (module, args, kwargs) in captured.items():
         for _ in range(2):
             mx.eval(module(*args, **kwargs))
         best = float("inf")
         for _ in range(repeat):
+            if flush is not None:
+                flush.sum()
             start = time.perf_counter()
             mx.eval(module(*args, **kwargs))
             best = min(best, time.perf_counter() - start)
@@ -169,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="threads for both (candle_nn's kernels, ONNX Runtime intra-op)")
     p.add_argument("--repeat", type=int, default=15, help="timed calls per layer / profiled "
                    "ONNX Runtime runs")
+    p.add_argument("--cold", action="store_true", help="flush the caches before each of our "
+                   "timed calls (weights and activations from memory)")
     p.add_argument("--json", metavar="PATH", help="also write both sides' times as JSON")
     args = p.parse_args(argv)
     if args.batch < 1 or args.repeat < 1:
@@ -177,9 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         cn.blas.set_num_threads(args.threads)
     model = MODELS[args.model]
     with tempfile.TemporaryDirectory(prefix="candle_nn-bench-") as cache_dir:
-        ours = ours_layers(model, args.batch, args.repeat, cache_dir)
+        ours = ours_layers(model, args.batch, args.repeat, cache_dir, args.cold)
     cpu = cn.info()["cpu"]
-    print(f"{model.name}, batch {args.batch}, threads {args.threads or 'default'}; "
+    print(f"{model.name}, batch {args.batch}, threads {args.threads or 'default'}"
+          f"{', ours cold' if args.cold else ''}; "
           f"{cpu['name']} ({cpu['microarchitecture']}; GEMM {cpu['gemm']}, Winograd "
           f"{cpu['winograd']})")
     try:

@@ -36,3 +36,11 @@ def test_command_line_prints_the_table(capsys) -> None:
     assert bench_layers.main(["--model", "resnet18", "--repeat", "1", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("resnet18, batch 1, threads 1; ") and "| stages.3.1.convs.1 |" in out
+
+
+def test_cold_times_every_layer_and_says_so(capsys) -> None:
+    assert bench_layers.main(["--model", "resnet18", "--repeat", "1", "--threads", "1",
+                              "--cold"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("resnet18, batch 1, threads 1, ours cold; ")
+    assert "| stem |" in out and "| stages.3.1.convs.1 |" in out
