@@ -9,6 +9,7 @@
 // stays in cache.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -25,6 +26,55 @@ namespace {
 
 using small_gemm::gemm_strided;
 using small_gemm::kLanes;
+using small_gemm::V8;
+typedef int32_t V8i __attribute__((vector_size(32)));
+
+// gelu_f32 (math_f32.h) on 8 lanes, with the same polynomials: the erfc polynomial is skipped
+// where no lane has |x / sqrt 2| >= 1 (most LayerNorm outputs), the erf one where none is below.
+CANDLE_NN_INLINE V8 gelu8(V8 x) {
+  const V8 z = x * 0.70710678118654752f;
+  const V8 a = z < 0.0f ? -z : z;
+  const V8i is_small = a < 1.0f;
+  uint64_t lanes[4];
+  std::memcpy(lanes, &is_small, sizeof lanes);
+  const uint64_t all = ~uint64_t{0};
+  const bool any_large = (lanes[0] & lanes[1] & lanes[2] & lanes[3]) != all;
+  const bool any_small = (lanes[0] | lanes[1] | lanes[2] | lanes[3]) != 0;
+  V8 small{}, large{};
+  if (any_small) {
+    const V8 z2 = z * z;
+    V8 p = z2 * 7.9334939046e-05f - 8.0348466547e-04f;
+    p = p * z2 + 5.1912183778e-03f;
+    p = p * z2 - 2.6855399452e-02f;
+    p = p * z2 + 1.1283625725e-01f;
+    p = p * z2 - 3.7612629878e-01f;
+    p = p * z2 + 1.1283791666e+00f;
+    small = 1.0f + z * p;
+  }
+  if (any_large) {
+    const V8 t = (a < 4.0f ? a : 4.0f) * (2.0f / 3.0f) - 5.0f / 3.0f;
+    V8 q = t * 1.1300180487e-03f - 1.8515676006e-03f;
+    q = q * t - 3.4260997486e-03f;
+    q = q * t + 1.0797660576e-02f;
+    q = q * t - 7.4836259593e-03f;
+    q = q * t - 9.8107911832e-03f;
+    q = q * t + 3.2164325984e-02f;
+    q = q * t - 4.6322068328e-02f;
+    q = q * t + 4.3602195988e-02f;
+    q = q * t - 2.8195845523e-02f;
+    q = q * t + 1.2255908110e-02f;
+    q = q * t - 3.2669689595e-03f;
+    q = q * t + 4.0692064689e-04f;
+    q = a < 4.0f ? q : 0.0f;
+    large = z < 0.0f ? q : 2.0f - q;
+  }
+  return 0.5f * x * (is_small ? small : large);
+}
+
+// GELU of n floats (n a multiple of 8) in place.
+CANDLE_NN_INLINE void gelu_inplace(float* x, int64_t n) {
+  for (int64_t j = 0; j < n; j += kLanes) small_gemm::store8(x + j, gelu8(small_gemm::load8(x + j)));
+}
 
 struct Shape {
   int64_t u, n, k, c1, c2, m, mp;  // k: coefficients per token; mp: m rounded up to 8
@@ -36,7 +86,7 @@ CANDLE_NN_INLINE void norm_gelu(float* x, int64_t rows, int64_t w, const float* 
   for (int64_t r = 0; r < rows; ++r) {
     float* row = x + r * w;
     small_gemm::layer_norm_row(row, w, weight, bias, eps);
-    for (int64_t j = 0; j < w; ++j) row[j] = gelu_f32(row[j]);
+    gelu_inplace(row, w);
   }
 }
 
@@ -64,7 +114,7 @@ void upscale_block(const Shape& s, const float* scale, const float* shared, cons
   norm_gelu(x1.data(), 4 * k, s.c1, ln_w, ln_b, eps);  // rows (token, 2x2 block) of c1
   gemm_strided(x1.data(), s.c1, 1, w2t, 4 * s.c2, x2.data(), 4 * s.c2, 4 * k, 4 * s.c2, s.c1, b2,
                0, 4 * k);
-  for (size_t j = 0; j < x2.size(); ++j) x2[j] = gelu_f32(x2[j]);
+  gelu_inplace(x2.data(), static_cast<int64_t>(x2.size()));
   // y (16 k, mp) = rows (token, 4x4 block) of c2 · the hypernetwork vectors
   gemm_strided(x2.data(), s.c2, 1, ht, s.mp, y.data(), s.mp, 16 * k, s.mp, s.c2, nullptr, 0,
                16 * k);
