@@ -41,31 +41,9 @@ CANDLE_NN_INLINE V8 gelu8(V8 x) {
   const bool any_large = (lanes[0] & lanes[1] & lanes[2] & lanes[3]) != all;
   const bool any_small = (lanes[0] | lanes[1] | lanes[2] | lanes[3]) != 0;
   V8 small{}, large{};
-  if (any_small) {
-    const V8 z2 = z * z;
-    V8 p = z2 * 7.9334939046e-05f - 8.0348466547e-04f;
-    p = p * z2 + 5.1912183778e-03f;
-    p = p * z2 - 2.6855399452e-02f;
-    p = p * z2 + 1.1283625725e-01f;
-    p = p * z2 - 3.7612629878e-01f;
-    p = p * z2 + 1.1283791666e+00f;
-    small = 1.0f + z * p;
-  }
+  if (any_small) small = 1.0f + z * erf_small_ratio(z * z);
   if (any_large) {
-    const V8 t = (a < 4.0f ? a : 4.0f) * (2.0f / 3.0f) - 5.0f / 3.0f;
-    V8 q = t * 1.1300180487e-03f - 1.8515676006e-03f;
-    q = q * t - 3.4260997486e-03f;
-    q = q * t + 1.0797660576e-02f;
-    q = q * t - 7.4836259593e-03f;
-    q = q * t - 9.8107911832e-03f;
-    q = q * t + 3.2164325984e-02f;
-    q = q * t - 4.6322068328e-02f;
-    q = q * t + 4.3602195988e-02f;
-    q = q * t - 2.8195845523e-02f;
-    q = q * t + 1.2255908110e-02f;
-    q = q * t - 3.2669689595e-03f;
-    q = q * t + 4.0692064689e-04f;
-    q = a < 4.0f ? q : 0.0f;
+    const V8 q = erfc_large(a);
     large = z < 0.0f ? q : 2.0f - q;
   }
   return 0.5f * x * (is_small ? small : large);

@@ -39,10 +39,11 @@ CANDLE_NN_MATH_INLINE float exp_f32(float x_in) {
   return x_in < -87.3f ? 0.0f : e;  // exp(-inf) = 0 (softmax's masked entries)
 }
 
-// erf(z) / z as a polynomial in z^2 on [0, 1] (cpu_fast_gelu._SMALL).
-CANDLE_NN_MATH_INLINE float erf_small_ratio(float z2) {
-  float p = 7.9334939046e-05f;
-  p = p * z2 - 8.0348466547e-04f;
+// erf(z) / z as a polynomial in z^2 on [0, 1] (cpu_fast_gelu._SMALL). T: float, or a GCC
+// vector of floats (the same multiply-adds lane by lane).
+template <class T>
+CANDLE_NN_MATH_INLINE T erf_small_ratio(T z2) {
+  T p = z2 * 7.9334939046e-05f - 8.0348466547e-04f;
   p = p * z2 + 5.1912183778e-03f;
   p = p * z2 - 2.6855399452e-02f;
   p = p * z2 + 1.1283625725e-01f;
@@ -52,11 +53,11 @@ CANDLE_NN_MATH_INLINE float erf_small_ratio(float z2) {
 }
 
 // erfc(a) for a in [1, 4] as a polynomial in t = (2a - 5) / 3 (cpu_fast_gelu._LARGE); 0 for
-// a >= 4 (erfc(4) < 1.6e-8); any value for a < 1.
-CANDLE_NN_MATH_INLINE float erfc_large(float a) {
-  float t = (a < 4.0f ? a : 4.0f) * (2.0f / 3.0f) - 5.0f / 3.0f;
-  float q = 1.1300180487e-03f;
-  q = q * t - 1.8515676006e-03f;
+// a >= 4 (erfc(4) < 1.6e-8); any value for a < 1. T as for erf_small_ratio.
+template <class T>
+CANDLE_NN_MATH_INLINE T erfc_large(T a) {
+  T t = (a < 4.0f ? a : 4.0f) * (2.0f / 3.0f) - 5.0f / 3.0f;
+  T q = t * 1.1300180487e-03f - 1.8515676006e-03f;
   q = q * t - 3.4260997486e-03f;
   q = q * t + 1.0797660576e-02f;
   q = q * t - 7.4836259593e-03f;
