@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 from helpers.activation_reference import activation64
+from helpers.thread_bits import assert_same_bits_on_1_2_3_threads
 
 import candle_nn as cn
 from candle_nn.backends.cpu import kernels as cpu_native
@@ -271,27 +272,10 @@ def test_kernels_give_the_same_bits_on_one_and_two_threads() -> None:
     rng = np.random.default_rng(5)
     x = mx.array(rng.standard_normal((3, 97, 61, 40), dtype=np.float32))
     b = mx.array(rng.standard_normal((40,), dtype=np.float32))
-    _assert_same_bits_on_1_2_3_threads(lambda: [
+    assert_same_bits_on_1_2_3_threads(lambda: [
         kernels.bias_act(x, b, x, kernels.Act.silu, kernels.Residual.before_act),
         kernels.softmax_last(x),
         kernels.attention_packed(x[:, :49, 0, :36], None, 2, 0.3)])
-
-
-def _assert_same_bits_on_1_2_3_threads(run) -> None:
-    """``run()`` (a list of kernel outputs, on the CPU stream) gives the same bits with the
-    kernels on 1, 2 and 3 threads; the session's thread count is restored after."""
-    kernels = cpu_native.module()
-    results = []
-    try:
-        for threads in (1, 2, 3):
-            kernels.set_num_threads(threads)
-            with mx.stream(mx.cpu):
-                results.append([np.array(out) for out in run()])
-    finally:
-        cpu_native.sync_threads(force=True)
-    for other in results[1:]:
-        for a, b in zip(results[0], other):
-            np.testing.assert_array_equal(a, b)
 
 
 def test_kernels_refuse_what_they_do_not_support() -> None:
@@ -434,7 +418,7 @@ def test_depthwise_kernel_gives_the_same_bits_on_one_and_two_threads() -> None:
     x = mx.array(rng.standard_normal((2, 33, 29, 48), dtype=np.float32))
     w = mx.array(rng.standard_normal((48, 3, 3, 1), dtype=np.float32))
     b = mx.array(rng.standard_normal((48,), dtype=np.float32))
-    _assert_same_bits_on_1_2_3_threads(lambda: [kernels.depthwise_conv2d(
+    assert_same_bits_on_1_2_3_threads(lambda: [kernels.depthwise_conv2d(
         x, w, b, None, (1, 1), (1, 1), (1, 1), kernels.Act.gelu, kernels.Residual.none)])
 
 

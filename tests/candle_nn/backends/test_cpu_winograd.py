@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from helpers.activation_reference import activation64
+from helpers.thread_bits import assert_same_bits_on_1_2_3_threads
 import candle_nn as cn
 from candle_nn.backends.cpu import kernels as cpu_native, weight_cache
 from candle_nn.backends.cpu import winograd as cpu_winograd
@@ -94,22 +95,18 @@ def test_winograd_splits_output_channels_over_threads_with_the_same_bits(avx512,
     wt[o - 3, 1, 2, 0] = np.inf
     r = np.random.default_rng(2).standard_normal((n, h, h, o)).astype(np.float32)
     kernels = cpu_native.module()
-    results = []
+
+    def run() -> list[mx.array]:
+        u = kernels.winograd_weights(mx.array(wt))
+        return [kernels.winograd_conv3x3(mx.array(x), mx.array(wt), u, mx.array(b), mx.array(r),
+                                         (1, 1), 1, 1)]
+
     try:
-        for threads in (1, 2, 3):
-            kernels.set_num_threads(threads)
-            with mx.stream(mx.cpu):
-                u = kernels.winograd_weights(mx.array(wt))
-                results.append(np.array(kernels.winograd_conv3x3(
-                    mx.array(x), mx.array(wt), u, mx.array(b), mx.array(r), (1, 1), 1, 1)))
+        (ours,) = assert_same_bits_on_1_2_3_threads(run)
     finally:
-        cpu_native.sync_threads(force=True)
         cpu_native.apply_plan(cpu_native.plan())
-    for other in results[1:]:
-        np.testing.assert_array_equal(results[0], other)
     with np.errstate(invalid="ignore"):
         ref = np.maximum(_conv64(x, wt, (1, 1)) + b + r, 0)
-    ours = results[0]
     finite = np.isfinite(ref)
     np.testing.assert_array_equal(ours[~finite], ref[~finite])  # NaN where NaN, same-sign Inf
     assert np.isinf(ours[..., o - 3]).any() and np.isnan(ours[0, 4:7, 5:8]).all()
