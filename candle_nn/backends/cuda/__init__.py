@@ -53,7 +53,7 @@ def max_pool2d(x, kernel, stride, padding):
 
 def _softmax_applies(x, axis=-1) -> bool:
     return (axis in (-1, x.ndim - 1) and x.ndim > 0 and 0 < x.shape[-1] <= kernels.SHORT_ROW
-            and x.size > 0 and kernels.on_cuda("softmax", x.dtype))
+            and 0 < x.size < kernels.MAX_ELEMENTS and kernels.on_cuda("softmax", x.dtype))
 
 
 @register("softmax", "softmax", "cuda", applies=_softmax_applies,

@@ -58,6 +58,7 @@ DEFAULT_DTYPES: dict[str, tuple[mx.Dtype, ...]] = {
 }
 
 SHORT_ROW = 32  # the longest last axis :func:`softmax_short` takes
+MAX_ELEMENTS = 2**31  # its row count is an int32 and its offsets 32-bit: larger arrays take MLX's
 
 
 def on_cuda(kernel: str, dtype: mx.Dtype | None = None) -> bool:

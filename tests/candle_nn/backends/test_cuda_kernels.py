@@ -106,6 +106,25 @@ def test_short_softmax_matches_reference(device, dtype, tol, length):
         np.testing.assert_allclose(np.array(grads[0]), np.array(grads[1]), rtol=1e-5, atol=1e-6)
 
 
+def test_short_softmax_leaves_arrays_past_32_bit_offsets_to_mlx(monkeypatch):
+    """The kernel indexes with 32-bit offsets: an array of 2**31 elements or more must not
+    reach it (it would skip rows silently). Shapes only, no memory; the device check is
+    patched to "a CUDA GPU" so that only the size decides, on any machine."""
+    from candle_nn.backends import cuda as cuda_backend
+
+    class Shaped:  # what _softmax_applies reads of an array
+        def __init__(self, shape):
+            self.shape, self.ndim, self.dtype = shape, len(shape), mx.float32
+            self.size = int(np.prod(shape))
+
+    monkeypatch.setattr(cuda_kernels, "on_cuda", lambda kernel, dtype=None: True)
+    assert cuda_backend._softmax_applies(Shaped((64, 4096, 8, 7)))
+    assert cuda_backend._softmax_applies(Shaped((2**31 - 1, 1)))
+    assert not cuda_backend._softmax_applies(Shaped((2**28, 8, 1)))
+    assert not cuda_backend._softmax_applies(Shaped((2**29, 4, 7)))
+    assert not cuda_backend._softmax_applies(Shaped((64, 4096, 8, 33)))
+
+
 def test_kernels_follow_the_switch_and_the_device(monkeypatch):
     with mx.stream(mx.cpu):
         assert not any(cuda_kernels.on_cuda(k) for k in ("depthwise", "dfl", "max_pool",
