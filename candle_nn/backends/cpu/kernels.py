@@ -171,14 +171,15 @@ def apply_plan(p: cpu_model.Plan) -> cpu_model.Plan:
     gemm, wino = p.gemm, p.winograd
     cpu = cpu_model.describe()
     isas = [isa for isa, ok in zip(cpu_model.ISAS, (cpu.has_avx512, cpu.has_avx2)) if ok]
-    if gemm == "measure":
-        gemm, t = cpu_model.faster({isa: _gemm_timer(isa) for isa in isas})
-        times.append(_times("gemm", t))
-    if gemm in cpu_model.ISAS:
-        _module.set_packed_gemm_isa(gemm)
-    if wino == "measure":
-        wino, t = cpu_model.faster({isa: _winograd_timer(isa) for isa in isas})
-        times.append(_times("winograd", t))
+    with mx.stream(mx.cpu):  # the kernels run on the current stream: the GPU may be the default
+        if gemm == "measure":
+            gemm, t = cpu_model.faster({isa: _gemm_timer(isa) for isa in isas})
+            times.append(_times("gemm", t))
+        if gemm in cpu_model.ISAS:
+            _module.set_packed_gemm_isa(gemm)
+        if wino == "measure":
+            wino, t = cpu_model.faster({isa: _winograd_timer(isa) for isa in isas})
+            times.append(_times("winograd", t))
     _module.set_winograd_avx512(wino == "avx512")
     why = p.why + (f" ({'; '.join(times)})" if times else "")
     return cpu_model.Plan(p.cpu, gemm, wino, why)
