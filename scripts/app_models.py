@@ -253,6 +253,8 @@ def _knobs(request: dict[str, Any]) -> dict[str, Any]:
     knobs = {}
     for flag, (name, kind, low, _) in KNOBS.items():
         value = request.get(name, _knob_default(name))
+        if value is None:  # the generator's choice (points_per_batch: by device)
+            continue
         try:
             value = knob_type(kind, low)(str(value))
         except argparse.ArgumentTypeError as exc:

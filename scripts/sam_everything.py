@@ -17,6 +17,7 @@ from PIL import Image
 
 from candle_nn import CandleNNError
 from candle_nn_models.segment_anything import Sam, SamAutomaticMaskGenerator
+from candle_nn_models.segment_anything.automatic_mask_generator import POINTS_PER_BATCH
 from candle_nn_models.scripts.common import number_arg, shown
 from candle_nn_models.scripts.outputs import OutputFolder
 from candle_nn_models.scripts.sam_outputs import overlay_masks
@@ -45,9 +46,12 @@ def add_everything_arguments(parser: argparse.ArgumentParser) -> None:
                             "<stem>_masks.json")
     params = inspect.signature(SamAutomaticMaskGenerator.__init__).parameters
     for flag, (name, kind, low, text) in KNOBS.items():
-        group.add_argument(flag, dest=name, type=knob_type(kind, low), default=params[name].default,
+        default = params[name].default
+        by_device = f"{POINTS_PER_BATCH['cpu']} on the CPU, {POINTS_PER_BATCH['gpu']} on a GPU"
+        shown_default = by_device if default is None else f"{default:g}"
+        group.add_argument(flag, dest=name, type=knob_type(kind, low), default=default,
                            metavar="N" if kind is int else "X",
-                           help=f"{text} (default {params[name].default:g})")
+                           help=f"{text} (default {shown_default})")
 
 
 def knob_type(kind: type, low: float):

@@ -313,6 +313,23 @@ def test_stand_in_cases_exercise_the_pipeline(stand_in_sam, stand_in_ours, small
         "min_mask_region_area changed no mask"
 
 
+def test_points_per_batch_leaves_the_records_alone(stand_in_sam, stand_in_ours, small_bike):
+    """The default ``points_per_batch`` depends on the device (64 on the CPU, 256 on a GPU);
+    the records do not: 23 points in batches of 5 (the case above) or 15 (15 + 8) give the
+    same ones."""
+    sam, _ = stand_in_sam
+    kind = sam.device.kind
+    assert SamAutomaticMaskGenerator(sam).points_per_batch == {"cpu": 64, "gpu": 256}[kind]
+    records = SamAutomaticMaskGenerator(sam, **{**STAND_IN_CASES["point_grids"],
+                                                "points_per_batch": 15}).generate(small_bike)
+    expected = stand_in_ours["point_grids"][0]
+    assert len(records) == len(expected) >= 3
+    for got, want in zip(records, expected):
+        assert got.keys() == want.keys()
+        for k in got:
+            np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]), err_msg=k)
+
+
 def test_output_modes_hold_the_same_masks(stand_in_sam, small_bike):
     sam, _ = stand_in_sam
     by_mode = {mode: SamAutomaticMaskGenerator(sam, points_per_side=4, output_mode=mode)
