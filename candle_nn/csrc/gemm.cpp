@@ -434,9 +434,13 @@ void gemm(const ASource& a, const float* b_packed, float* c, int64_t ldc, int64_
   // Below ~2 MFLOP (~10 us on one core) waking another thread costs about as much as it saves.
   const int64_t threads = 2 * m * n * k < (int64_t{1} << 21) ? 1 : pool.threads();
   const int64_t mr = isa->mr;
-  // Rows per task: kMc, fewer when that leaves threads idle (rounded to the register tile).
-  int64_t mc = kMc;
-  int64_t mb = (m + mc - 1) / mc;
+  // Rows per task: about kMc (up to 1.5 kMc) in blocks of near-equal heights, fewer when that
+  // leaves threads idle (rounded to the register tile). Each row block streams all of B: a last
+  // block of a few rows (98 = 96 + 2, 196 = 2 x 96 + 4) would read B again, from memory or L3,
+  // for almost no work.
+  int64_t mb = std::max<int64_t>(1, (m + kMc / 2) / kMc);
+  int64_t mc = ((m + mb - 1) / mb + mr - 1) / mr * mr;
+  mb = (m + mc - 1) / mc;
   // Few row blocks (small M, e.g. a 7x7 feature map): split the columns too, in multiples of
   // 32, so every thread gets work; several tasks per thread absorb a thread slowed by others.
   const int64_t target = threads > 1 ? 4 * threads : 1;
