@@ -281,6 +281,17 @@ inline void prefetch_part(const NextPanel& p, int64_t k, int64_t t, int64_t part
     for (int64_t r = r0; r < r1; ++r) __builtin_prefetch(p.b + v * kPanel * k + r * kPanel, 0, 2);
 }
 
+// The C rows [r0, r1), columns [j, j + cols) a micro-kernel call is about to store for the first
+// time, fetched while the call before it runs: a conv's output is a fresh buffer, and each first
+// store to one of its lines otherwise waits for that line to come from L3 or memory.
+inline void prefetch_c(const float* c, int64_t ldc, int64_t r0, int64_t r1, int64_t j,
+                       int64_t cols) {
+  for (int64_t r = r0; r < r1; ++r) {
+    __builtin_prefetch(c + r * ldc + j, 1, 3);
+    __builtin_prefetch(c + r * ldc + j + cols - 1, 1, 3);
+  }
+}
+
 // One task: C rows [m0, m0 + mc), columns [n0, n1) (n0 a multiple of 16).
 void block(const Isa& isa, const ASource& a, const float* bp, float* c, int64_t ldc, int64_t m0,
            int64_t mc, int64_t n0, int64_t n1, int64_t k, std::vector<float>& buf) {
@@ -314,6 +325,8 @@ void block(const Isa& isa, const ASource& a, const float* bp, float* c, int64_t 
                            std::min(kcb, k - pc - kc));
       for (int64_t t = 0; t < tiles.count; ++t) {
         prefetch_part(next, k, t, tiles.count);
+        if (pc == 0 && t + 1 < tiles.count)
+          prefetch_c(c, ldc, m0 + tiles.start(t + 1), m0 + tiles.start(t + 2), j, cols);
         const int64_t i = tiles.start(t);
         table[tiles.height(t) - 1](ablk + i * lda, lda, bj, kPanel * k, c + (m0 + i) * ldc + j,
                                    ldc, kc, pc > 0, cols);
@@ -381,6 +394,8 @@ void block_conv(const Isa& isa, const ASource& a, const float* bp, float* c, int
                              std::min(chunk, k - pc - kc));
         for (int64_t t = 0; t < ntiles; ++t) {
           prefetch_part(next, k, t, ntiles);
+          if (t + 1 < ntiles && !tiles[t + 1].written)
+            prefetch_c(c, ldc, m0 + row_tiles.start(t + 1), m0 + row_tiles.start(t + 2), j, cols);
           if (tiles[t].skip) continue;
           table[row_tiles.height(t) - 1](tiles[t].p, tiles[t].lda, bj, kPanel * k,
                                          c + (m0 + row_tiles.start(t)) * ldc + j, ldc, kc,
