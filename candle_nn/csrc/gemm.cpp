@@ -258,6 +258,40 @@ struct RowTiles {
   int height(int64_t t) const { return static_cast<int>(start(t + 1) - start(t)); }
 };
 
+// The B micro-panel a task reads next, fetched into L2 while the current one is in use: rows
+// [pc, pc + rows) of the packed panels from column `j` on (`cols` columns; 0 rows: none). Each
+// micro-panel is a fresh run of B (the next 16 columns are 16 * k floats on), and where B comes
+// from memory (the weights of a 7x7 or 14x14 stage at batch 1, reused by a few row tiles only)
+// the hardware prefetchers only catch up after its first lines have missed.
+struct NextPanel {
+  const float* b = nullptr;  // rows [pc, ...) of the first panel
+  int64_t rows = 0, panels = 0;
+};
+
+NextPanel next_panel(const float* bp, int64_t k, int64_t j, int64_t cols, int64_t pc,
+                     int64_t rows) {
+  if (rows <= 0 || cols <= 0) return {};
+  return {bp + (j / kPanel) * kPanel * k + pc * kPanel, rows, (cols + kPanel - 1) / kPanel};
+}
+
+// Part `t` of `parts` of a NextPanel's lines (one 16-float row of a panel is one 64-byte line).
+inline void prefetch_part(const NextPanel& p, int64_t k, int64_t t, int64_t parts) {
+  const int64_t r0 = t * p.rows / parts, r1 = (t + 1) * p.rows / parts;
+  for (int64_t v = 0; v < p.panels; ++v)
+    for (int64_t r = r0; r < r1; ++r) __builtin_prefetch(p.b + v * kPanel * k + r * kPanel, 0, 2);
+}
+
+// The C rows [r0, r1), columns [j, j + cols) a micro-kernel call is about to store for the first
+// time, fetched while the call before it runs: a conv's output is a fresh buffer, and each first
+// store to one of its lines otherwise waits for that line to come from L3 or memory.
+inline void prefetch_c(const float* c, int64_t ldc, int64_t r0, int64_t r1, int64_t j,
+                       int64_t cols) {
+  for (int64_t r = r0; r < r1; ++r) {
+    __builtin_prefetch(c + r * ldc + j, 1, 3);
+    __builtin_prefetch(c + r * ldc + j + cols - 1, 1, 3);
+  }
+}
+
 // One task: C rows [m0, m0 + mc), columns [n0, n1) (n0 a multiple of 16).
 void block(const Isa& isa, const ASource& a, const float* bp, float* c, int64_t ldc, int64_t m0,
            int64_t mc, int64_t n0, int64_t n1, int64_t k, std::vector<float>& buf) {
@@ -284,7 +318,15 @@ void block(const Isa& isa, const ASource& a, const float* bp, float* c, int64_t 
       int nv = (cols + isa.width - 1) / isa.width;
       const float* bj = bp + (j / kPanel) * kPanel * k + pc * kPanel;
       const auto& table = isa.table[nv - 1];
+      const NextPanel next =
+          j + tile_cols < n1
+              ? next_panel(bp, k, j + tile_cols, std::min(tile_cols, n1 - j - tile_cols), pc, kc)
+              : next_panel(bp, k, n0, std::min(tile_cols, n1 - n0), pc + kc,
+                           std::min(kcb, k - pc - kc));
       for (int64_t t = 0; t < tiles.count; ++t) {
+        prefetch_part(next, k, t, tiles.count);
+        if (pc == 0 && t + 1 < tiles.count)
+          prefetch_c(c, ldc, m0 + tiles.start(t + 1), m0 + tiles.start(t + 2), j, cols);
         const int64_t i = tiles.start(t);
         table[tiles.height(t) - 1](ablk + i * lda, lda, bj, kPanel * k, c + (m0 + i) * ldc + j,
                                    ldc, kc, pc > 0, cols);
@@ -345,7 +387,15 @@ void block_conv(const Isa& isa, const ASource& a, const float* bp, float* c, int
         int nv = (cols + isa.width - 1) / isa.width;
         const float* bj = bp + (j / kPanel) * kPanel * k + pc * kPanel;
         const auto& table = isa.table[nv - 1];
+        const NextPanel next =
+            j + tile_cols < n1
+                ? next_panel(bp, k, j + tile_cols, std::min(tile_cols, n1 - j - tile_cols), pc, kc)
+                : next_panel(bp, k, n0, std::min(tile_cols, n1 - n0), pc + kc,
+                             std::min(chunk, k - pc - kc));
         for (int64_t t = 0; t < ntiles; ++t) {
+          prefetch_part(next, k, t, ntiles);
+          if (t + 1 < ntiles && !tiles[t + 1].written)
+            prefetch_c(c, ldc, m0 + row_tiles.start(t + 1), m0 + row_tiles.start(t + 2), j, cols);
           if (tiles[t].skip) continue;
           table[row_tiles.height(t) - 1](tiles[t].p, tiles[t].lda, bj, kPanel * k,
                                          c + (m0 + row_tiles.start(t)) * ldc + j, ldc, kc,
@@ -434,9 +484,13 @@ void gemm(const ASource& a, const float* b_packed, float* c, int64_t ldc, int64_
   // Below ~2 MFLOP (~10 us on one core) waking another thread costs about as much as it saves.
   const int64_t threads = 2 * m * n * k < (int64_t{1} << 21) ? 1 : pool.threads();
   const int64_t mr = isa->mr;
-  // Rows per task: kMc, fewer when that leaves threads idle (rounded to the register tile).
-  int64_t mc = kMc;
-  int64_t mb = (m + mc - 1) / mc;
+  // Rows per task: about kMc (up to 1.5 kMc) in blocks of near-equal heights, fewer when that
+  // leaves threads idle (rounded to the register tile). Each row block streams all of B: a last
+  // block of a few rows (98 = 96 + 2, 196 = 2 x 96 + 4) would read B again, from memory or L3,
+  // for almost no work.
+  int64_t mb = std::max<int64_t>(1, (m + kMc / 2) / kMc);
+  int64_t mc = ((m + mb - 1) / mb + mr - 1) / mr * mr;
+  mb = (m + mc - 1) / mc;
   // Few row blocks (small M, e.g. a 7x7 feature map): split the columns too, in multiples of
   // 32, so every thread gets work; several tasks per thread absorb a thread slowed by others.
   const int64_t target = threads > 1 ? 4 * threads : 1;

@@ -379,8 +379,9 @@ class LinearRows : public mx::Primitive {
 namespace candle_nn {
 
 // U = G w G^T of a 3x3 weight w (O, 3, 3, C) float32, computed in float64 now (not lazily):
-// (36, Cp, Op) float32, Cp/Op = C/O rounded up to 8, zeros past C/O. None for a traced w (under
-// mx.grad / vmap / compile as an input: it has no values yet).
+// (36, Cp, Op) float32, Cp/Op = C/O rounded up to 8, zeros past C/O, each position's (Cp, Op)
+// stored in panels of 32 output channels (winograd.cpp's u_offset), for winograd_conv3x3 only.
+// None for a traced w (under mx.grad / vmap / compile as an input: it has no values yet).
 std::optional<mx::array> winograd_weights(const mx::array& w);
 
 // Allow (default) or forbid the AVX-512 GEMM of winograd_conv3x3 where the CPU has it.

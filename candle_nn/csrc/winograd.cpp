@@ -11,7 +11,9 @@
 //                  hand its threads over 36 times a conv, which stalls badly when other
 //                  processes share the cores),
 //   out          = output transform of M, fused with the bias/act/residual epilogue.
-// U[36][Cp][Op] = G g G^T is computed once per weight (winograd_weights, in float64).
+// U[36][Cp][Op] = G g G^T is computed once per weight (winograd_weights, in float64), each
+// position's matrix stored in column panels (u_cols): a GEMM's column strip is one contiguous
+// run, streamed from memory in order, not a line of every row.
 // Cp, Op: channels rounded up to 8 (zero rows/columns in U), so every transform is whole vectors.
 #include <algorithm>
 #include <atomic>
@@ -47,6 +49,31 @@ CANDLE_NN_INLINE v8 load8(const float* p) {
 CANDLE_NN_INLINE void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
 
 int64_t round8(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+// Each position's U (Cp x Op) is stored in panels of kUPanel output channels (the last one
+// narrower where Op is not a multiple of it): panel q, channels [q0, q0 + width) with q0 =
+// q * kUPanel, holds its Cp rows of `width` floats one after the other. Row-major, a 16- or
+// 32-column strip of a GEMM would read 64 or 128 bytes of every 1 KiB row (Op = 256): strided
+// reads the prefetchers serve badly, and U (4x the conv's weight) comes from memory in a forward.
+// Task shares of output channels (Geometry::chunk) start at multiples of kUPanel, so no register
+// tile of the GEMMs straddles two panels.
+constexpr int64_t kUPanel = 32;
+
+// Offset of U[ic][oc] in one position's (Cp x Op) panels.
+int64_t u_offset(int64_t ic, int64_t oc, int64_t cp, int64_t op) {
+  const int64_t q0 = oc / kUPanel * kUPanel;
+  return q0 * cp + ic * std::min(kUPanel, op - q0) + (oc - q0);
+}
+
+// Where columns [j, j + 8 * k) of one position's U start (row 0) and its row stride.
+struct UCols {
+  const float* b;
+  int64_t ldb;
+};
+CANDLE_NN_INLINE UCols u_cols(const float* u, int64_t j, int64_t cp, int64_t op) {
+  const int64_t q0 = j / kUPanel * kUPanel;
+  return {u + u_offset(0, j, cp, op), std::min(kUPanel, op - q0)};
+}
 
 // B^T applied to 6 values (one row or column of a tile).
 CANDLE_NN_INLINE void bt6(v8 d0, v8 d1, v8 d2, v8 d3, v8 d4, v8 d5, v8* r) {
@@ -186,9 +213,14 @@ void batched_gemm(const float* v, const float* u, float* m, int64_t nt, int64_t 
     const float* b = u + p * g.cp * g.op;
     float* c = m + p * g.m_stride;
     int64_t j = o0;
-    for (; j + 2 * kLanes <= o1; j += 2 * kLanes)
-      gemm_rows<v8, 2>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
-    if (j < o1) gemm_rows<v8, 1>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
+    for (; j + 2 * kLanes <= o1; j += 2 * kLanes) {
+      const UCols bj = u_cols(b, j, g.cp, g.op);
+      gemm_rows<v8, 2>(a, g.cp, bj.b, bj.ldb, c + j, g.op, nt, g.cp);
+    }
+    if (j < o1) {
+      const UCols bj = u_cols(b, j, g.cp, g.op);
+      gemm_rows<v8, 1>(a, g.cp, bj.b, bj.ldb, c + j, g.op, nt, g.cp);
+    }
   }
 }
 
@@ -208,13 +240,19 @@ __attribute__((target("arch=x86-64-v4"))) void batched_gemm_avx512(const float* 
     const float* b = u + p * g.cp * g.op;
     float* c = m + p * g.m_stride;
     int64_t j = o0;
-    for (; j + 32 <= o1; j += 32)
-      gemm_rows<v16, 2>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
+    for (; j + 32 <= o1; j += 32) {
+      const UCols bj = u_cols(b, j, g.cp, g.op);
+      gemm_rows<v16, 2>(a, g.cp, bj.b, bj.ldb, c + j, g.op, nt, g.cp);
+    }
     if (j + 16 <= o1) {
-      gemm_rows<v16, 1>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
+      const UCols bj = u_cols(b, j, g.cp, g.op);
+      gemm_rows<v16, 1>(a, g.cp, bj.b, bj.ldb, c + j, g.op, nt, g.cp);
       j += 16;
     }
-    if (j < o1) gemm_rows<v8, 1>(a, g.cp, b + j, g.op, c + j, g.op, nt, g.cp);
+    if (j < o1) {
+      const UCols bj = u_cols(b, j, g.cp, g.op);
+      gemm_rows<v8, 1>(a, g.cp, bj.b, bj.ldb, c + j, g.op, nt, g.cp);
+    }
   }
 }
 
@@ -415,7 +453,7 @@ std::optional<mx::array> winograd_weights(const mx::array& w) {
           gt[i][b] = G[i][0] * g[0][b] + G[i][1] * g[1][b] + G[i][2] * g[2][b];
       for (int i = 0; i < kIn; ++i)
         for (int j = 0; j < kIn; ++j)
-          u[((i * kIn + j) * cp + ic) * op + oc] = static_cast<float>(
+          u[(i * kIn + j) * cp * op + u_offset(ic, oc, cp, op)] = static_cast<float>(
               gt[i][0] * G[j][0] + gt[i][1] * G[j][1] + gt[i][2] * G[j][2]);
     }
   return mx::array(u.begin(), mx::Shape{kPos, static_cast<int>(cp), static_cast<int>(op)},
