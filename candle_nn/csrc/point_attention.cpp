@@ -26,6 +26,9 @@ namespace {
 
 using small_gemm::gemm_strided;
 using small_gemm::kLanes;
+using small_gemm::load8;
+using small_gemm::store8;
+using small_gemm::V8;
 
 int64_t round8(int64_t x) { return (x + kLanes - 1) / kLanes * kLanes; }
 
@@ -148,6 +151,18 @@ void probs_block(const PerHead& h, const float* scale, const float* coeff, int64
 }
 
 // -- point_norm --------------------------------------------------------------------------------
+// a · b over n floats: 8 lanes at a time, then the rest one by one (a sum in another order than
+// one float at a time: a vectorised reduction, which the compiler does not make on its own).
+CANDLE_NN_INLINE float dot(const float* a, const float* b, int64_t n) {
+  V8 acc{};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) acc += load8(a + j) * load8(b + j);
+  float total = 0.0f;
+  for (int l = 0; l < kLanes; ++l) total += acc[l];
+  for (; j < n; ++j) total += a[j] * b[j];
+  return total;
+}
+
 struct NormDims {
   int64_t mc, mu, channels;
 };
@@ -188,17 +203,14 @@ void norm_block(const PerHead& h, const NormDims& nd, const float* scale, const 
   for (int64_t i = 0; i < m; ++i) {
     const int64_t g = p * h.n + i0 + i;
     const float* row = u.data() + i * nd.mu;
-    float quad = 0.0f, lin = lin0[i0 + i];
-    for (int64_t j = 0; j < nd.mu; ++j) quad += row[j] * t[i * nd.mu + j];
-    quad *= 2.0f;
-    for (int64_t j = 0; j < h.r; ++j) lin += row[nd.mc + j] * lp[i * h.ld + j];
-    if (lc_shared != nullptr)
-      for (int64_t j = 0; j < nd.mc; ++j) lin += row[j] * lc[i * hc->ld + j];
+    const float quad = 2.0f * dot(row, t.data() + i * nd.mu, nd.mu);
+    float lin = lin0[i0 + i] + dot(row + nd.mc, lp.data() + i * h.ld, h.r);
+    if (lc_shared != nullptr) lin += dot(row, lc.data() + i * hc->ld, nd.mc);
     const float s = scale ? scale[g] : 1.0f;
     const float var = (s * s * sq[i0 + i] + 2.0f * s * lin + quad) / static_cast<float>(nd.channels);
-    const float inv = 1.0f / std::sqrt(var + eps);
+    const V8 inv = V8{} + 1.0f / std::sqrt(var + eps);
     float* o = out + g * nd.mu;
-    for (int64_t j = 0; j < nd.mu; ++j) o[j] = inv * row[j];
+    for (int64_t j = 0; j < nd.mu; j += kLanes) store8(o + j, inv * load8(row + j));
   }
 }
 
