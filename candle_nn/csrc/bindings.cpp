@@ -146,13 +146,15 @@ NB_MODULE(_cpu_kernels, m) {
       "A LayerNorm's 1 / std of factored rows times their coefficients -> (b, n, mu). float32.");
   m.def(
       "point_pool",
-      [](const mx::array& scale, const mx::array& coeff, const mx::array& fold,
-         const mx::array& shared_k, const mx::array& pe, const mx::array& q,
-         const mx::array& shared_v) {
+      [](const std::optional<mx::array>& scale, const std::optional<mx::array>& coeff,
+         const std::optional<mx::array>& fold, const std::optional<mx::array>& shared_k,
+         const mx::array& pe, const mx::array& q, const mx::array& shared_v) {
         return candle_nn::point_pool(scale, coeff, fold, shared_k, pe, q, shared_v);
       },
-      "scale"_a, "coeff"_a, "fold"_a, "shared_k"_a, "pe"_a, "q"_a, "shared_v"_a,
-      "Attention pooling of factored image rows over the n image tokens -> (b, heads t, m + dv)."
+      "scale"_a.none(), "coeff"_a.none(), "fold"_a.none(), "shared_k"_a.none(), "pe"_a, "q"_a,
+      "shared_v"_a,
+      "Attention pooling of factored image rows over the n image tokens -> (b, heads t, m + dv);"
+      " without scale, coeff, fold, shared_k: of q's rows per head -> (heads, rows, dv)."
       " float32.");
   m.def(
       "mask_upscale",

@@ -257,10 +257,12 @@ mx::array point_norm(const mx::array& probs, const mx::array& sq, const mx::arra
                      const std::optional<mx::array>& lc_shared,
                      const std::optional<mx::array>& lc_tok, mx::StreamOrDevice s = {});
 // point_pool: (b, r, m + dv) = [A coeff, per head (A scale) shared_v[h]], A the softmax over n
-// of scale (shared_k · q) + pe · q + fold[p] · coeffᵀ.
-mx::array point_pool(const mx::array& scale, const mx::array& coeff, const mx::array& fold,
-                     const mx::array& shared_k, const mx::array& pe, const mx::array& q,
-                     const mx::array& shared_v, mx::StreamOrDevice s = {});
+// of scale (shared_k · q) + pe · q + fold[p] · coeffᵀ; without scale, coeff, fold, shared_k:
+// (heads, rows, dv) = per head A shared_v[h], A the softmax over n of pe · q.
+mx::array point_pool(const std::optional<mx::array>& scale, const std::optional<mx::array>& coeff,
+                     const std::optional<mx::array>& fold,
+                     const std::optional<mx::array>& shared_k, const mx::array& pe,
+                     const mx::array& q, const mx::array& shared_v, mx::StreamOrDevice s = {});
 
 class PointProbs : public mx::Primitive {
  public:
@@ -292,13 +294,17 @@ class PointNorm : public mx::Primitive {
 
 class PointPool : public mx::Primitive {
  public:
-  explicit PointPool(mx::Stream stream) : mx::Primitive(stream) {}
+  PointPool(mx::Stream stream, bool factored) : mx::Primitive(stream), factored_(factored) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "CandleNNPointPool"; }
   bool is_equivalent(const mx::Primitive& other) const override {
-    return dynamic_cast<const PointPool*>(&other) != nullptr;
+    auto* p = dynamic_cast<const PointPool*>(&other);
+    return p && p->factored_ == factored_;
   }
+
+ private:
+  bool factored_;
 };
 
 // -- SAM's mask output upscaling for many prompts (mask_upscale.cpp) ---------------------------

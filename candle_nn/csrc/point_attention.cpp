@@ -26,6 +26,9 @@ namespace {
 
 using small_gemm::gemm_strided;
 using small_gemm::kLanes;
+using small_gemm::load8;
+using small_gemm::store8;
+using small_gemm::V8;
 
 int64_t round8(int64_t x) { return (x + kLanes - 1) / kLanes * kLanes; }
 
@@ -148,6 +151,18 @@ void probs_block(const PerHead& h, const float* scale, const float* coeff, int64
 }
 
 // -- point_norm --------------------------------------------------------------------------------
+// a · b over n floats: 8 lanes at a time, then the rest one by one (a sum in another order than
+// one float at a time: a vectorised reduction, which the compiler does not make on its own).
+CANDLE_NN_INLINE float dot(const float* a, const float* b, int64_t n) {
+  V8 acc{};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) acc += load8(a + j) * load8(b + j);
+  float total = 0.0f;
+  for (int l = 0; l < kLanes; ++l) total += acc[l];
+  for (; j < n; ++j) total += a[j] * b[j];
+  return total;
+}
+
 struct NormDims {
   int64_t mc, mu, channels;
 };
@@ -188,27 +203,27 @@ void norm_block(const PerHead& h, const NormDims& nd, const float* scale, const 
   for (int64_t i = 0; i < m; ++i) {
     const int64_t g = p * h.n + i0 + i;
     const float* row = u.data() + i * nd.mu;
-    float quad = 0.0f, lin = lin0[i0 + i];
-    for (int64_t j = 0; j < nd.mu; ++j) quad += row[j] * t[i * nd.mu + j];
-    quad *= 2.0f;
-    for (int64_t j = 0; j < h.r; ++j) lin += row[nd.mc + j] * lp[i * h.ld + j];
-    if (lc_shared != nullptr)
-      for (int64_t j = 0; j < nd.mc; ++j) lin += row[j] * lc[i * hc->ld + j];
+    const float quad = 2.0f * dot(row, t.data() + i * nd.mu, nd.mu);
+    float lin = lin0[i0 + i] + dot(row + nd.mc, lp.data() + i * h.ld, h.r);
+    if (lc_shared != nullptr) lin += dot(row, lc.data() + i * hc->ld, nd.mc);
     const float s = scale ? scale[g] : 1.0f;
     const float var = (s * s * sq[i0 + i] + 2.0f * s * lin + quad) / static_cast<float>(nd.channels);
-    const float inv = 1.0f / std::sqrt(var + eps);
+    const V8 inv = V8{} + 1.0f / std::sqrt(var + eps);
     float* o = out + g * nd.mu;
-    for (int64_t j = 0; j < nd.mu; ++j) o[j] = inv * row[j];
+    for (int64_t j = 0; j < nd.mu; j += kLanes) store8(o + j, inv * load8(row + j));
   }
 }
 
 // -- point_pool --------------------------------------------------------------------------------
 // Prompt p: out (r x (mc + dv)) = [A coeff, per head (A scale) shared_v] with A the scores'
-// softmax over the n image tokens, scores as in `scores`.
+// softmax over the n image tokens, scores as in `scores`; the values' rows of head hh at
+// `values + hh head_stride`, row stride ldv. Without the factored part (coeff, scale, shared
+// null, mc 0) only the values, of the scores pe · k.
 CANDLE_NN_MULTIVERSION
 void pool_prompt(const PerHead& h, const float* scale, const float* coeff, int64_t mc,
                  const float* foldt, const float* shared, const float* pe, const float* kt,
-                 const float* shared_v, int64_t dv, float* out, int64_t p) {
+                 const float* shared_v, int64_t dv, float* out, int64_t p, float* values,
+                 int64_t head_stride, int64_t ldv) {
   thread_local std::vector<float> s, tmp, top, sum;
   constexpr int64_t kBlock = 48;
   s.resize(h.n * h.ld);
@@ -234,30 +249,36 @@ void pool_prompt(const PerHead& h, const float* scale, const float* coeff, int64
     for (int64_t j = h.r; j < h.ld; ++j) row[j] = 0.0f;
   }
   const int64_t ldo = mc + dv;
-  float* o = out + p * h.r * ldo;
-  const float* cp = coeff + p * h.n * mc;
   constexpr int64_t kK = 256;
-  for (int64_t k0 = 0; k0 < h.n; k0 += kK) {
-    const int64_t kc = std::min(kK, h.n - k0);
-    gemm_strided(s.data() + k0 * h.ld, 1, h.ld, cp + k0 * mc, mc, o, ldo, h.r, mc, kc,
-                 k0 > 0 ? o : nullptr, ldo, h.r);
-  }
-  for (int64_t i = 0; i < h.n; ++i) {
-    const float a = scale[p * h.n + i];
-    float* row = s.data() + i * h.ld;
-    for (int64_t j = 0; j < h.r; ++j) row[j] *= a;
+  if (coeff != nullptr) {
+    float* o = out + p * h.r * ldo;
+    const float* cp = coeff + p * h.n * mc;
+    for (int64_t k0 = 0; k0 < h.n; k0 += kK) {
+      const int64_t kc = std::min(kK, h.n - k0);
+      gemm_strided(s.data() + k0 * h.ld, 1, h.ld, cp + k0 * mc, mc, o, ldo, h.r, mc, kc,
+                   k0 > 0 ? o : nullptr, ldo, h.r);
+    }
+    for (int64_t j = 0; j < h.r; ++j) {
+      const float inv = 1.0f / sum[j];
+      for (int64_t c = 0; c < mc; ++c) o[j * ldo + c] *= inv;
+    }
+    for (int64_t i = 0; i < h.n; ++i) {
+      const float a = scale[p * h.n + i];
+      float* row = s.data() + i * h.ld;
+      for (int64_t j = 0; j < h.r; ++j) row[j] *= a;
+    }
   }
   for (int64_t hh = 0; hh < h.heads; ++hh) {
-    float* oh = o + hh * h.t * ldo + mc;
+    float* oh = values + hh * head_stride;
     for (int64_t k0 = 0; k0 < h.n; k0 += kK) {
       const int64_t kc = std::min(kK, h.n - k0);
       gemm_strided(s.data() + k0 * h.ld + hh * h.t, 1, h.ld, shared_v + (hh * h.n + k0) * dv, dv,
-                   oh, ldo, h.t, dv, kc, k0 > 0 ? oh : nullptr, ldo, h.t);
+                   oh, ldv, h.t, dv, kc, k0 > 0 ? oh : nullptr, ldv, h.t);
     }
-  }
-  for (int64_t j = 0; j < h.r; ++j) {
-    const float inv = 1.0f / sum[j];
-    for (int64_t c = 0; c < ldo; ++c) o[j * ldo + c] *= inv;
+    for (int64_t u = 0; u < h.t; ++u) {
+      const float inv = 1.0f / sum[hh * h.t + u];
+      for (int64_t c = 0; c < dv; ++c) oh[u * ldv + c] *= inv;
+    }
   }
 }
 
@@ -473,48 +494,83 @@ bool PointNorm::is_equivalent(const mx::Primitive& other) const {
 }
 
 // -- point_pool --------------------------------------------------------------------------------
-mx::array point_pool(const mx::array& scale, const mx::array& coeff, const mx::array& fold,
-                     const mx::array& shared_k, const mx::array& pe, const mx::array& q,
-                     const mx::array& shared_v, mx::StreamOrDevice s) {
+// inputs: [scale, coeff, fold, shared_k,] pe, q, shared_v
+mx::array point_pool(const std::optional<mx::array>& scale, const std::optional<mx::array>& coeff,
+                     const std::optional<mx::array>& fold,
+                     const std::optional<mx::array>& shared_k, const mx::array& pe,
+                     const mx::array& q, const mx::array& shared_v, mx::StreamOrDevice s) {
   const char* op = "point_pool";
-  for (const auto* a : {&scale, &coeff, &fold, &shared_k, &pe, &q, &shared_v})
-    check_float32_cpu(*a, op);
-  check(!traced({&scale, &coeff, &fold, &shared_k, &pe, &q, &shared_v}), op,
-        "no tracer inputs (use the reference)");
-  check(scale.ndim() == 2 && coeff.ndim() == 3 && fold.ndim() == 3 && shared_v.ndim() == 3, op,
-        "scale (b, n), coeff (b, n, m), fold (b, heads t, m), shared_v (heads, n, dv)");
-  const int64_t b = scale.shape(0), n = scale.shape(1), mc = coeff.shape(2);
-  check_per_head(pe, q, b, n, op);
-  const int64_t r = pe.shape(0) * (q.shape(1) / b);
-  check(coeff.shape(0) == b && coeff.shape(1) == n && fold.shape(0) == b &&
-            fold.shape(1) == r && fold.shape(2) == mc && shared_k.shape() == pe.shape() &&
-            shared_v.shape(0) == pe.shape(0) && shared_v.shape(1) == n,
-        op, "shapes: scale (b, n), coeff (b, n, m), fold (b, heads t, m), shared_k as pe");
-  check(mc % kLanes == 0 && shared_v.shape(2) % kLanes == 0, op,
-        "coeff's columns and shared_v's d must be multiples of 8");
+  const bool factored = scale.has_value();
+  check(coeff.has_value() == factored && fold.has_value() == factored &&
+            shared_k.has_value() == factored,
+        op, "scale, coeff, fold and shared_k all given or none");
+  std::vector<const mx::array*> all;
+  if (factored) all = {&*scale, &*coeff, &*fold, &*shared_k};
+  for (const auto* a : {&pe, &q, &shared_v}) all.push_back(a);
+  for (const auto* a : all) check_float32_cpu(*a, op);
+  for (const auto* a : all) check(!traced({a}), op, "no tracer inputs (use the reference)");
+  check(pe.ndim() == 3 && q.ndim() == 3 && shared_v.ndim() == 3, op,
+        "pe (heads, n, d), q (heads, rows, d), shared_v (heads, n, dv)");
+  const int64_t n = pe.shape(1), heads = pe.shape(0), dv = shared_v.shape(2);
+  check(shared_v.shape(0) == heads && shared_v.shape(1) == n && dv % kLanes == 0, op,
+        "shared_v (heads, n, dv) as pe, dv a multiple of 8");
   auto stream = mx::to_stream(s);
-  mx::Shape shape{static_cast<int>(b), static_cast<int>(r),
-                  static_cast<int>(mc + shared_v.shape(2))};
-  return primitive_output<PointPool>(
-      shape, contiguous({&scale, &coeff, &fold, &shared_k, &pe, &q, &shared_v}, stream), stream);
+  mx::Shape shape{static_cast<int>(heads), static_cast<int>(q.shape(1)), static_cast<int>(dv)};
+  if (factored) {
+    check(scale->ndim() == 2 && coeff->ndim() == 3 && fold->ndim() == 3, op,
+          "scale (b, n), coeff (b, n, m), fold (b, heads t, m)");
+    const int64_t b = scale->shape(0), mc = coeff->shape(2);
+    check_per_head(pe, q, b, n, op);
+    const int64_t r = heads * (q.shape(1) / b);
+    check(scale->shape(1) == n && coeff->shape(0) == b && coeff->shape(1) == n &&
+              fold->shape(0) == b && fold->shape(1) == r && fold->shape(2) == mc &&
+              shared_k->shape() == pe.shape(),
+          op, "shapes: scale (b, n), coeff (b, n, m), fold (b, heads t, m), shared_k as pe");
+    check(mc % kLanes == 0, op, "coeff's columns must be a multiple of 8");
+    shape = {static_cast<int>(b), static_cast<int>(r), static_cast<int>(mc + dv)};
+  } else {
+    check(q.shape(0) == heads && q.shape(2) == pe.shape(2), op,
+          "q (heads, rows, d) with pe's heads and d");
+  }
+  std::vector<mx::array> inputs;
+  for (const auto* a : all) inputs.push_back(mx::contiguous(*a, false, stream));
+  return primitive_output<PointPool>(shape, std::move(inputs), stream, factored);
 }
 
 void PointPool::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
   auto& encoder = begin_eval(stream(), inputs, out);
-  const int64_t b = out.shape(0);
-  PerHead h = per_head_of(inputs[4], inputs[5], b);
-  const int64_t mc = inputs[1].shape(2), dv = inputs[6].shape(2);
-  encoder.dispatch([h, mc, dv, scale = inputs[0].data<float>(), coeff = inputs[1].data<float>(),
-                    fold = inputs[2].data<float>(), shared_k = inputs[3].data<float>(),
-                    pe = inputs[4].data<float>(), q = inputs[5].data<float>(),
-                    shared_v = inputs[6].data<float>(), o = out.data<float>()]() {
-    if (h.r == 0) return;
-    std::vector<float> qt(h.b * h.heads * h.d * h.tp), foldt(h.b * mc * h.ld);
+  const size_t first = factored_ ? 4 : 0;  // pe, q, shared_v
+  const mx::array &pe = inputs[first], &q = inputs[first + 1], &sv = inputs[first + 2];
+  const int64_t rows = q.shape(1), dv = sv.shape(2);
+  // without the factored inputs every query row is its own: rows in groups of up to 8 per task
+  int64_t b = factored_ ? inputs[0].shape(0) : std::max<int64_t>(rows, 1);
+  if (!factored_)
+    for (int64_t t = std::min<int64_t>(8, rows); t >= 1; --t)
+      if (rows % t == 0) {
+        b = rows / t;
+        break;
+      }
+  PerHead h = per_head_of(pe, q, b);
+  const int64_t mc = factored_ ? inputs[1].shape(2) : 0;
+  const float *scale = nullptr, *coeff = nullptr, *fold = nullptr, *shared_k = nullptr;
+  if (factored_) {
+    scale = inputs[0].data<float>();
+    coeff = inputs[1].data<float>();
+    fold = inputs[2].data<float>();
+    shared_k = inputs[3].data<float>();
+  }
+  encoder.dispatch([h, mc, dv, rows, scale, coeff, fold, shared_k, pe = pe.data<float>(),
+                    q = q.data<float>(), shared_v = sv.data<float>(), o = out.data<float>()]() {
+    if (h.r == 0 || h.b == 0) return;
+    std::vector<float> qt(h.b * h.heads * h.d * h.tp), foldt(fold ? h.b * mc * h.ld : 0);
     prompt_sides(h, q, fold, mc, qt.data(), foldt.data(), 0, h.b);
+    const int64_t ldo = mc + dv;
     ThreadPool::instance().run(static_cast<int>(h.b), [&](int p) {
-      pool_prompt(h, scale, coeff, mc, foldt.data() + p * mc * h.ld, shared_k, pe,
-                  qt.data() + p * h.heads * h.d * h.tp, shared_v, dv, o, p);
+      float* values = coeff ? o + p * h.r * ldo + mc : o + p * h.t * dv;
+      pool_prompt(h, scale, coeff, mc, fold ? foldt.data() + p * mc * h.ld : nullptr, shared_k,
+                  pe, qt.data() + p * h.heads * h.d * h.tp, shared_v, dv, o, p, values,
+                  coeff ? h.t * ldo : rows * dv, coeff ? ldo : dv);
     });
   });
 }

@@ -15,6 +15,9 @@ namespace candle_nn::small_gemm {
 typedef float V8 __attribute__((vector_size(32), aligned(4), may_alias));
 constexpr int kLanes = 8;
 constexpr int kRows = 6;  // register tile: 6 rows x 2 vectors = 12 of AVX2's 16 registers
+// an 8-column panel (per-head products of 7 or 4 tokens, a last panel) in 12-row tiles: 12
+// accumulators, enough independent multiply-adds to cover their latency (6 are not)
+constexpr int kRowsNarrow = 12;
 
 CANDLE_NN_INLINE V8 load8(const float* p) { return *reinterpret_cast<const V8*>(p); }
 CANDLE_NN_INLINE void store8(float* p, V8 v) { *reinterpret_cast<V8*>(p) = v; }
@@ -59,7 +62,7 @@ CANDLE_NN_INLINE void tile_rows(int rows, const float* a, int64_t ars, int64_t a
 // C (m x cols) = init + A (m x k, strides ars / aks) · B (k x cols, row stride ldb), cols a
 // multiple of 8, on the calling thread (init as in tile: src, or zeros): rows in blocks of
 // `block` (their A stays in cache while every 16-column panel of B passes), each block in
-// 6-row register tiles.
+// 6-row register tiles (12-row ones on an 8-column panel).
 CANDLE_NN_INLINE void gemm_strided(const float* a, int64_t ars, int64_t aks, const float* b,
                                    int64_t ldb, float* c, int64_t ldc, int64_t m, int64_t cols,
                                    int64_t k, const float* src, int64_t lds, int64_t block = 48) {
@@ -72,10 +75,14 @@ CANDLE_NN_INLINE void gemm_strided(const float* a, int64_t ars, int64_t aks, con
         const float* ai = a + i * ars;
         const float* si = src ? src + i * lds + j : nullptr;
         float* ci = c + i * ldc + j;
-        if (two)
+        if (two) {
           tile_rows<2>(rows, ai, ars, aks, b + j, ldb, ci, ldc, k, si, lds);
-        else
+        } else if (i + kRowsNarrow <= i1) {
+          tile<kRowsNarrow, 1>(ai, ars, aks, b + j, ldb, ci, ldc, k, si, lds);
+          i += kRowsNarrow - kRows;
+        } else {
           tile_rows<1>(rows, ai, ars, aks, b + j, ldb, ci, ldc, k, si, lds);
+        }
       }
     }
   }

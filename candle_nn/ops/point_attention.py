@@ -85,15 +85,22 @@ def point_norm(probs: mx.array, sq: mx.array, lp_shared: mx.array, lp_tok: mx.ar
 
 
 @op("point_pool")
-def point_pool(scale: mx.array, coeff: mx.array, fold: mx.array, shared_k: mx.array,
-               pe: mx.array, q: mx.array, shared_v: mx.array) -> mx.array:
+def point_pool(scale: mx.array | None, coeff: mx.array | None, fold: mx.array | None,
+               shared_k: mx.array | None, pe: mx.array, q: mx.array,
+               shared_v: mx.array) -> mx.array:
     """Tokens → image attention pooling of factored image rows: ``A`` the softmax over the
     ``n`` image tokens of ``scale (shared_k · q) + pe · q + fold @ coeffᵀ`` → ``[A coeff, per
-    head (A scale) shared_v[h]]``.
+    head (A scale) shared_v[h]]``; with ``scale``, ``coeff``, ``fold``, ``shared_k`` all None
+    (image rows the same for every prompt), per head ``A shared_v[h]`` of ``A`` the softmax of
+    ``pe · q``.
 
     Shapes: ``scale (b, n)``, ``coeff (b, n, m)``, ``fold (b, r, m)``, ``shared_k``, ``pe
     (heads, n, d)``, ``q (heads, b t, d)`` (``r = heads t``), ``shared_v (heads, n, dv)`` →
-    ``(b, r, m + dv)``."""
+    ``(b, r, m + dv)``; without the factored inputs ``q (heads, rows, d)`` → ``(heads, rows,
+    dv)``."""
+    if scale is None:
+        probs = mx.softmax(q @ pe.swapaxes(1, 2), axis=-1, precise=True)  # (heads, rows, n)
+        return probs @ shared_v
     b, n = scale.shape
     heads = pe.shape[0]
     t = q.shape[1] // b

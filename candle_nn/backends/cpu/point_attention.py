@@ -53,9 +53,12 @@ def point_norm(probs, sq, lp_shared, lp_tok, lin0, gram, eps, channels, scale=No
 
 
 def _pool_applies(scale, coeff, fold, shared_k, pe, q, shared_v) -> bool:
-    return (kernels.float32_cpu(scale.dtype) and _f32(coeff, fold, shared_k, pe, q, shared_v)
-            and coeff.ndim == 3 and shared_v.ndim == 3
-            and coeff.shape[2] % 8 == 0 and shared_v.shape[2] % 8 == 0)
+    factored = (scale, coeff, fold, shared_k)
+    if any(a is None for a in factored) and not all(a is None for a in factored):
+        return False
+    return (kernels.float32_cpu(pe.dtype) and _f32(*factored, q, shared_v)
+            and shared_v.ndim == 3 and shared_v.shape[2] % 8 == 0
+            and (coeff is None or (coeff.ndim == 3 and coeff.shape[2] % 8 == 0)))
 
 
 @register("point_pool", "point_pool", "cpu", applies=_pool_applies, available=kernels.loaded,

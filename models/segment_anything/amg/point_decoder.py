@@ -242,8 +242,8 @@ def _tokens_to_first_image(attn: "Attention", side: dict, q_in: mx.array) -> mx.
     prompt: keys and values from the image side."""
     b, t, _ = q_in.shape
     q = _scaled_heads(attn.q_proj(q_in), attn.num_heads)  # (heads, b t, d)
-    probs = cn.softmax(q @ side["first_keys"].swapaxes(1, 2))  # (heads, b t, n)
-    out = probs @ side["first_values"]  # (heads, b t, d)
+    out = cn.ops.point_pool(None, None, None, None, side["first_keys"], q,
+                            side["first_values"])  # (heads, b t, d)
     return attn.out_proj(out.transpose(1, 0, 2).reshape(b, t, -1))
 
 

@@ -228,6 +228,8 @@ def test_point_attention_propagates_nonfinite(path):
                                                 bias), poisoned((b, n, m)))
     same_nonfinite(lambda a: cn.ops.point_pool(scale, mx.array(a), fold, shared, pe, k,
                                                shared_v), poisoned((b, n, m)))
+    same_nonfinite(lambda a: cn.ops.point_pool(None, None, None, None, mx.array(a), k,
+                                               shared_v), poisoned((heads, n, d)))
     mu = 16
     basis = r.standard_normal((b, mu, 24))
     gram = mx.array((basis @ basis.swapaxes(1, 2)).astype(np.float32))

@@ -339,6 +339,20 @@ def test_point_pool(op_paths) -> None:
     assert _rel(ours, ref) <= 1e-5, op_paths
 
 
+@pytest.mark.parametrize("rows", [B * 7, 2 * 8 + 5, 13])  # groups of 7, of 8 and a rest, of 1
+def test_point_pool_unfactored(op_paths, rows) -> None:
+    """Without the factored inputs: per head the softmax over the image tokens of ``pe · q``
+    times ``shared_v``, ``(heads, rows, dv)``."""
+    pe, q, shared_v = _f32(HEADS, N, D), _f32(HEADS, rows, D), _f32(HEADS, N, 8)
+    a = _softmax64(np.einsum("hnd,hrd->hrn", pe.astype(np.float64), q), -1)
+    ref = a @ shared_v.astype(np.float64)
+    with mx.stream(mx.cpu):
+        ours = cn.ops.point_pool(None, None, None, None, mx.array(pe), mx.array(q),
+                                 mx.array(shared_v))
+    assert ours.shape == ref.shape
+    assert _rel(ours, ref) <= 1e-5, op_paths
+
+
 def test_mask_upscale(op_paths) -> None:
     u, n, k, c1, c2, m = 2, 70, 12, 8, 8, 3  # n: two full token blocks of the kernel and a part
     scale, shared, coeff = _f32(u, n) * 0.5 + 1, _f32(n, 4 * c1), _f32(u, n, k) * 0.3
