@@ -61,8 +61,6 @@ NB_MODULE(_cpu_kernels, m) {
   m.def("set_num_threads",
         [](int n) { candle_nn::ThreadPool::instance().set_threads(n); }, "n"_a);
   m.def("num_threads", [] { return candle_nn::ThreadPool::instance().threads(); });
-  m.def("set_spin_us", [](int us) { candle_nn::ThreadPool::instance().set_spin_us(us); }, "us"_a,
-        "How long idle pool threads poll for work before sleeping (microseconds).");
   m.def(
       "depthwise_conv2d",
       [](const mx::array& x, const mx::array& w, std::optional<mx::array> bias,

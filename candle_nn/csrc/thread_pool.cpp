@@ -3,7 +3,6 @@
 #include <pthread.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 
 namespace candle_nn {
@@ -11,22 +10,6 @@ namespace candle_nn {
 namespace {
 ThreadPool* g_pool = nullptr;
 std::once_flag g_once;
-
-// Polls `ready` for up to `us` microseconds; true once it holds.
-template <typename Ready>
-bool spin_until(Ready ready, int us) {
-  if (us <= 0) return ready();
-  const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
-  for (;;) {
-    for (int i = 0; i < 64; ++i) {
-      if (ready()) return true;
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    }
-    if (std::chrono::steady_clock::now() >= end) return ready();
-  }
-}
 
 int default_threads() {
   // candle_nn's own setting arrives through set_threads (Python reads its config).
@@ -93,9 +76,8 @@ void ThreadPool::drain(const std::function<void(int)>& fn, int n_tasks, uint32_t
 
 void ThreadPool::worker_loop() {
   uint32_t seen = 0;
+  std::unique_lock<std::mutex> lock(m_);
   for (;;) {
-    spin_until([&] { return posted_.load(std::memory_order_acquire) != seen; }, spin_us_.load());
-    std::unique_lock<std::mutex> lock(m_);
     wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
     if (stop_) return;
     seen = generation_;
@@ -104,6 +86,7 @@ void ThreadPool::worker_loop() {
     if (job == nullptr) continue;  // woke after the job was finished
     lock.unlock();
     drain(*job, n, seen);
+    lock.lock();
   }
 }
 
@@ -121,11 +104,9 @@ void ThreadPool::run(int n_tasks, const std::function<void(int)>& fn) {
   job_tasks_ = n_tasks;
   done_tasks_.store(0);
   next_.store(static_cast<uint64_t>(generation) << 32);
-  posted_.store(generation, std::memory_order_release);
   wake_.notify_all();
   lock.unlock();
   drain(fn, n_tasks, generation);
-  spin_until([&] { return done_tasks_.load() == n_tasks; }, spin_us_.load());
   lock.lock();
   done_.wait(lock, [&] { return done_tasks_.load() == n_tasks; });
   job_ = nullptr;

@@ -14,20 +14,12 @@ namespace candle_nn {
 
 class ThreadPool {
  public:
-  static constexpr int kDefaultSpinUs = 50;
-
   // The process's pool (re-created empty in a forked child: threads do not survive fork()).
   static ThreadPool& instance();
 
   // Total threads a job uses, the caller included (>= 1). Takes effect for the next job.
   void set_threads(int n);
   int threads() const { return threads_.load(); }
-
-  // How long an idle worker polls for the next job, and the caller for the last tasks of its
-  // job, before sleeping on a condition variable (a futex wake-up costs tens of microseconds, and
-  // a forward runs dozens of jobs back to back). 0: sleep at once.
-  void set_spin_us(int us) { spin_us_.store(std::max(0, us)); }
-  int spin_us() const { return spin_us_.load(); }
 
   // Runs fn(task) for every task in [0, n_tasks), spread over the pool; returns when every task
   // is done (not waiting for a worker that is not scheduled: the caller takes its tasks). A job
@@ -45,8 +37,6 @@ class ThreadPool {
   void drain(const std::function<void(int)>& fn, int n_tasks, uint32_t generation);
 
   std::atomic<int> threads_;
-  std::atomic<int> spin_us_{kDefaultSpinUs};
-  std::atomic<uint32_t> posted_{0};  // generation_, readable without the lock
   std::mutex run_mutex_;  // one job at a time
   std::mutex m_;
   std::condition_variable wake_, done_;
