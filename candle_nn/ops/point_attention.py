@@ -99,7 +99,7 @@ def point_pool(scale: mx.array | None, coeff: mx.array | None, fold: mx.array | 
     ``(b, r, m + dv)``; without the factored inputs ``q (heads, rows, d)`` → ``(heads, rows,
     dv)``."""
     if scale is None:
-        probs = mx.softmax(q @ pe.swapaxes(1, 2), axis=-1, precise=True)  # (heads, rows, n)
+        probs = softmax(q @ pe.swapaxes(1, 2))  # (heads, rows, n): the softmax op's kernels
         return probs @ shared_v
     b, n = scale.shape
     heads = pe.shape[0]
