@@ -203,3 +203,17 @@ def test_lru_tables_evict_the_least_recently_used():
     first, _ = sessions.add_image(None, np.zeros((2, 2, 3), np.uint8))
     second, _ = sessions.add_image(None, np.zeros((2, 2, 3), np.uint8))
     assert first != second and sessions.counts()["sessions"] == 1
+
+
+def test_everything_knobs_leave_points_per_batch_to_the_generator():
+    """A request without ``points_per_batch`` leaves it to the generator (64 on the CPU, 256
+    on a GPU); one that names it is checked and capped like every knob."""
+    from candle_nn_models.scripts.app_models import PromptError, _knobs
+
+    knobs = _knobs({"points_per_side": 4})
+    assert "points_per_batch" not in knobs and knobs["points_per_side"] == 4
+    assert _knobs({"points_per_batch": 16})["points_per_batch"] == 16
+    with pytest.raises(PromptError, match="at most 256"):
+        _knobs({"points_per_batch": 1000})
+    with pytest.raises(PromptError, match="points per batch"):
+        _knobs({"points_per_batch": 0})
