@@ -48,8 +48,9 @@ def _cuda_backend() -> bool:
 
 
 # The dtypes each kernel is used for by default: those where it was measured faster than MLX's op
-# on an H100 (benchmarks/bench_gpu_kernels.py). cuDNN's float16 depthwise kernels beat a scalar
-# version of ours at batch 32 (2.2 vs 3.0 ms, 256x256x256), so float16 keeps cuDNN.
+# on an H100 (benchmarks/bench_gpu_kernels.py). In float16 the depthwise kernel only matches
+# cuDNN's (faster at 256x256x256, slower at 64x64x160; the MobileSAM encoder no faster at batch 1
+# or 8), so float16 keeps cuDNN.
 DEFAULT_DTYPES: dict[str, tuple[mx.Dtype, ...]] = {
     "depthwise": (mx.float32,),
     "dfl": (mx.float32, mx.float16, mx.bfloat16),
@@ -57,6 +58,8 @@ DEFAULT_DTYPES: dict[str, tuple[mx.Dtype, ...]] = {
     "softmax": (mx.float32, mx.float16, mx.bfloat16),
 }
 
+_DEPTHWISE_COLUMNS = (4, 2)  # output pixels of one row per thread of depthwise_conv2d
+_FULL_GRID = 2**16  # threads that keep an H100 busy (132 SMs x 2048 threads = 270k)
 SHORT_ROW = 32  # the longest last axis :func:`softmax_short` takes
 MAX_ELEMENTS = 2**31  # its row count is an int32 and its offsets 32-bit: larger arrays take MLX's
 
@@ -110,22 +113,65 @@ def _output_pixel(per_thread: str) -> str:
 """
 
 
-# One thread: VEC consecutive channels of one output pixel (16-byte loads for float32).
-_DEPTHWISE = _output_pixel("VEC") + r"""
-    float acc[VEC];
+# One thread: VEC consecutive channels (16-byte loads) of R consecutive output pixels of one
+# output row; each input row segment is loaded once for the R outputs that overlap on it.
+_DEPTHWISE = r"""
+    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    constexpr int CV = C / VEC;
+    constexpr int OWR = (OW + R - 1) / R;
+    constexpr int IW = (R - 1) * SW + KW;
+    if (idx >= (long)N * OH * OWR * CV) return;
+    const int c = (idx % CV) * VEC;
+    long t = idx / CV;
+    const int ow0 = (t % OWR) * R; t /= OWR;
+    const int oh = t % OH;
+    const int n = t / OH;
+    float acc[R][VEC];
     #pragma unroll
-    for (int v = 0; v < VEC; ++v) acc[v] = static_cast<float>(b[c + v]);
-""" + _window_loop(r"""
-            const Pack<T, VEC> xv = *reinterpret_cast<const Pack<T, VEC>*>(x + at);
+    for (int r = 0; r < R; ++r) {
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) acc[r][v] = static_cast<float>(b[c + v]);
+    }
+    #pragma unroll
+    for (int i = 0; i < KH; ++i) {
+        const int ih = oh * SH - PH + i;
+        if (ih < 0 || ih >= H) continue;
+        const long row = ((long)n * H + ih) * W;
+        float xin[IW][VEC];
+        #pragma unroll
+        for (int q = 0; q < IW; ++q) {
+            const int iw = ow0 * SW - PW + q;
+            if (iw >= 0 && iw < W) {
+                const Pack<T, VEC> xv =
+                    *reinterpret_cast<const Pack<T, VEC>*>(x + (row + iw) * C + c);
+                #pragma unroll
+                for (int v = 0; v < VEC; ++v) xin[q][v] = static_cast<float>(xv.v[v]);
+            } else {
+                #pragma unroll
+                for (int v = 0; v < VEC; ++v) xin[q][v] = 0.f;
+            }
+        }
+        #pragma unroll
+        for (int j = 0; j < KW; ++j) {
+            float wv[VEC];
             #pragma unroll
             for (int v = 0; v < VEC; ++v)
-                acc[v] += static_cast<float>(xv.v[v])
-                        * static_cast<float>(w[(c + v) * KH * KW + i * KW + j]);
-""") + r"""
-    Pack<T, VEC> o;
+                wv[v] = static_cast<float>(w[(c + v) * KH * KW + i * KW + j]);
+            #pragma unroll
+            for (int r = 0; r < R; ++r) {
+                #pragma unroll
+                for (int v = 0; v < VEC; ++v) acc[r][v] += xin[r * SW + j][v] * wv[v];
+            }
+        }
+    }
     #pragma unroll
-    for (int v = 0; v < VEC; ++v) o.v[v] = static_cast<T>(acc[v]);
-    *reinterpret_cast<Pack<T, VEC>*>(out + idx * VEC) = o;
+    for (int r = 0; r < R; ++r) {
+        if (ow0 + r >= OW) break;
+        Pack<T, VEC> o;
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) o.v[v] = static_cast<T>(acc[r][v]);
+        *reinterpret_cast<Pack<T, VEC>*>(out + (((long)n * OH + oh) * OW + ow0 + r) * C + c) = o;
+    }
 """
 
 _PACK = r"""
@@ -149,10 +195,13 @@ def depthwise_conv2d(x: mx.array, weight: mx.array, bias: mx.array | None,
     oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
     if bias is None:
         bias = mx.zeros((c,), dtype=x.dtype)
-    vec = 4 if c % 4 == 0 else (2 if c % 2 == 0 else 1)
-    total = n * oh * ow * c // vec
+    vec = max(v for v in (1, 2, 4, 8) if c % v == 0 and v * x.dtype.size <= 16)
+    # Several output pixels per thread share their input loads, but only while enough threads
+    # remain to fill the GPU.
+    columns = next((r for r in _DEPTHWISE_COLUMNS if n * oh * ow * c // (vec * r) >= _FULL_GRID), 1)
+    total = n * oh * -(-ow // columns) * c // vec
     params = dict(N=n, H=h, W=w, C=c, OH=oh, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw,
-                  VEC=vec)
+                  VEC=vec, R=columns)
 
     def run(x: mx.array, weight: mx.array, bias: mx.array) -> mx.array:
         return _depthwise_kernel()(

@@ -36,11 +36,31 @@ def _depthwise_ref(x, w, b, stride, pad):
     return out
 
 
+@pytest.fixture(params=["default", "forced"])
+def kernel_switch(request, monkeypatch):
+    """``forced``: ``CANDLE_NN_CUDA_KERNELS`` names every kernel, so that on a CUDA GPU they
+    also run in the dtypes they are not the default for (float16 depthwise)."""
+    if request.param == "forced":
+        monkeypatch.setenv("CANDLE_NN_CUDA_KERNELS", "depthwise,dfl,max_pool,softmax")
+    config.reload()
+    yield request.param
+    monkeypatch.delenv("CANDLE_NN_CUDA_KERNELS", raising=False)
+    config.reload()
+
+
 @pytest.mark.parametrize("dtype,tol", DTYPES, ids=["float32", "float16"])
-@pytest.mark.parametrize("channels,stride", [(64, 1), (160, 2), (6, 1), (7, 2)])
-def test_depthwise_conv_matches_reference(device, dtype, tol, channels, stride):
+@pytest.mark.parametrize("channels,stride,width", [(64, 1, 11), (160, 2, 11), (6, 1, 11),
+                                                   (7, 2, 11), (16, 1, 4), (24, 2, 9)])
+@pytest.mark.parametrize("columns", [None, 2, 4])
+def test_depthwise_conv_matches_reference(device, kernel_switch, monkeypatch, dtype, tol,
+                                          channels, stride, width, columns):
+    """``columns``: output pixels per thread of the CUDA kernel, forced on these small shapes
+    (None: what the kernel picks)."""
+    if columns is not None:
+        monkeypatch.setattr(cuda_kernels, "_DEPTHWISE_COLUMNS", (columns,))
+        monkeypatch.setattr(cuda_kernels, "_FULL_GRID", 1)
     rng = np.random.default_rng(channels + stride)
-    x = rng.standard_normal((2, 13, 11, channels))
+    x = rng.standard_normal((2, 13, width, channels))
     w = rng.standard_normal((channels, 3, 3, 1)) * 0.3
     b = rng.standard_normal(channels)
     layer = cn.Conv2d(mx.array(w, dtype=dtype), mx.array(b, dtype=dtype),
