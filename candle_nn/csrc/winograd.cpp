@@ -368,13 +368,14 @@ float activate_any(Act act, float v) {
 // i.e. in its input (or overflows).
 CANDLE_NN_MULTIVERSION
 bool tile_nonfinite(const float* v, int64_t t, const Geometry& g) {
-  v8 acc = {};
+  v8 acc[4] = {};  // four independent chains of adds, not one at the add's latency
   for (int p = 0; p < kPos; ++p) {
     const float* vp = v + p * g.v_stride + t * g.cp;
-    for (int64_t c = 0; c < g.cp; c += kLanes) acc += load8(vp + c) * 0.0f;
+    for (int64_t c = 0; c < g.cp; c += kLanes) acc[p % 4] += load8(vp + c) * 0.0f;
   }
+  const v8 all = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   for (int l = 0; l < kLanes; ++l)
-    if (acc[l] != acc[l]) return true;
+    if (all[l] != all[l]) return true;
   return false;
 }
 
