@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <stdexcept>
 #include <vector>
 
@@ -367,23 +368,37 @@ float activate_any(Act act, float v) {
 // i.e. in its input (or overflows).
 CANDLE_NN_MULTIVERSION
 bool tile_nonfinite(const float* v, int64_t t, const Geometry& g) {
-  v8 acc = {};
+  v8 acc[4] = {};  // four independent chains of adds, not one at the add's latency
   for (int p = 0; p < kPos; ++p) {
     const float* vp = v + p * g.v_stride + t * g.cp;
-    for (int64_t c = 0; c < g.cp; c += kLanes) acc += load8(vp + c) * 0.0f;
+    for (int64_t c = 0; c < g.cp; c += kLanes) acc[p % 4] += load8(vp + c) * 0.0f;
   }
+  const v8 all = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   for (int l = 0; l < kLanes; ++l)
-    if (acc[l] != acc[l]) return true;
+    if (all[l] != all[l]) return true;
   return false;
 }
 
-// Output channels whose 3x3xC weights hold a NaN or +-Inf (w (O, 3, 3, C)).
-std::vector<int64_t> nonfinite_channels(const float* w, const Geometry& g) {
+// Output channels in [o0, o1) (o0 a multiple of kUPanel) whose 3x3xC weights hold a NaN or
+// +-Inf, found in each task from its share of U, which its GEMMs read next (a scan of all of w
+// before the tasks start is 9 C O floats on one thread while the others wait): position 7 =
+// (1, 1) of G g G^T is sum_ab g[a][b] / 36 (G's row 1 is -1/6 throughout), non-finite exactly
+// when a tap of that (o, c) is (all 9 coefficients are non-zero; a finite sum is at most
+// FLT_MAX / 4).
+CANDLE_NN_MULTIVERSION
+std::vector<int64_t> nonfinite_channels(const float* u, int64_t o0, int64_t o1,
+                                        const Geometry& g) {
   std::vector<int64_t> bad;
-  for (int64_t o = 0; o < g.o; ++o) {
-    float acc = 0.0f;
-    for (int64_t i = 0; i < 9 * g.c; ++i) acc += w[o * 9 * g.c + i] * 0.0f;
-    if (acc != acc) bad.push_back(o);
+  const float* u7 = u + 7 * g.cp * g.op;
+  for (int64_t q0 = o0; q0 < std::min(o1, g.o); q0 += kUPanel) {
+    const int64_t width = std::min(kUPanel, g.op - q0);  // a multiple of 8
+    const float* panel = u7 + u_offset(0, q0, g.cp, g.op);
+    v8 acc[kUPanel / kLanes] = {};
+    for (int64_t ic = 0; ic < g.cp; ++ic)
+      for (int64_t v = 0; v < width / kLanes; ++v)
+        acc[v] += load8(panel + ic * width + v * kLanes) * 0.0f;
+    for (int64_t j = 0; j < width && q0 + j < std::min(o1, g.o); ++j)
+      if (acc[j / kLanes][j % kLanes] != acc[j / kLanes][j % kLanes]) bad.push_back(q0 + j);
   }
   return bad;
 }
@@ -530,17 +545,8 @@ void WinogradConv3x3::eval_cpu(const std::vector<mx::array>& inputs,
     std::vector<float> b(g.op, 0.0f);
     if (bias) std::copy(bias, bias + g.o, b.begin());
     const float* bp = b.data();
-    const std::vector<int64_t> bad_channels = nonfinite_channels(wp, g);
     int64_t blocks = (g.tiles + g.block - 1) / g.block;
     int64_t chunks = (g.op + g.chunk - 1) / g.chunk;
-    // Per output-channel share: its channels < O, and those with a non-finite weight.
-    std::vector<std::vector<int64_t>> all_channels(chunks), bad_in_chunk(chunks);
-    for (int64_t q = 0; q < chunks; ++q) {
-      for (int64_t o = q * g.chunk; o < std::min(g.o, (q + 1) * g.chunk); ++o)
-        all_channels[q].push_back(o);
-      for (int64_t o : bad_channels)
-        if (o / g.chunk == q) bad_in_chunk[q].push_back(o);
-    }
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
     const bool avx512 = use_avx512();
 #endif
@@ -550,12 +556,16 @@ void WinogradConv3x3::eval_cpu(const std::vector<mx::array>& inputs,
       if (v.size() < static_cast<size_t>(kPos * g.v_stride)) v.resize(kPos * g.v_stride);
       if (m.size() < static_cast<size_t>(kPos * g.m_stride)) m.resize(kPos * g.m_stride);
       int64_t transformed = -1;  // the block whose input transform v holds
+      int64_t checked = -1;      // the share whose channels `bad` lists
+      std::vector<int64_t> bad;  // its channels with a non-finite weight
       for (int64_t task = b0; task < b1; ++task) {
         const int64_t blk = task / chunks, q = task % chunks;
         const int64_t t0 = blk * g.block, t1 = std::min(g.tiles, t0 + g.block);
         const int64_t o0 = q * g.chunk, o1 = std::min(g.op, o0 + g.chunk);
         if (transformed != blk) input_transform(xp, v.data(), t0, t1, g);
         transformed = blk;
+        if (checked != q) bad = nonfinite_channels(up, o0, o1, g);
+        checked = q;
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
         if (avx512)
           batched_gemm_avx512(v.data(), up, m.data(), t1 - t0, o0, o1, g);
@@ -564,10 +574,13 @@ void WinogradConv3x3::eval_cpu(const std::vector<mx::array>& inputs,
           batched_gemm(v.data(), up, m.data(), t1 - t0, o0, o1, g);
         output_transform(m.data(), bp, res, op, t0, t1, o0, o1, g, act, mode);
         for (int64_t t = t0; t < t1; ++t) {
-          if (tile_nonfinite(v.data(), t - t0, g))
-            direct_tile(xp, wp, bp, res, op, t, all_channels[q], g, act, mode);
-          else if (!bad_in_chunk[q].empty())
-            direct_tile(xp, wp, bp, res, op, t, bad_in_chunk[q], g, act, mode);
+          if (tile_nonfinite(v.data(), t - t0, g)) {
+            std::vector<int64_t> all(std::max<int64_t>(0, std::min(o1, g.o) - o0));
+            std::iota(all.begin(), all.end(), o0);
+            direct_tile(xp, wp, bp, res, op, t, all, g, act, mode);
+          } else if (!bad.empty()) {
+            direct_tile(xp, wp, bp, res, op, t, bad, g, act, mode);
+          }
         }
       }
     });

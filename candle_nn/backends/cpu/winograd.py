@@ -19,10 +19,11 @@ against float64.
 When: 3x3, stride 1, dilation 1, groups 1, float32 on the CPU, with at least
 ``MIN_TILES`` output tiles (N * ceil(H'/4) * ceil(W'/4)) or at most ``MAX_SMALL_WEIGHT`` = C * O.
 With few tiles and a wide weight (ResNet-50's 7x7 stage: 4 tiles, 512 x 512) the time is reading
-U, 4x the original weight, and im2col wins (1 thread: 2.75 ms vs 4.2 ms at 7x7x512 -> 512;
-a tie at 10x10x256 -> 256, 9 tiles; Winograd 0.46x at 12x12x128 -> 128, 9 tiles; 0.72x at
-14x14x256 -> 256, 16 tiles). Model-level A/B: ``python -m benchmarks.bench_cpu_paths --settings
-native-im2col native``.
+U, 4x the original weight, and im2col wins. One thread, Winograd's time over the packed GEMM's,
+weights in cache / from memory (as in a forward): 1.42 / 1.20 at 7x7x512 -> 512; 0.60 / 1.05
+at 10x10x256 -> 256, 9 tiles; 0.40 at 12x12x128 -> 128, 9 tiles; 0.53 / 0.80 at 14x14x256 ->
+256, 16 tiles. Model-level A/B: ``python -m benchmarks.bench_cpu_paths --settings native-im2col
+native``.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ def _x(shape: tuple[int, ...], seed: int) -> np.ndarray:
     x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
     flat = x.reshape(-1)
     flat[3], flat[11] = np.nan, -np.inf  # NaN wins its windows, as MLX's max
+    flat[-10], flat[-1] = np.nan, np.nan  # also in the last channels (8-lane and scalar tails)
     x[0, 1, 1, 1] = np.inf
     return x
 
@@ -31,6 +32,7 @@ def _x(shape: tuple[int, ...], seed: int) -> np.ndarray:
     ((2, 9, 9, 13), (5, 5), (1, 1), (2, 2)),     # YOLOv8's SPPF, channels off the vector
     ((1, 8, 10, 3), (2, 3), (2, 1), (1, 0)),     # asymmetric kernel, stride and padding
     ((3, 6, 7, 20), (2, 2), (2, 2), (0, 0)),     # no padding, rows left over
+    ((1, 7, 9, 45), (3, 3), (2, 2), (1, 1)),     # 32 + 8 + 5 channels
 ])
 def test_max_pool_kernel_matches_mlx_bit_for_bit(shape, kernel, stride, padding) -> None:
     x = mx.array(_x(shape, seed=sum(shape)))

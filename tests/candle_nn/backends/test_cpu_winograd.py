@@ -87,12 +87,15 @@ def test_winograd_splits_output_channels_over_threads_with_the_same_bits(avx512,
     """Few tiles and several threads: tasks take shares of the output channels (each reading its
     part of U) instead of smaller tile blocks. Every output is computed the same way on 1, 2 and
     3 threads (same bits), equal to float64 to the bound, with the non-finite fallbacks (a NaN
-    input pixel: its tiles by the direct conv; an Inf weight in the second share: that channel
-    by the direct conv) restricted to each task's channels."""
+    input pixel: its tiles by the direct conv; an Inf weight in the second share, a -Inf and a
+    NaN one at corner taps in the first: those channels by the direct conv) restricted to each
+    task's channels."""
     cpu_native.module().set_winograd_avx512(avx512 != "0")
     x, wt, b = _data(n, h, h, c, o, seed=c + o)
     x[0, 5, 6, 3] = np.nan
     wt[o - 3, 1, 2, 0] = np.inf
+    wt[1, 0, 0, c - 1] = -np.inf
+    wt[40, 2, 2, 5] = np.nan
     r = np.random.default_rng(2).standard_normal((n, h, h, o)).astype(np.float32)
     kernels = cpu_native.module()
 
@@ -110,6 +113,7 @@ def test_winograd_splits_output_channels_over_threads_with_the_same_bits(avx512,
     finite = np.isfinite(ref)
     np.testing.assert_array_equal(ours[~finite], ref[~finite])  # NaN where NaN, same-sign Inf
     assert np.isinf(ours[..., o - 3]).any() and np.isnan(ours[0, 4:7, 5:8]).all()
+    assert np.isinf(ours[..., 1]).any() and np.isnan(ours[..., 40]).all()
     err = np.abs(ours[finite] - ref[finite]).max() / np.abs(ref[finite]).max()
     assert err <= REL_BOUND, err
 
