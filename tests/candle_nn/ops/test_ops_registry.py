@@ -353,8 +353,9 @@ def test_point_pool_unfactored(op_paths, rows) -> None:
     assert _rel(ours, ref) <= 1e-5, op_paths
 
 
-def test_mask_upscale(op_paths) -> None:
-    u, n, k, c1, c2, m = 2, 70, 12, 8, 8, 3  # n: two full token blocks of the kernel and a part
+@pytest.mark.parametrize("n", [70, 37])  # token blocks of the kernel (32) and a part: 4 n rows
+def test_mask_upscale(op_paths, n) -> None:  # of the LayerNorm, in groups of 8 and (37) a rest
+    u, k, c1, c2, m = 2, 12, 8, 8, 3
     scale, shared, coeff = _f32(u, n) * 0.5 + 1, _f32(n, 4 * c1), _f32(u, n, k) * 0.3
     weight, bias = _f32(u, k, 4 * c1) * 0.3, _f32(4 * c1)
     lw, lb, w2, b2, hyper = _f32(c1), _f32(c1), _f32(4 * c2, c1) * 0.3, _f32(4 * c2), _f32(u, m, c2)
