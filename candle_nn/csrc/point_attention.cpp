@@ -74,7 +74,9 @@ void transpose(const float* src, int64_t rows, int64_t cols, float* dst, int64_t
 }
 
 // Scores of rows [i0, i0 + m) of prompt p: s (m x ld) = coeff · foldᵀ + scale (shared · k) +
-// pe · k, column by column r of them (the rest scratch). foldt (mc x ld) = fold[p]ᵀ, zero past r.
+// pe · k, column by column r of them (the rest scratch), the per-head products as one, (scale
+// shared + pe) · k, of that sum per row in tmp (heads, m, d). foldt (mc x ld) = fold[p]ᵀ, zero
+// past r.
 CANDLE_NN_INLINE void scores(const PerHead& h, const float* scale, const float* coeff,
                              int64_t mc, const float* foldt, const float* shared, const float* pe,
                              const float* kt, float* s, float* tmp, int64_t p, int64_t i0,
@@ -88,15 +90,18 @@ CANDLE_NN_INLINE void scores(const PerHead& h, const float* scale, const float* 
   } else {
     std::fill(s, s + m * h.ld, 0.0f);
   }
-  if (shared != nullptr) {
-    std::fill(tmp, tmp + m * h.ld, 0.0f);
-    add_per_head(h, shared, kt, tmp, h.ld, i0, m);
+  if (shared == nullptr) return add_per_head(h, pe, kt, s, h.ld, i0, m);
+  for (int64_t hh = 0; hh < h.heads; ++hh)
     for (int64_t i = 0; i < m; ++i) {
       const float a = scale[p * h.n + i0 + i];
-      for (int64_t j = 0; j < h.r; ++j) s[i * h.ld + j] += a * tmp[i * h.ld + j];
+      const float* sh = shared + (hh * h.n + i0 + i) * h.d;
+      const float* pr = pe + (hh * h.n + i0 + i) * h.d;
+      float* row = tmp + (hh * m + i) * h.d;
+      for (int64_t c = 0; c < h.d; ++c) row[c] = a * sh[c] + pr[c];
     }
-  }
-  add_per_head(h, pe, kt, s, h.ld, i0, m);
+  PerHead rows = h;  // tmp's rows: m per head
+  rows.n = m;
+  add_per_head(rows, tmp, kt, s, h.ld, 0, m);
 }
 
 void check(bool ok, const char* op, const char* what) {
@@ -126,7 +131,7 @@ void probs_block(const PerHead& h, const float* scale, const float* coeff, int64
                  const float* kt, float* out, int64_t p, int64_t i0, int64_t m) {
   thread_local std::vector<float> s, tmp, g;
   s.resize(m * h.ld);
-  tmp.resize(shared ? m * h.ld : 0);
+  tmp.resize(shared ? h.heads * m * h.d : 0);
   g.resize(h.r);
   scores(h, scale, coeff, mc, foldt, shared, pe, kt, s.data(), tmp.data(), p, i0, m);
   for (int64_t i = 0; i < m; ++i) {
@@ -227,7 +232,7 @@ void pool_prompt(const PerHead& h, const float* scale, const float* coeff, int64
   thread_local std::vector<float> s, tmp, top, sum;
   constexpr int64_t kBlock = 48;
   s.resize(h.n * h.ld);
-  tmp.resize(kBlock * h.ld);
+  tmp.resize(shared ? h.heads * kBlock * h.d : 0);
   for (int64_t i0 = 0; i0 < h.n; i0 += kBlock) {
     const int64_t m = std::min(kBlock, h.n - i0);
     scores(h, scale, coeff, mc, foldt, shared, pe, kt, s.data() + i0 * h.ld, tmp.data(), p, i0,
