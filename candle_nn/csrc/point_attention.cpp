@@ -224,66 +224,85 @@ void norm_block(const PerHead& h, const NormDims& nd, const float* scale, const 
 // softmax over the n image tokens, scores as in `scores`; the values' rows of head hh at
 // `values + hh head_stride`, row stride ldv. Without the factored part (coeff, scale, shared
 // null, mc 0) only the values, of the scores pe · k.
+//
+// One pass over the image rows in blocks of kPoolBlock (their scores stay in L1): each block's
+// exponentials are taken against the running maximum of their column, the sums and products
+// accumulated so far rescaled where a block raises it (an online softmax), so the (n x r)
+// scores are never written out and read back. Against a column's maximum that is still -inf
+// (every score so far -inf or NaN) the exponentials are taken against 0, so -inf gives 0 and
+// NaN stays NaN, as against the column's final maximum.
+constexpr int64_t kPoolBlock = 128;
+
 CANDLE_NN_MULTIVERSION
 void pool_prompt(const PerHead& h, const float* scale, const float* coeff, int64_t mc,
                  const float* foldt, const float* shared, const float* pe, const float* kt,
                  const float* shared_v, int64_t dv, float* out, int64_t p, float* values,
                  int64_t head_stride, int64_t ldv) {
-  thread_local std::vector<float> s, tmp, top, sum;
-  constexpr int64_t kBlock = 48;
-  s.resize(h.n * h.ld);
-  tmp.resize(shared ? h.heads * kBlock * h.d : 0);
-  for (int64_t i0 = 0; i0 < h.n; i0 += kBlock) {
-    const int64_t m = std::min(kBlock, h.n - i0);
-    scores(h, scale, coeff, mc, foldt, shared, pe, kt, s.data() + i0 * h.ld, tmp.data(), p, i0,
-           m);
-  }
+  thread_local std::vector<float> s, tmp, top, ref, sum, fac;
+  s.resize(kPoolBlock * h.ld);
+  tmp.resize(shared ? h.heads * kPoolBlock * h.d : 0);
   top.assign(h.r, -INFINITY);
+  ref.resize(h.r);
   sum.assign(h.r, 0.0f);
-  for (int64_t i = 0; i < h.n; ++i) {
-    const float* row = s.data() + i * h.ld;
-    for (int64_t j = 0; j < h.r; ++j) top[j] = std::max(top[j], row[j]);
-  }
-  for (int64_t i = 0; i < h.n; ++i) {
-    float* row = s.data() + i * h.ld;
-    for (int64_t j = 0; j < h.r; ++j) {
-      const float e = exp_f32(row[j] - top[j]);
-      row[j] = e;
-      sum[j] += e;
-    }
-    for (int64_t j = h.r; j < h.ld; ++j) row[j] = 0.0f;
-  }
+  fac.resize(h.r);
   const int64_t ldo = mc + dv;
-  constexpr int64_t kK = 256;
-  if (coeff != nullptr) {
-    float* o = out + p * h.r * ldo;
-    const float* cp = coeff + p * h.n * mc;
-    for (int64_t k0 = 0; k0 < h.n; k0 += kK) {
-      const int64_t kc = std::min(kK, h.n - k0);
-      gemm_strided(s.data() + k0 * h.ld, 1, h.ld, cp + k0 * mc, mc, o, ldo, h.r, mc, kc,
-                   k0 > 0 ? o : nullptr, ldo, h.r);
+  float* o = coeff != nullptr ? out + p * h.r * ldo : nullptr;
+  const float* cp = coeff != nullptr ? coeff + p * h.n * mc : nullptr;
+  for (int64_t i0 = 0; i0 < h.n; i0 += kPoolBlock) {
+    const int64_t m = std::min(kPoolBlock, h.n - i0);
+    scores(h, scale, coeff, mc, foldt, shared, pe, kt, s.data(), tmp.data(), p, i0, m);
+    for (int64_t j = 0; j < h.r; ++j) fac[j] = top[j];  // the block's maxima, from the old ones
+    for (int64_t i = 0; i < m; ++i) {
+      const float* row = s.data() + i * h.ld;
+      for (int64_t j = 0; j < h.r; ++j) fac[j] = std::max(fac[j], row[j]);
     }
+    bool rose = false;
     for (int64_t j = 0; j < h.r; ++j) {
-      const float inv = 1.0f / sum[j];
-      for (int64_t c = 0; c < mc; ++c) o[j * ldo + c] *= inv;
+      const float now = fac[j];
+      fac[j] = now > top[j] ? (top[j] == -INFINITY ? 0.0f : exp_f32(top[j] - now)) : 1.0f;
+      rose = rose || now > top[j];
+      top[j] = now;
+      ref[j] = now == -INFINITY ? 0.0f : now;
     }
-    for (int64_t i = 0; i < h.n; ++i) {
-      const float a = scale[p * h.n + i];
+    if (rose && i0 > 0) {
+      for (int64_t j = 0; j < h.r; ++j) {
+        sum[j] *= fac[j];
+        if (o != nullptr)
+          for (int64_t c = 0; c < mc; ++c) o[j * ldo + c] *= fac[j];
+        float* v = values + (j / h.t) * head_stride + (j % h.t) * ldv;
+        for (int64_t c = 0; c < dv; ++c) v[c] *= fac[j];
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) {
       float* row = s.data() + i * h.ld;
-      for (int64_t j = 0; j < h.r; ++j) row[j] *= a;
+      for (int64_t j = 0; j < h.r; ++j) {
+        const float e = exp_f32(row[j] - ref[j]);
+        row[j] = e;
+        sum[j] += e;
+      }
+      for (int64_t j = h.r; j < h.ld; ++j) row[j] = 0.0f;
+    }
+    if (coeff != nullptr) {
+      gemm_strided(s.data(), 1, h.ld, cp + i0 * mc, mc, o, ldo, h.r, mc, m,
+                   i0 > 0 ? o : nullptr, ldo, h.r);
+      for (int64_t i = 0; i < m; ++i) {
+        const float a = scale[p * h.n + i0 + i];
+        float* row = s.data() + i * h.ld;
+        for (int64_t j = 0; j < h.r; ++j) row[j] *= a;
+      }
+    }
+    for (int64_t hh = 0; hh < h.heads; ++hh) {
+      float* oh = values + hh * head_stride;
+      gemm_strided(s.data() + hh * h.t, 1, h.ld, shared_v + (hh * h.n + i0) * dv, dv, oh, ldv,
+                   h.t, dv, m, i0 > 0 ? oh : nullptr, ldv, h.t);
     }
   }
-  for (int64_t hh = 0; hh < h.heads; ++hh) {
-    float* oh = values + hh * head_stride;
-    for (int64_t k0 = 0; k0 < h.n; k0 += kK) {
-      const int64_t kc = std::min(kK, h.n - k0);
-      gemm_strided(s.data() + k0 * h.ld + hh * h.t, 1, h.ld, shared_v + (hh * h.n + k0) * dv, dv,
-                   oh, ldv, h.t, dv, kc, k0 > 0 ? oh : nullptr, ldv, h.t);
-    }
-    for (int64_t u = 0; u < h.t; ++u) {
-      const float inv = 1.0f / sum[hh * h.t + u];
-      for (int64_t c = 0; c < dv; ++c) oh[u * ldv + c] *= inv;
-    }
+  for (int64_t j = 0; j < h.r; ++j) {
+    const float inv = 1.0f / sum[j];
+    if (o != nullptr)
+      for (int64_t c = 0; c < mc; ++c) o[j * ldo + c] *= inv;
+    float* v = values + (j / h.t) * head_stride + (j % h.t) * ldv;
+    for (int64_t c = 0; c < dv; ++c) v[c] *= inv;
   }
 }
 

@@ -212,11 +212,12 @@ def test_nan_positions_on_every_device(device, op):
     np.testing.assert_array_equal(got, want)
 
 
-def test_point_attention_propagates_nonfinite(path):
+@pytest.mark.parametrize("n", [90, 300])  # point_pool's softmax: one block of rows, or three
+def test_point_attention_propagates_nonfinite(path, n):
     """The AMG decoder's attention on factored image tokens: a NaN / Inf coefficient (or
     probability) reaches the outputs as the plain ops' products, softmax and LayerNorm
     statistics carry it."""
-    b, n, heads, t, d, m = 2, 90, 2, 3, 4, 8
+    b, heads, t, d, m = 2, 2, 3, 4, 8
     r = np.random.default_rng(11)
 
     def f32(*shape):
@@ -238,6 +239,26 @@ def test_point_attention_propagates_nonfinite(path):
                  f32(heads, n, 5), f32(heads, b * 4, 5))
     same_nonfinite(lambda a: cn.ops.point_norm(mx.array(a), sq, *norm_args),
                    poisoned((b, n, heads * t)))
+
+
+def test_point_pool_running_maximum_nonfinite(path):
+    """point_pool's softmax over the image rows runs block by block (128 rows) against each
+    column's running maximum: scores that are -inf through the first blocks and finite later
+    (head 2: finite outputs), a +Inf (head 0) and a NaN (head 1) in a late block give what the
+    softmax over all rows at once gives."""
+    heads, n, d, rows = 3, 300, 4, 8  # 8 rows: one tile of 8 tokens per head, no padding
+    r = np.random.default_rng(13)
+    pe = r.standard_normal((heads, n, d)).astype(np.float32)
+    q = np.abs(r.standard_normal((heads, rows, d))).astype(np.float32) + 0.1  # -inf · q = -inf
+    pe[:, :200, 0] = -np.inf
+    pe[0, 250, 1] = np.inf
+    pe[1, 260, 2] = np.nan
+    shared_v = mx.array(r.standard_normal((heads, n, 8)).astype(np.float32))
+    same_nonfinite(lambda a: cn.ops.point_pool(None, None, None, None, mx.array(a), mx.array(q),
+                                               shared_v), pe)
+    out = np.array(cn.ops.point_pool(None, None, None, None, mx.array(pe), mx.array(q),
+                                     shared_v))
+    assert np.isfinite(out[2]).all() and np.isnan(out[:2]).all()
 
 
 def test_mask_upscale_propagates_nonfinite(path):
