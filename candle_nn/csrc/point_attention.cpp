@@ -10,6 +10,7 @@
 // register tiles, every intermediate in per-thread scratch.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -124,17 +125,104 @@ std::vector<mx::array> contiguous(std::initializer_list<const mx::array*> arrays
 }
 
 // -- point_probs -------------------------------------------------------------------------------
+typedef int32_t V8i __attribute__((vector_size(32)));
+
+// exp_f32 (math_f32.h) on 8 lanes: the same operations lane by lane, so the same bits.
+CANDLE_NN_INLINE V8 exp8(V8 x_in) {
+  const V8 lo = V8{} - 87.3f, hi = V8{} + 88.3f;
+  const V8 x = x_in < lo ? lo : (x_in > hi ? hi : x_in);
+  const V8 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const V8 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  V8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const V8i bits = (__builtin_convertvector(n, V8i) + 127) << 23;
+  V8 two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  const V8 e = (p * (r * r) + r + 1.0f) * two_n;
+  return x_in < lo ? V8{} : e;
+}
+
+// a[l] <- lane l of every a[i] (an 8 x 8 transpose: unpack, 64-bit shuffle, 128-bit halves).
+CANDLE_NN_INLINE void transpose8(V8 (&a)[kLanes]) {
+  V8 t[kLanes];
+  for (int i = 0; i < kLanes; i += 2) {
+    t[i] = __builtin_shufflevector(a[i], a[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[i + 1] = __builtin_shufflevector(a[i], a[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int i = 0; i < kLanes; i += 4)
+    for (int j = 0; j < 2; ++j) {
+      a[i + 2 * j] = __builtin_shufflevector(t[i + j], t[i + j + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      a[i + 2 * j + 1] = __builtin_shufflevector(t[i + j], t[i + j + 2], 2, 3, 10, 11, 6, 7, 14,
+                                                 15);
+    }
+  // a[0..3]: rows 0-3 of columns 0, 1, 2, 3 (lanes 0-3) and 4, 5, 6, 7 (lanes 4-7); a[4..7]
+  // the same of rows 4-7
+  for (int j = 0; j < 4; ++j) {
+    t[j] = __builtin_shufflevector(a[j], a[j + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    t[j + 4] = __builtin_shufflevector(a[j], a[j + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+  for (int j = 0; j < kLanes; ++j) a[j] = t[j];
+}
+
 // inputs: pe, k, [scale, shared], [coeff, fold, bias]
+// The softmax over each head's t columns runs on eight rows at once: their columns as vectors
+// (8 x 8 transposes), so the maxima, exponentials, sums and inverses are lane-wise over rows;
+// the per-column arithmetic is the same as one row at a time (the rest rows).
 CANDLE_NN_MULTIVERSION
 void probs_block(const PerHead& h, const float* scale, const float* coeff, int64_t mc,
                  const float* foldt, const float* bias, const float* shared, const float* pe,
                  const float* kt, float* out, int64_t p, int64_t i0, int64_t m) {
-  thread_local std::vector<float> s, tmp, g;
+  thread_local std::vector<float> s, tmp, g, colf;  // colf: the columns, 8 floats each
   s.resize(m * h.ld);
   tmp.resize(shared ? h.heads * m * h.d : 0);
   g.resize(h.r);
+  const int64_t chunks = (h.r + kLanes - 1) / kLanes;
+  colf.resize(chunks * kLanes * kLanes);
+  V8* cols = reinterpret_cast<V8*>(colf.data());  // V8: 4-byte aligned
   scores(h, scale, coeff, mc, foldt, shared, pe, kt, s.data(), tmp.data(), p, i0, m);
-  for (int64_t i = 0; i < m; ++i) {
+  int64_t i = 0;
+  for (; i + kLanes <= m; i += kLanes) {
+    const float* rows = s.data() + i * h.ld;
+    for (int64_t c = 0; c < chunks; ++c) {
+      V8 a[kLanes];
+      for (int l = 0; l < kLanes; ++l) a[l] = load8(rows + l * h.ld + c * kLanes);
+      transpose8(a);
+      for (int l = 0; l < kLanes; ++l) cols[c * kLanes + l] = a[l];
+    }
+    if (bias != nullptr)
+      for (int64_t j = 0; j < h.r; ++j) cols[j] += bias[p * h.r + j];
+    for (int64_t hh = 0; hh < h.heads; ++hh) {
+      V8* col = cols + hh * h.t;
+      V8 top = col[0];
+      for (int64_t u = 1; u < h.t; ++u) top = top < col[u] ? col[u] : top;
+      V8 total{};
+      for (int64_t u = 0; u < h.t; ++u) {
+        col[u] = exp8(col[u] - top);
+        total += col[u];
+      }
+      const V8 inv = 1.0f / total;
+      for (int64_t u = 0; u < h.t; ++u) col[u] *= inv;
+    }
+    float* o = out + (p * h.n + i0 + i) * h.r;
+    for (int64_t c = 0; c < chunks; ++c) {
+      V8 a[kLanes];
+      for (int l = 0; l < kLanes; ++l) a[l] = cols[c * kLanes + l];
+      transpose8(a);
+      const int64_t width = std::min<int64_t>(kLanes, h.r - c * kLanes);
+      for (int l = 0; l < kLanes; ++l) {
+        float* dst = o + l * h.r + c * kLanes;
+        if (width == kLanes) {
+          store8(dst, a[l]);
+        } else {
+          for (int64_t j = 0; j < width; ++j) dst[j] = a[l][j];
+        }
+      }
+    }
+  }
+  for (; i < m; ++i) {
     float* row = s.data() + i * h.ld;
     float* o = out + (p * h.n + i0 + i) * h.r;
     if (bias != nullptr)
