@@ -110,6 +110,21 @@ CANDLE_NN_INLINE void norm_gelu(float* x, int64_t rows, int64_t w, const float* 
   }
 }
 
+// The Linears' weights are used as panels of kPanel columns, each contiguous (pack_panels): a
+// panel of a (k, 256) row-major weight is k lines 1 KB apart, which fall into a few of L1's sets
+// and evict each other between the row tiles that reuse them.
+constexpr int64_t kPanel = 16;
+
+// products with a panel-packed B (k x cols): C (m x cols, row stride ldc) = init + A B, init
+// the matrix at src (row stride lds; lds 0: one row for every row) or zeros.
+CANDLE_NN_INLINE void gemm_panels(const float* a, int64_t lda, const float* bp, float* c,
+                                  int64_t ldc, int64_t m, int64_t cols, int64_t k,
+                                  const float* src, int64_t lds) {
+  for (int64_t j0 = 0; j0 < cols; j0 += kPanel)
+    gemm_strided(a, lda, 1, bp + j0 * k, kPanel, c + j0, ldc, m, kPanel, k,
+                 src ? src + j0 : nullptr, lds, m);
+}
+
 // Rows of x1 (token, 2x2 block) per pass of the second Linear, GELU and the hypernetwork
 // product: their x2 (kChunk x 4 c2) stays in L1.
 constexpr int64_t kChunk = 24;
@@ -133,16 +148,15 @@ void upscale_block(const Shape& s, const float* scale, const float* shared, cons
     float* row = x1.data() + i * w1;
     for (int64_t j = 0; j < w1; ++j) row[j] = a * sh[j] + bias[j];
   }
-  gemm_strided(coeff + (p * s.n + i0) * s.k, s.k, 1, weight + p * s.k * w1, w1, x1.data(), w1, k,
-               w1, s.k, x1.data(), w1, k);
+  gemm_panels(coeff + (p * s.n + i0) * s.k, s.k, weight + p * s.k * w1, x1.data(), w1, k, w1,
+              s.k, x1.data(), w1);
   norm_gelu(x1.data(), 4 * k, s.c1, ln_w, ln_b, eps);  // rows (token, 2x2 block) of c1
   // per kChunk rows of x1: x2 = GELU(x1 · w2t + b2), then y (16 k, mp) = rows (token, 4x4
   // block) of c2 · the hypernetwork vectors
   const int64_t w2 = 4 * s.c2;
   for (int64_t r0 = 0; r0 < 4 * k; r0 += kChunk) {
     const int64_t rows = std::min(kChunk, 4 * k - r0);
-    gemm_strided(x1.data() + r0 * s.c1, s.c1, 1, w2t, w2, x2.data(), w2, rows, w2, s.c1, b2, 0,
-                 rows);
+    gemm_panels(x1.data() + r0 * s.c1, s.c1, w2t, x2.data(), w2, rows, w2, s.c1, b2, 0);
     gelu_inplace(x2.data(), rows * w2);
     gemm_strided(x2.data(), s.c2, 1, ht, s.mp, y.data() + 4 * r0 * s.mp, s.mp, 4 * rows, s.mp,
                  s.c2, nullptr, 0, 4 * rows);
@@ -157,6 +171,14 @@ void upscale_block(const Shape& s, const float* scale, const float* shared, cons
 void transpose(const float* src, int64_t rows, int64_t cols, float* dst, int64_t ld) {
   for (int64_t j = 0; j < cols; ++j)
     for (int64_t i = 0; i < ld; ++i) dst[j * ld + i] = i < rows ? src[i * cols + j] : 0.0f;
+}
+
+// dst: b (rows x cols, row stride cols; cols a multiple of kPanel) as cols / kPanel panels of
+// (rows x kPanel), each contiguous.
+void pack_panels(const float* b, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t j0 = 0; j0 < cols; j0 += kPanel)
+    for (int64_t i = 0; i < rows; ++i)
+      std::copy(b + i * cols + j0, b + i * cols + j0 + kPanel, dst + (j0 * rows + i * kPanel));
 }
 
 void check(bool ok, const char* what) {
@@ -219,15 +241,19 @@ void MaskUpscale::eval_cpu(const std::vector<mx::array>& inputs,
                     bytes = out.nbytes()]() {
     if (s.u == 0 || s.n == 0 || s.m == 0) return;
     advise_huge_pages(o, bytes);
-    std::vector<float> w2t(s.c1 * 4 * s.c2), ht(s.u * s.c2 * s.mp);
+    std::vector<float> w2t(s.c1 * 4 * s.c2), w2p(w2t.size()), ht(s.u * s.c2 * s.mp),
+        wp(s.u * s.k * 4 * s.c1);
     transpose(w2, 4 * s.c2, s.c1, w2t.data(), 4 * s.c2);
+    pack_panels(w2t.data(), s.c1, 4 * s.c2, w2p.data());
+    for (int64_t p = 0; p < s.u; ++p)
+      pack_panels(weight + p * s.k * 4 * s.c1, s.k, 4 * s.c1, wp.data() + p * s.k * 4 * s.c1);
     for (int64_t p = 0; p < s.u; ++p)
       transpose(hyper + p * s.m * s.c2, s.m, s.c2, ht.data() + p * s.c2 * s.mp, s.mp);
     constexpr int64_t kBlock = 32;
     const int64_t blocks = (s.n + kBlock - 1) / kBlock;
     ThreadPool::instance().run(static_cast<int>(s.u * blocks), [&](int task) {
       const int64_t p = task / blocks, i0 = task % blocks * kBlock;
-      upscale_block(s, scale, shared, coeff, weight, bias, ln_w, ln_b, eps, w2t.data(), b2,
+      upscale_block(s, scale, shared, coeff, wp.data(), bias, ln_w, ln_b, eps, w2p.data(), b2,
                     ht.data() + p * s.c2 * s.mp, o, p, i0, std::min(kBlock, s.n - i0));
     });
   });
