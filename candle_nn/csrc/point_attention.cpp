@@ -92,17 +92,27 @@ CANDLE_NN_INLINE void scores(const PerHead& h, const float* scale, const float* 
     std::fill(s, s + m * h.ld, 0.0f);
   }
   if (shared == nullptr) return add_per_head(h, pe, kt, s, h.ld, i0, m);
-  for (int64_t hh = 0; hh < h.heads; ++hh)
-    for (int64_t i = 0; i < m; ++i) {
-      const float a = scale[p * h.n + i0 + i];
-      const float* sh = shared + (hh * h.n + i0 + i) * h.d;
-      const float* pr = pe + (hh * h.n + i0 + i) * h.d;
-      float* row = tmp + (hh * m + i) * h.d;
-      for (int64_t c = 0; c < h.d; ++c) row[c] = a * sh[c] + pr[c];
+  for (int64_t hh = 0; hh < h.heads; ++hh) {
+    // a head's m rows of shared, pe and tmp are each m d contiguous floats
+    const float* sh = shared + (hh * h.n + i0) * h.d;
+    const float* pr = pe + (hh * h.n + i0) * h.d;
+    float* rows = tmp + hh * m * h.d;
+    if (h.d % kLanes == 0) {
+      for (int64_t i = 0; i < m; ++i) {
+        const float a = scale[p * h.n + i0 + i];
+        const V8 av = {a, a, a, a, a, a, a, a};
+        for (int64_t c = i * h.d; c < (i + 1) * h.d; c += kLanes)
+          store8(rows + c, av * load8(sh + c) + load8(pr + c));
+      }
+    } else {
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t c = i * h.d; c < (i + 1) * h.d; ++c)
+          rows[c] = scale[p * h.n + i0 + i] * sh[c] + pr[c];
     }
-  PerHead rows = h;  // tmp's rows: m per head
-  rows.n = m;
-  add_per_head(rows, tmp, kt, s, h.ld, 0, m);
+  }
+  PerHead block = h;  // tmp's rows: m per head
+  block.n = m;
+  add_per_head(block, tmp, kt, s, h.ld, 0, m);
 }
 
 void check(bool ok, const char* op, const char* what) {

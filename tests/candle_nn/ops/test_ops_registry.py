@@ -268,13 +268,14 @@ def _softmax64(x: np.ndarray, axis: int) -> np.ndarray:
 B, N, HEADS, T, D, M = 3, 300, 2, 3, 4, 8
 
 
+@pytest.mark.parametrize("d", [D, 8])  # 8: the kernels' vector path for scale shared + pe
 @pytest.mark.parametrize("form", ["positional", "factored"])
-def test_point_probs(op_paths, form) -> None:
-    pe, k = _f32(HEADS, N, D), _f32(HEADS, B * T, D)
+def test_point_probs(op_paths, form, d) -> None:
+    pe, k = _f32(HEADS, N, d), _f32(HEADS, B * T, d)
     s = _per_head64(pe, k, B)
     args = {}
     if form == "factored":
-        args = dict(scale=_f32(B, N) * 0.5 + 1, shared=_f32(HEADS, N, D), coeff=_f32(B, N, M),
+        args = dict(scale=_f32(B, N) * 0.5 + 1, shared=_f32(HEADS, N, d), coeff=_f32(B, N, M),
                     fold=_f32(B, HEADS * T, M) * 0.5, bias=_f32(B, HEADS * T))
         s = (s + args["scale"][..., None] * _per_head64(args["shared"], k, B)
              + args["coeff"].astype(np.float64) @ args["fold"].swapaxes(1, 2)
@@ -321,10 +322,11 @@ def test_point_norm(op_paths, form) -> None:
     assert _rel(ours, ref) <= 1e-5, op_paths
 
 
-def test_point_pool(op_paths) -> None:
+@pytest.mark.parametrize("d", [D, 8])
+def test_point_pool(op_paths, d) -> None:
     dv = 8
     scale, coeff, fold = _f32(B, N) * 0.5 + 1, _f32(B, N, M), _f32(B, HEADS * T, M) * 0.5
-    shared_k, pe, q, shared_v = (_f32(HEADS, N, D), _f32(HEADS, N, D), _f32(HEADS, B * T, D),
+    shared_k, pe, q, shared_v = (_f32(HEADS, N, d), _f32(HEADS, N, d), _f32(HEADS, B * T, d),
                                  _f32(HEADS, N, dv))
     s = (scale[..., None] * _per_head64(shared_k, q, B) + _per_head64(pe, q, B)
          + coeff.astype(np.float64) @ fold.swapaxes(1, 2).astype(np.float64))
