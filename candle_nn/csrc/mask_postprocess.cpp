@@ -10,11 +10,18 @@
 #include "cpu_eval.h"
 #include "kernels.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "small_gemm.h"
 #include "thread_pool.h"
 
 namespace candle_nn {
 
 namespace {
+
+using small_gemm::kLanes;
+using small_gemm::load8;
+using small_gemm::store8;
+using small_gemm::transpose8;
+using small_gemm::V8;
 
 // The non-zero band [lo, hi) of each row of a (rows, cols) matrix (an empty row: lo = hi = 0).
 std::vector<int64_t> bands(const float* m, int64_t rows, int64_t cols) {
@@ -39,7 +46,7 @@ CANDLE_NN_MULTIVERSION
 void resize_rows(const float* masks, const float* r, const float* c, const int64_t* rb,
                  const int64_t* cb, float* out, int64_t h, int64_t w, int64_t oh, int64_t ow,
                  int64_t q, int64_t y0, int64_t y1) {
-  thread_local std::vector<float> u;
+  thread_local std::vector<float> u, mt, ut;
   int64_t lo = h, hi = 0;  // the input rows the bands of rows [y0, y1) reach
   for (int64_t y = y0; y < y1; ++y)
     if (rb[2 * y] < rb[2 * y + 1]) {
@@ -48,7 +55,35 @@ void resize_rows(const float* masks, const float* r, const float* c, const int64
     }
   u.resize(std::max<int64_t>(hi - lo, 0) * ow);
   const float* m = masks + q * h * w;
-  for (int64_t i = lo; i < hi; ++i) {
+  int64_t i = lo;
+  if (w % kLanes == 0 && ow % kLanes == 0) {
+    // eight input rows at a time, as lanes: their columns transposed into mt (w x 8), the band
+    // products on 8-lane vectors into ut (ow x 8), transposed back into u's rows
+    mt.resize(w * kLanes);
+    ut.resize(ow * kLanes);
+    for (; i + kLanes <= hi; i += kLanes) {
+      for (int64_t j0 = 0; j0 < w; j0 += kLanes) {
+        V8 a[kLanes];
+        for (int l = 0; l < kLanes; ++l) a[l] = load8(m + (i + l) * w + j0);
+        transpose8(a);
+        for (int l = 0; l < kLanes; ++l) store8(mt.data() + (j0 + l) * kLanes, a[l]);
+      }
+      for (int64_t x = 0; x < ow; ++x) {
+        const float* cx = c + x * w;
+        V8 s{};
+        for (int64_t j = cb[2 * x]; j < cb[2 * x + 1]; ++j)
+          s += cx[j] * load8(mt.data() + j * kLanes);
+        store8(ut.data() + x * kLanes, s);
+      }
+      for (int64_t x0 = 0; x0 < ow; x0 += kLanes) {
+        V8 a[kLanes];
+        for (int l = 0; l < kLanes; ++l) a[l] = load8(ut.data() + (x0 + l) * kLanes);
+        transpose8(a);
+        for (int l = 0; l < kLanes; ++l) store8(u.data() + (i + l - lo) * ow + x0, a[l]);
+      }
+    }
+  }
+  for (; i < hi; ++i) {
     const float* row = m + i * w;
     float* ui = u.data() + (i - lo) * ow;
     for (int64_t x = 0; x < ow; ++x) {

@@ -29,6 +29,7 @@ using small_gemm::gemm_strided;
 using small_gemm::kLanes;
 using small_gemm::load8;
 using small_gemm::store8;
+using small_gemm::transpose8;
 using small_gemm::V8;
 
 int64_t round8(int64_t x) { return (x + kLanes - 1) / kLanes * kLanes; }
@@ -153,28 +154,6 @@ CANDLE_NN_INLINE V8 exp8(V8 x_in) {
   std::memcpy(&two_n, &bits, sizeof two_n);
   const V8 e = (p * (r * r) + r + 1.0f) * two_n;
   return x_in < lo ? V8{} : e;
-}
-
-// a[l] <- lane l of every a[i] (an 8 x 8 transpose: unpack, 64-bit shuffle, 128-bit halves).
-CANDLE_NN_INLINE void transpose8(V8 (&a)[kLanes]) {
-  V8 t[kLanes];
-  for (int i = 0; i < kLanes; i += 2) {
-    t[i] = __builtin_shufflevector(a[i], a[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
-    t[i + 1] = __builtin_shufflevector(a[i], a[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
-  }
-  for (int i = 0; i < kLanes; i += 4)
-    for (int j = 0; j < 2; ++j) {
-      a[i + 2 * j] = __builtin_shufflevector(t[i + j], t[i + j + 2], 0, 1, 8, 9, 4, 5, 12, 13);
-      a[i + 2 * j + 1] = __builtin_shufflevector(t[i + j], t[i + j + 2], 2, 3, 10, 11, 6, 7, 14,
-                                                 15);
-    }
-  // a[0..3]: rows 0-3 of columns 0, 1, 2, 3 (lanes 0-3) and 4, 5, 6, 7 (lanes 4-7); a[4..7]
-  // the same of rows 4-7
-  for (int j = 0; j < 4; ++j) {
-    t[j] = __builtin_shufflevector(a[j], a[j + 4], 0, 1, 2, 3, 8, 9, 10, 11);
-    t[j + 4] = __builtin_shufflevector(a[j], a[j + 4], 4, 5, 6, 7, 12, 13, 14, 15);
-  }
-  for (int j = 0; j < kLanes; ++j) a[j] = t[j];
 }
 
 // inputs: pe, k, [scale, shared], [coeff, fold, bias]

@@ -277,7 +277,8 @@ def test_mask_upscale_propagates_nonfinite(path):
             weight, bias, lw, lb)), 1e-6, *(mx.array(x) for x in (w2, b2, hyper))), coeff)
 
 
-def test_mask_resize_and_stability_with_nonfinite_logits(path):
+@pytest.mark.parametrize("w, ow", [(20, 50), (24, 48)])  # 24 -> 48: the kernel's 8-lane path
+def test_mask_resize_and_stability_with_nonfinite_logits(path, w, ow):
     """Resizing makes every pixel whose bilinear taps touch a NaN / Inf logit non-finite (the
     banded kernel exactly those, as PyTorch's interpolate; the dense reference product also
     the rest of their rows and columns, through 0 x NaN) and the other pixels equal to the
@@ -285,9 +286,9 @@ def test_mask_resize_and_stability_with_nonfinite_logits(path):
     (NaN is above no threshold, +Inf above every one)."""
     from candle_nn.upsample import bilinear_resize_matrix
 
-    masks = poisoned((3, 16, 20))
+    masks = poisoned((3, 16, w))
     rows = bilinear_resize_matrix(48, 37) @ bilinear_resize_matrix(16, 64, keep=48)
-    cols = bilinear_resize_matrix(64, 50) @ bilinear_resize_matrix(20, 64)
+    cols = bilinear_resize_matrix(64, ow) @ bilinear_resize_matrix(w, 64)
     with mx.stream(mx.cpu):
         fast = np.array(cn.ops.resize_masks(mx.array(masks), mx.array(rows.astype(np.float32)),
                                             mx.array(cols.astype(np.float32))))

@@ -374,12 +374,13 @@ def test_mask_upscale(op_paths, n) -> None:  # of the LayerNorm, in groups of 8 
     assert _rel(ours, ref) <= 1e-5, op_paths
 
 
-def test_mask_resize_and_stability(op_paths) -> None:
+@pytest.mark.parametrize("w, ow", [(20, 50), (24, 48)])  # 24 -> 48: the kernel's 8-lane path
+def test_mask_resize_and_stability(op_paths, w, ow) -> None:
     from candle_nn.upsample import bilinear_resize_matrix
 
-    masks = _f32(3, 16, 20) * 2
-    rows = bilinear_resize_matrix(48, 37) @ bilinear_resize_matrix(16, 64, keep=48)  # banded
-    cols = bilinear_resize_matrix(64, 50) @ bilinear_resize_matrix(20, 64)
+    masks = _f32(3, 19, w) * 2
+    rows = bilinear_resize_matrix(48, 37) @ bilinear_resize_matrix(19, 64, keep=48)  # banded
+    cols = bilinear_resize_matrix(64, ow) @ bilinear_resize_matrix(w, 64)
     ref = np.einsum("yh,khw,xw->kyx", rows, masks.astype(np.float64), cols)
     with mx.stream(mx.cpu):
         ours = cn.ops.resize_masks(mx.array(masks), mx.array(rows.astype(np.float32)),
