@@ -10,11 +10,18 @@
 #include "cpu_eval.h"
 #include "kernels.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "small_gemm.h"
 #include "thread_pool.h"
 
 namespace candle_nn {
 
 namespace {
+
+using small_gemm::kLanes;
+using small_gemm::load8;
+using small_gemm::store8;
+using small_gemm::transpose8;
+using small_gemm::V8;
 
 // The non-zero band [lo, hi) of each row of a (rows, cols) matrix (an empty row: lo = hi = 0).
 std::vector<int64_t> bands(const float* m, int64_t rows, int64_t cols) {
@@ -30,27 +37,69 @@ std::vector<int64_t> bands(const float* m, int64_t rows, int64_t cols) {
   return out;
 }
 
-// Output rows [y0, y1) of mask q: t = R[y] · mask (w floats), out[y, x] = C[x] · t over bands.
+// Output rows [y0, y1) of mask q, columns first: for each input row i that their R bands reach,
+// u_i[x] = C[x] · mask[i] over x's band (w -> ow; fewer input rows than output rows, so fewer of
+// these scalar band products), then out[y] = Σ R[y, i] u_i over y's band, a multiply-add of
+// whole rows. Bands are ranges of non-zeros, so a NaN / Inf logit reaches exactly the pixels
+// both of whose bands cover it, as in the other order.
 CANDLE_NN_MULTIVERSION
 void resize_rows(const float* masks, const float* r, const float* c, const int64_t* rb,
                  const int64_t* cb, float* out, int64_t h, int64_t w, int64_t oh, int64_t ow,
                  int64_t q, int64_t y0, int64_t y1) {
-  thread_local std::vector<float> t;
-  t.resize(w);
-  const float* m = masks + q * h * w;
-  for (int64_t y = y0; y < y1; ++y) {
-    std::fill(t.begin(), t.end(), 0.0f);
-    for (int64_t i = rb[2 * y]; i < rb[2 * y + 1]; ++i) {
-      const float a = r[y * h + i];
-      const float* row = m + i * w;
-      for (int64_t j = 0; j < w; ++j) t[j] += a * row[j];
+  thread_local std::vector<float> u, mt, ut;
+  int64_t lo = h, hi = 0;  // the input rows the bands of rows [y0, y1) reach
+  for (int64_t y = y0; y < y1; ++y)
+    if (rb[2 * y] < rb[2 * y + 1]) {
+      lo = std::min(lo, rb[2 * y]);
+      hi = std::max(hi, rb[2 * y + 1]);
     }
-    float* o = out + (q * oh + y) * ow;
+  u.resize(std::max<int64_t>(hi - lo, 0) * ow);
+  const float* m = masks + q * h * w;
+  int64_t i = lo;
+  if (w % kLanes == 0 && ow % kLanes == 0) {
+    // eight input rows at a time, as lanes: their columns transposed into mt (w x 8), the band
+    // products on 8-lane vectors into ut (ow x 8), transposed back into u's rows
+    mt.resize(w * kLanes);
+    ut.resize(ow * kLanes);
+    for (; i + kLanes <= hi; i += kLanes) {
+      for (int64_t j0 = 0; j0 < w; j0 += kLanes) {
+        V8 a[kLanes];
+        for (int l = 0; l < kLanes; ++l) a[l] = load8(m + (i + l) * w + j0);
+        transpose8(a);
+        for (int l = 0; l < kLanes; ++l) store8(mt.data() + (j0 + l) * kLanes, a[l]);
+      }
+      for (int64_t x = 0; x < ow; ++x) {
+        const float* cx = c + x * w;
+        V8 s{};
+        for (int64_t j = cb[2 * x]; j < cb[2 * x + 1]; ++j)
+          s += cx[j] * load8(mt.data() + j * kLanes);
+        store8(ut.data() + x * kLanes, s);
+      }
+      for (int64_t x0 = 0; x0 < ow; x0 += kLanes) {
+        V8 a[kLanes];
+        for (int l = 0; l < kLanes; ++l) a[l] = load8(ut.data() + (x0 + l) * kLanes);
+        transpose8(a);
+        for (int l = 0; l < kLanes; ++l) store8(u.data() + (i + l - lo) * ow + x0, a[l]);
+      }
+    }
+  }
+  for (; i < hi; ++i) {
+    const float* row = m + i * w;
+    float* ui = u.data() + (i - lo) * ow;
     for (int64_t x = 0; x < ow; ++x) {
       const float* cx = c + x * w;
       float s = 0.0f;
-      for (int64_t j = cb[2 * x]; j < cb[2 * x + 1]; ++j) s += cx[j] * t[j];
-      o[x] = s;
+      for (int64_t j = cb[2 * x]; j < cb[2 * x + 1]; ++j) s += cx[j] * row[j];
+      ui[x] = s;
+    }
+  }
+  for (int64_t y = y0; y < y1; ++y) {
+    float* o = out + (q * oh + y) * ow;
+    std::fill(o, o + ow, 0.0f);
+    for (int64_t i = rb[2 * y]; i < rb[2 * y + 1]; ++i) {
+      const float a = r[y * h + i];
+      const float* ui = u.data() + (i - lo) * ow;
+      for (int64_t x = 0; x < ow; ++x) o[x] += a * ui[x];
     }
   }
 }
@@ -99,7 +148,7 @@ void ResizeMasks::eval_cpu(const std::vector<mx::array>& inputs,
     if (k == 0 || oh == 0 || ow == 0) return;
     advise_huge_pages(o, bytes);
     const auto rb = bands(r, oh, h), cb = bands(c, ow, w);
-    constexpr int64_t kRowsPerTask = 32;
+    constexpr int64_t kRowsPerTask = 64;
     const int64_t blocks = (oh + kRowsPerTask - 1) / kRowsPerTask;
     ThreadPool::instance().run(static_cast<int>(k * blocks), [&](int task) {
       const int64_t q = task / blocks, y0 = task % blocks * kRowsPerTask;

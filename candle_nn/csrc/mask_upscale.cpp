@@ -58,15 +58,76 @@ struct Shape {
   int64_t u, n, k, c1, c2, m, mp;  // k: coefficients per token; mp: m rounded up to 8
 };
 
-// LayerNorm over rows of w floats (w a multiple of 8), then exact GELU, in place.
+// Lane r of the result: the sum of the lanes of a[r] (eight horizontal sums side by side, a
+// tree of shuffles and adds).
+CANDLE_NN_INLINE V8 lane_sums(const V8 (&a)[kLanes]) {
+  V8 t[4], u[2];
+  for (int i = 0; i < 4; ++i)  // [a(0+1), b(0+1), a(2+3), b(2+3), ...] of a = a[2i], b = a[2i+1]
+    t[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
+           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+  for (int i = 0; i < 2; ++i)  // four rows' sums of lanes 0-3 (lanes 0-3), of 4-7 (lanes 4-7)
+    u[i] = __builtin_shufflevector(t[2 * i], t[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+           __builtin_shufflevector(t[2 * i], t[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+  return __builtin_shufflevector(u[0], u[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+         __builtin_shufflevector(u[0], u[1], 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+// LayerNorm over rows of w floats (w a multiple of 8), then exact GELU, in place: eight rows at
+// a time, their means and variances as one vector (eight independent accumulator chains instead
+// of one row's, one horizontal reduction for eight rows), the rest a row at a time.
 CANDLE_NN_INLINE void norm_gelu(float* x, int64_t rows, int64_t w, const float* weight,
                                 const float* bias, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
+  using small_gemm::load8;
+  using small_gemm::store8;
+  int64_t r = 0;
+  for (; r + kLanes <= rows; r += kLanes) {
+    float* rows8 = x + r * w;
+    V8 acc[kLanes] = {};
+    for (int64_t ch = 0; ch < w; ch += kLanes)
+      for (int i = 0; i < kLanes; ++i) acc[i] += load8(rows8 + i * w + ch);
+    const V8 mean = lane_sums(acc) / static_cast<float>(w);
+    for (int i = 0; i < kLanes; ++i) acc[i] = V8{};
+    for (int64_t ch = 0; ch < w; ch += kLanes)
+      for (int i = 0; i < kLanes; ++i) {
+        const V8 v = load8(rows8 + i * w + ch) - mean[i];
+        acc[i] += v * v;
+      }
+    const V8 var = lane_sums(acc);
+    V8 inv;
+    for (int i = 0; i < kLanes; ++i)
+      inv[i] = 1.0f / std::sqrt(var[i] / static_cast<float>(w) + eps);
+    for (int i = 0; i < kLanes; ++i) {
+      float* row = rows8 + i * w;
+      for (int64_t ch = 0; ch < w; ch += kLanes)
+        store8(row + ch, gelu8((load8(row + ch) - mean[i]) * inv[i] * load8(weight + ch) +
+                               load8(bias + ch)));
+    }
+  }
+  for (; r < rows; ++r) {
     float* row = x + r * w;
     small_gemm::layer_norm_row(row, w, weight, bias, eps);
     gelu_inplace(row, w);
   }
 }
+
+// The Linears' weights are used as panels of kPanel columns, each contiguous (pack_panels): a
+// panel of a (k, 256) row-major weight is k lines 1 KB apart, which fall into a few of L1's sets
+// and evict each other between the row tiles that reuse them.
+constexpr int64_t kPanel = 16;
+
+// products with a panel-packed B (k x cols): C (m x cols, row stride ldc) = init + A B, init
+// the matrix at src (row stride lds; lds 0: one row for every row) or zeros.
+CANDLE_NN_INLINE void gemm_panels(const float* a, int64_t lda, const float* bp, float* c,
+                                  int64_t ldc, int64_t m, int64_t cols, int64_t k,
+                                  const float* src, int64_t lds) {
+  for (int64_t j0 = 0; j0 < cols; j0 += kPanel)
+    gemm_strided(a, lda, 1, bp + j0 * k, kPanel, c + j0, ldc, m, kPanel, k,
+                 src ? src + j0 : nullptr, lds, m);
+}
+
+// Rows of x1 (token, 2x2 block) per pass of the second Linear, GELU and the hypernetwork
+// product: their x2 (kChunk x 4 c2) stays in L1.
+constexpr int64_t kChunk = 24;
 
 // Tokens [i0, i0 + k) of prompt p. w2t (c1, 4 c2): the second Linear's weight transposed; ht
 // (c2, mp): the prompt's hypernetwork vectors transposed, zero past m.
@@ -78,7 +139,7 @@ void upscale_block(const Shape& s, const float* scale, const float* shared, cons
   thread_local std::vector<float> x1, x2, y;
   const int64_t w1 = 4 * s.c1;
   x1.resize(k * w1);
-  x2.resize(k * 16 * s.c2);
+  x2.resize(kChunk * 4 * s.c2);
   y.resize(k * 16 * s.mp);
   // x1 (k, 4 c1) = scale shared + bias, then + coeff · weight[p]
   for (int64_t i = 0; i < k; ++i) {
@@ -87,15 +148,19 @@ void upscale_block(const Shape& s, const float* scale, const float* shared, cons
     float* row = x1.data() + i * w1;
     for (int64_t j = 0; j < w1; ++j) row[j] = a * sh[j] + bias[j];
   }
-  gemm_strided(coeff + (p * s.n + i0) * s.k, s.k, 1, weight + p * s.k * w1, w1, x1.data(), w1, k,
-               w1, s.k, x1.data(), w1, k);
+  gemm_panels(coeff + (p * s.n + i0) * s.k, s.k, weight + p * s.k * w1, x1.data(), w1, k, w1,
+              s.k, x1.data(), w1);
   norm_gelu(x1.data(), 4 * k, s.c1, ln_w, ln_b, eps);  // rows (token, 2x2 block) of c1
-  gemm_strided(x1.data(), s.c1, 1, w2t, 4 * s.c2, x2.data(), 4 * s.c2, 4 * k, 4 * s.c2, s.c1, b2,
-               0, 4 * k);
-  gelu_inplace(x2.data(), static_cast<int64_t>(x2.size()));
-  // y (16 k, mp) = rows (token, 4x4 block) of c2 · the hypernetwork vectors
-  gemm_strided(x2.data(), s.c2, 1, ht, s.mp, y.data(), s.mp, 16 * k, s.mp, s.c2, nullptr, 0,
-               16 * k);
+  // per kChunk rows of x1: x2 = GELU(x1 · w2t + b2), then y (16 k, mp) = rows (token, 4x4
+  // block) of c2 · the hypernetwork vectors
+  const int64_t w2 = 4 * s.c2;
+  for (int64_t r0 = 0; r0 < 4 * k; r0 += kChunk) {
+    const int64_t rows = std::min(kChunk, 4 * k - r0);
+    gemm_panels(x1.data() + r0 * s.c1, s.c1, w2t, x2.data(), w2, rows, w2, s.c1, b2, 0);
+    gelu_inplace(x2.data(), rows * w2);
+    gemm_strided(x2.data(), s.c2, 1, ht, s.mp, y.data() + 4 * r0 * s.mp, s.mp, 4 * rows, s.mp,
+                 s.c2, nullptr, 0, 4 * rows);
+  }
   for (int64_t mm = 0; mm < s.m; ++mm) {
     float* o = out + ((p * s.m + mm) * s.n + i0) * 16;
     for (int64_t r = 0; r < 16 * k; ++r) o[r] = y[r * s.mp + mm];
@@ -106,6 +171,14 @@ void upscale_block(const Shape& s, const float* scale, const float* shared, cons
 void transpose(const float* src, int64_t rows, int64_t cols, float* dst, int64_t ld) {
   for (int64_t j = 0; j < cols; ++j)
     for (int64_t i = 0; i < ld; ++i) dst[j * ld + i] = i < rows ? src[i * cols + j] : 0.0f;
+}
+
+// dst: b (rows x cols, row stride cols; cols a multiple of kPanel) as cols / kPanel panels of
+// (rows x kPanel), each contiguous.
+void pack_panels(const float* b, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t j0 = 0; j0 < cols; j0 += kPanel)
+    for (int64_t i = 0; i < rows; ++i)
+      std::copy(b + i * cols + j0, b + i * cols + j0 + kPanel, dst + (j0 * rows + i * kPanel));
 }
 
 void check(bool ok, const char* what) {
@@ -168,15 +241,19 @@ void MaskUpscale::eval_cpu(const std::vector<mx::array>& inputs,
                     bytes = out.nbytes()]() {
     if (s.u == 0 || s.n == 0 || s.m == 0) return;
     advise_huge_pages(o, bytes);
-    std::vector<float> w2t(s.c1 * 4 * s.c2), ht(s.u * s.c2 * s.mp);
+    std::vector<float> w2t(s.c1 * 4 * s.c2), w2p(w2t.size()), ht(s.u * s.c2 * s.mp),
+        wp(s.u * s.k * 4 * s.c1);
     transpose(w2, 4 * s.c2, s.c1, w2t.data(), 4 * s.c2);
+    pack_panels(w2t.data(), s.c1, 4 * s.c2, w2p.data());
+    for (int64_t p = 0; p < s.u; ++p)
+      pack_panels(weight + p * s.k * 4 * s.c1, s.k, 4 * s.c1, wp.data() + p * s.k * 4 * s.c1);
     for (int64_t p = 0; p < s.u; ++p)
       transpose(hyper + p * s.m * s.c2, s.m, s.c2, ht.data() + p * s.c2 * s.mp, s.mp);
     constexpr int64_t kBlock = 32;
     const int64_t blocks = (s.n + kBlock - 1) / kBlock;
     ThreadPool::instance().run(static_cast<int>(s.u * blocks), [&](int task) {
       const int64_t p = task / blocks, i0 = task % blocks * kBlock;
-      upscale_block(s, scale, shared, coeff, weight, bias, ln_w, ln_b, eps, w2t.data(), b2,
+      upscale_block(s, scale, shared, coeff, wp.data(), bias, ln_w, ln_b, eps, w2p.data(), b2,
                     ht.data() + p * s.c2 * s.mp, o, p, i0, std::min(kBlock, s.n - i0));
     });
   });

@@ -10,6 +10,7 @@
 // register tiles, every intermediate in per-thread scratch.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -28,6 +29,7 @@ using small_gemm::gemm_strided;
 using small_gemm::kLanes;
 using small_gemm::load8;
 using small_gemm::store8;
+using small_gemm::transpose8;
 using small_gemm::V8;
 
 int64_t round8(int64_t x) { return (x + kLanes - 1) / kLanes * kLanes; }
@@ -74,7 +76,9 @@ void transpose(const float* src, int64_t rows, int64_t cols, float* dst, int64_t
 }
 
 // Scores of rows [i0, i0 + m) of prompt p: s (m x ld) = coeff · foldᵀ + scale (shared · k) +
-// pe · k, column by column r of them (the rest scratch). foldt (mc x ld) = fold[p]ᵀ, zero past r.
+// pe · k, column by column r of them (the rest scratch), the per-head products as one, (scale
+// shared + pe) · k, of that sum per row in tmp (heads, m, d). foldt (mc x ld) = fold[p]ᵀ, zero
+// past r.
 CANDLE_NN_INLINE void scores(const PerHead& h, const float* scale, const float* coeff,
                              int64_t mc, const float* foldt, const float* shared, const float* pe,
                              const float* kt, float* s, float* tmp, int64_t p, int64_t i0,
@@ -88,15 +92,28 @@ CANDLE_NN_INLINE void scores(const PerHead& h, const float* scale, const float* 
   } else {
     std::fill(s, s + m * h.ld, 0.0f);
   }
-  if (shared != nullptr) {
-    std::fill(tmp, tmp + m * h.ld, 0.0f);
-    add_per_head(h, shared, kt, tmp, h.ld, i0, m);
-    for (int64_t i = 0; i < m; ++i) {
-      const float a = scale[p * h.n + i0 + i];
-      for (int64_t j = 0; j < h.r; ++j) s[i * h.ld + j] += a * tmp[i * h.ld + j];
+  if (shared == nullptr) return add_per_head(h, pe, kt, s, h.ld, i0, m);
+  for (int64_t hh = 0; hh < h.heads; ++hh) {
+    // a head's m rows of shared, pe and tmp are each m d contiguous floats
+    const float* sh = shared + (hh * h.n + i0) * h.d;
+    const float* pr = pe + (hh * h.n + i0) * h.d;
+    float* rows = tmp + hh * m * h.d;
+    if (h.d % kLanes == 0) {
+      for (int64_t i = 0; i < m; ++i) {
+        const float a = scale[p * h.n + i0 + i];
+        const V8 av = {a, a, a, a, a, a, a, a};
+        for (int64_t c = i * h.d; c < (i + 1) * h.d; c += kLanes)
+          store8(rows + c, av * load8(sh + c) + load8(pr + c));
+      }
+    } else {
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t c = i * h.d; c < (i + 1) * h.d; ++c)
+          rows[c] = scale[p * h.n + i0 + i] * sh[c] + pr[c];
     }
   }
-  add_per_head(h, pe, kt, s, h.ld, i0, m);
+  PerHead block = h;  // tmp's rows: m per head
+  block.n = m;
+  add_per_head(block, tmp, kt, s, h.ld, 0, m);
 }
 
 void check(bool ok, const char* op, const char* what) {
@@ -119,17 +136,82 @@ std::vector<mx::array> contiguous(std::initializer_list<const mx::array*> arrays
 }
 
 // -- point_probs -------------------------------------------------------------------------------
+typedef int32_t V8i __attribute__((vector_size(32)));
+
+// exp_f32 (math_f32.h) on 8 lanes: the same operations lane by lane, so the same bits.
+CANDLE_NN_INLINE V8 exp8(V8 x_in) {
+  const V8 lo = V8{} - 87.3f, hi = V8{} + 88.3f;
+  const V8 x = x_in < lo ? lo : (x_in > hi ? hi : x_in);
+  const V8 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const V8 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  V8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const V8i bits = (__builtin_convertvector(n, V8i) + 127) << 23;
+  V8 two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  const V8 e = (p * (r * r) + r + 1.0f) * two_n;
+  return x_in < lo ? V8{} : e;
+}
+
 // inputs: pe, k, [scale, shared], [coeff, fold, bias]
+// The softmax over each head's t columns runs on eight rows at once: their columns as vectors
+// (8 x 8 transposes), so the maxima, exponentials, sums and inverses are lane-wise over rows;
+// the per-column arithmetic is the same as one row at a time (the rest rows).
 CANDLE_NN_MULTIVERSION
 void probs_block(const PerHead& h, const float* scale, const float* coeff, int64_t mc,
                  const float* foldt, const float* bias, const float* shared, const float* pe,
                  const float* kt, float* out, int64_t p, int64_t i0, int64_t m) {
-  thread_local std::vector<float> s, tmp, g;
+  thread_local std::vector<float> s, tmp, g, colf;  // colf: the columns, 8 floats each
   s.resize(m * h.ld);
-  tmp.resize(shared ? m * h.ld : 0);
+  tmp.resize(shared ? h.heads * m * h.d : 0);
   g.resize(h.r);
+  const int64_t chunks = (h.r + kLanes - 1) / kLanes;
+  colf.resize(chunks * kLanes * kLanes);
+  V8* cols = reinterpret_cast<V8*>(colf.data());  // V8: 4-byte aligned
   scores(h, scale, coeff, mc, foldt, shared, pe, kt, s.data(), tmp.data(), p, i0, m);
-  for (int64_t i = 0; i < m; ++i) {
+  int64_t i = 0;
+  for (; i + kLanes <= m; i += kLanes) {
+    const float* rows = s.data() + i * h.ld;
+    for (int64_t c = 0; c < chunks; ++c) {
+      V8 a[kLanes];
+      for (int l = 0; l < kLanes; ++l) a[l] = load8(rows + l * h.ld + c * kLanes);
+      transpose8(a);
+      for (int l = 0; l < kLanes; ++l) cols[c * kLanes + l] = a[l];
+    }
+    if (bias != nullptr)
+      for (int64_t j = 0; j < h.r; ++j) cols[j] += bias[p * h.r + j];
+    for (int64_t hh = 0; hh < h.heads; ++hh) {
+      V8* col = cols + hh * h.t;
+      V8 top = col[0];
+      for (int64_t u = 1; u < h.t; ++u) top = top < col[u] ? col[u] : top;
+      V8 total{};
+      for (int64_t u = 0; u < h.t; ++u) {
+        col[u] = exp8(col[u] - top);
+        total += col[u];
+      }
+      const V8 inv = 1.0f / total;
+      for (int64_t u = 0; u < h.t; ++u) col[u] *= inv;
+    }
+    float* o = out + (p * h.n + i0 + i) * h.r;
+    for (int64_t c = 0; c < chunks; ++c) {
+      V8 a[kLanes];
+      for (int l = 0; l < kLanes; ++l) a[l] = cols[c * kLanes + l];
+      transpose8(a);
+      const int64_t width = std::min<int64_t>(kLanes, h.r - c * kLanes);
+      for (int l = 0; l < kLanes; ++l) {
+        float* dst = o + l * h.r + c * kLanes;
+        if (width == kLanes) {
+          store8(dst, a[l]);
+        } else {
+          for (int64_t j = 0; j < width; ++j) dst[j] = a[l][j];
+        }
+      }
+    }
+  }
+  for (; i < m; ++i) {
     float* row = s.data() + i * h.ld;
     float* o = out + (p * h.n + i0 + i) * h.r;
     if (bias != nullptr)
@@ -219,66 +301,85 @@ void norm_block(const PerHead& h, const NormDims& nd, const float* scale, const 
 // softmax over the n image tokens, scores as in `scores`; the values' rows of head hh at
 // `values + hh head_stride`, row stride ldv. Without the factored part (coeff, scale, shared
 // null, mc 0) only the values, of the scores pe · k.
+//
+// One pass over the image rows in blocks of kPoolBlock (their scores stay in L1): each block's
+// exponentials are taken against the running maximum of their column, the sums and products
+// accumulated so far rescaled where a block raises it (an online softmax), so the (n x r)
+// scores are never written out and read back. Against a column's maximum that is still -inf
+// (every score so far -inf or NaN) the exponentials are taken against 0, so -inf gives 0 and
+// NaN stays NaN, as against the column's final maximum.
+constexpr int64_t kPoolBlock = 128;
+
 CANDLE_NN_MULTIVERSION
 void pool_prompt(const PerHead& h, const float* scale, const float* coeff, int64_t mc,
                  const float* foldt, const float* shared, const float* pe, const float* kt,
                  const float* shared_v, int64_t dv, float* out, int64_t p, float* values,
                  int64_t head_stride, int64_t ldv) {
-  thread_local std::vector<float> s, tmp, top, sum;
-  constexpr int64_t kBlock = 48;
-  s.resize(h.n * h.ld);
-  tmp.resize(kBlock * h.ld);
-  for (int64_t i0 = 0; i0 < h.n; i0 += kBlock) {
-    const int64_t m = std::min(kBlock, h.n - i0);
-    scores(h, scale, coeff, mc, foldt, shared, pe, kt, s.data() + i0 * h.ld, tmp.data(), p, i0,
-           m);
-  }
+  thread_local std::vector<float> s, tmp, top, ref, sum, fac;
+  s.resize(kPoolBlock * h.ld);
+  tmp.resize(shared ? h.heads * kPoolBlock * h.d : 0);
   top.assign(h.r, -INFINITY);
+  ref.resize(h.r);
   sum.assign(h.r, 0.0f);
-  for (int64_t i = 0; i < h.n; ++i) {
-    const float* row = s.data() + i * h.ld;
-    for (int64_t j = 0; j < h.r; ++j) top[j] = std::max(top[j], row[j]);
-  }
-  for (int64_t i = 0; i < h.n; ++i) {
-    float* row = s.data() + i * h.ld;
-    for (int64_t j = 0; j < h.r; ++j) {
-      const float e = exp_f32(row[j] - top[j]);
-      row[j] = e;
-      sum[j] += e;
-    }
-    for (int64_t j = h.r; j < h.ld; ++j) row[j] = 0.0f;
-  }
+  fac.resize(h.r);
   const int64_t ldo = mc + dv;
-  constexpr int64_t kK = 256;
-  if (coeff != nullptr) {
-    float* o = out + p * h.r * ldo;
-    const float* cp = coeff + p * h.n * mc;
-    for (int64_t k0 = 0; k0 < h.n; k0 += kK) {
-      const int64_t kc = std::min(kK, h.n - k0);
-      gemm_strided(s.data() + k0 * h.ld, 1, h.ld, cp + k0 * mc, mc, o, ldo, h.r, mc, kc,
-                   k0 > 0 ? o : nullptr, ldo, h.r);
+  float* o = coeff != nullptr ? out + p * h.r * ldo : nullptr;
+  const float* cp = coeff != nullptr ? coeff + p * h.n * mc : nullptr;
+  for (int64_t i0 = 0; i0 < h.n; i0 += kPoolBlock) {
+    const int64_t m = std::min(kPoolBlock, h.n - i0);
+    scores(h, scale, coeff, mc, foldt, shared, pe, kt, s.data(), tmp.data(), p, i0, m);
+    for (int64_t j = 0; j < h.r; ++j) fac[j] = top[j];  // the block's maxima, from the old ones
+    for (int64_t i = 0; i < m; ++i) {
+      const float* row = s.data() + i * h.ld;
+      for (int64_t j = 0; j < h.r; ++j) fac[j] = std::max(fac[j], row[j]);
     }
+    bool rose = false;
     for (int64_t j = 0; j < h.r; ++j) {
-      const float inv = 1.0f / sum[j];
-      for (int64_t c = 0; c < mc; ++c) o[j * ldo + c] *= inv;
+      const float now = fac[j];
+      fac[j] = now > top[j] ? (top[j] == -INFINITY ? 0.0f : exp_f32(top[j] - now)) : 1.0f;
+      rose = rose || now > top[j];
+      top[j] = now;
+      ref[j] = now == -INFINITY ? 0.0f : now;
     }
-    for (int64_t i = 0; i < h.n; ++i) {
-      const float a = scale[p * h.n + i];
+    if (rose && i0 > 0) {
+      for (int64_t j = 0; j < h.r; ++j) {
+        sum[j] *= fac[j];
+        if (o != nullptr)
+          for (int64_t c = 0; c < mc; ++c) o[j * ldo + c] *= fac[j];
+        float* v = values + (j / h.t) * head_stride + (j % h.t) * ldv;
+        for (int64_t c = 0; c < dv; ++c) v[c] *= fac[j];
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) {
       float* row = s.data() + i * h.ld;
-      for (int64_t j = 0; j < h.r; ++j) row[j] *= a;
+      for (int64_t j = 0; j < h.r; ++j) {
+        const float e = exp_f32(row[j] - ref[j]);
+        row[j] = e;
+        sum[j] += e;
+      }
+      for (int64_t j = h.r; j < h.ld; ++j) row[j] = 0.0f;
+    }
+    if (coeff != nullptr) {
+      gemm_strided(s.data(), 1, h.ld, cp + i0 * mc, mc, o, ldo, h.r, mc, m,
+                   i0 > 0 ? o : nullptr, ldo, h.r);
+      for (int64_t i = 0; i < m; ++i) {
+        const float a = scale[p * h.n + i0 + i];
+        float* row = s.data() + i * h.ld;
+        for (int64_t j = 0; j < h.r; ++j) row[j] *= a;
+      }
+    }
+    for (int64_t hh = 0; hh < h.heads; ++hh) {
+      float* oh = values + hh * head_stride;
+      gemm_strided(s.data() + hh * h.t, 1, h.ld, shared_v + (hh * h.n + i0) * dv, dv, oh, ldv,
+                   h.t, dv, m, i0 > 0 ? oh : nullptr, ldv, h.t);
     }
   }
-  for (int64_t hh = 0; hh < h.heads; ++hh) {
-    float* oh = values + hh * head_stride;
-    for (int64_t k0 = 0; k0 < h.n; k0 += kK) {
-      const int64_t kc = std::min(kK, h.n - k0);
-      gemm_strided(s.data() + k0 * h.ld + hh * h.t, 1, h.ld, shared_v + (hh * h.n + k0) * dv, dv,
-                   oh, ldv, h.t, dv, kc, k0 > 0 ? oh : nullptr, ldv, h.t);
-    }
-    for (int64_t u = 0; u < h.t; ++u) {
-      const float inv = 1.0f / sum[hh * h.t + u];
-      for (int64_t c = 0; c < dv; ++c) oh[u * ldv + c] *= inv;
-    }
+  for (int64_t j = 0; j < h.r; ++j) {
+    const float inv = 1.0f / sum[j];
+    if (o != nullptr)
+      for (int64_t c = 0; c < mc; ++c) o[j * ldo + c] *= inv;
+    float* v = values + (j / h.t) * head_stride + (j % h.t) * ldv;
+    for (int64_t c = 0; c < dv; ++c) v[c] *= inv;
   }
 }
 

@@ -88,6 +88,28 @@ CANDLE_NN_INLINE void gemm_strided(const float* a, int64_t ars, int64_t aks, con
   }
 }
 
+// a[l] <- lane l of every a[i] (an 8 x 8 transpose: unpack, 64-bit shuffle, 128-bit halves).
+CANDLE_NN_INLINE void transpose8(V8 (&a)[kLanes]) {
+  V8 t[kLanes];
+  for (int i = 0; i < kLanes; i += 2) {
+    t[i] = __builtin_shufflevector(a[i], a[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[i + 1] = __builtin_shufflevector(a[i], a[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int i = 0; i < kLanes; i += 4)
+    for (int j = 0; j < 2; ++j) {
+      a[i + 2 * j] = __builtin_shufflevector(t[i + j], t[i + j + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      a[i + 2 * j + 1] = __builtin_shufflevector(t[i + j], t[i + j + 2], 2, 3, 10, 11, 6, 7, 14,
+                                                 15);
+    }
+  // a[0..3]: rows 0-3 of columns 0, 1, 2, 3 (lanes 0-3) and 4, 5, 6, 7 (lanes 4-7); a[4..7]
+  // the same of rows 4-7
+  for (int j = 0; j < 4; ++j) {
+    t[j] = __builtin_shufflevector(a[j], a[j + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    t[j + 4] = __builtin_shufflevector(a[j], a[j + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+  for (int j = 0; j < kLanes; ++j) a[j] = t[j];
+}
+
 // (x - mean) / sqrt(var + eps) * weight + bias of a row of c floats (c a multiple of 8), in place.
 CANDLE_NN_INLINE void layer_norm_row(float* row, int64_t c, const float* weight,
                                      const float* bias, float eps) {

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 import candle_nn as cn
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_map
 
 from ..transformer import head_weights
 
@@ -76,7 +77,8 @@ class PointGridDecoder:
             dense = pe.no_mask_embed.embeddings.reshape(1, 1, 1, -1)
             keys0 = (image_embeddings + dense).reshape(h * w, c)
             key_pe = pe.get_dense_pe().reshape(h * w, c).astype(keys0.dtype)
-            self.image_side = _image_side(sam, keys0, key_pe)
+            # contiguous once here: the CPU kernels would copy a transposed view on every call
+            self.image_side = tree_map(mx.contiguous, _image_side(sam, keys0, key_pe))
             mx.eval(self.image_side)
         self.compiled = compiled
         self._upscaling: tuple[tuple[mx.array, mx.array], ...] | None = None

@@ -212,11 +212,12 @@ def test_nan_positions_on_every_device(device, op):
     np.testing.assert_array_equal(got, want)
 
 
-def test_point_attention_propagates_nonfinite(path):
+@pytest.mark.parametrize("n", [90, 300])  # point_pool's softmax: one block of rows, or three
+def test_point_attention_propagates_nonfinite(path, n):
     """The AMG decoder's attention on factored image tokens: a NaN / Inf coefficient (or
     probability) reaches the outputs as the plain ops' products, softmax and LayerNorm
     statistics carry it."""
-    b, n, heads, t, d, m = 2, 90, 2, 3, 4, 8
+    b, heads, t, d, m = 2, 2, 3, 4, 8
     r = np.random.default_rng(11)
 
     def f32(*shape):
@@ -240,6 +241,26 @@ def test_point_attention_propagates_nonfinite(path):
                    poisoned((b, n, heads * t)))
 
 
+def test_point_pool_running_maximum_nonfinite(path):
+    """point_pool's softmax over the image rows runs block by block (128 rows) against each
+    column's running maximum: scores that are -inf through the first blocks and finite later
+    (head 2: finite outputs), a +Inf (head 0) and a NaN (head 1) in a late block give what the
+    softmax over all rows at once gives."""
+    heads, n, d, rows = 3, 300, 4, 8  # 8 rows: one tile of 8 tokens per head, no padding
+    r = np.random.default_rng(13)
+    pe = r.standard_normal((heads, n, d)).astype(np.float32)
+    q = np.abs(r.standard_normal((heads, rows, d))).astype(np.float32) + 0.1  # -inf · q = -inf
+    pe[:, :200, 0] = -np.inf
+    pe[0, 250, 1] = np.inf
+    pe[1, 260, 2] = np.nan
+    shared_v = mx.array(r.standard_normal((heads, n, 8)).astype(np.float32))
+    same_nonfinite(lambda a: cn.ops.point_pool(None, None, None, None, mx.array(a), mx.array(q),
+                                               shared_v), pe)
+    out = np.array(cn.ops.point_pool(None, None, None, None, mx.array(pe), mx.array(q),
+                                     shared_v))
+    assert np.isfinite(out[2]).all() and np.isnan(out[:2]).all()
+
+
 def test_mask_upscale_propagates_nonfinite(path):
     u, n, k, c1, c2, m = 2, 40, 12, 8, 8, 3
     coeff = poisoned((u, n, k))
@@ -256,7 +277,8 @@ def test_mask_upscale_propagates_nonfinite(path):
             weight, bias, lw, lb)), 1e-6, *(mx.array(x) for x in (w2, b2, hyper))), coeff)
 
 
-def test_mask_resize_and_stability_with_nonfinite_logits(path):
+@pytest.mark.parametrize("w, ow", [(20, 50), (24, 48)])  # 24 -> 48: the kernel's 8-lane path
+def test_mask_resize_and_stability_with_nonfinite_logits(path, w, ow):
     """Resizing makes every pixel whose bilinear taps touch a NaN / Inf logit non-finite (the
     banded kernel exactly those, as PyTorch's interpolate; the dense reference product also
     the rest of their rows and columns, through 0 x NaN) and the other pixels equal to the
@@ -264,9 +286,9 @@ def test_mask_resize_and_stability_with_nonfinite_logits(path):
     (NaN is above no threshold, +Inf above every one)."""
     from candle_nn.upsample import bilinear_resize_matrix
 
-    masks = poisoned((3, 16, 20))
+    masks = poisoned((3, 16, w))
     rows = bilinear_resize_matrix(48, 37) @ bilinear_resize_matrix(16, 64, keep=48)
-    cols = bilinear_resize_matrix(64, 50) @ bilinear_resize_matrix(20, 64)
+    cols = bilinear_resize_matrix(64, ow) @ bilinear_resize_matrix(w, 64)
     with mx.stream(mx.cpu):
         fast = np.array(cn.ops.resize_masks(mx.array(masks), mx.array(rows.astype(np.float32)),
                                             mx.array(cols.astype(np.float32))))

@@ -268,13 +268,14 @@ def _softmax64(x: np.ndarray, axis: int) -> np.ndarray:
 B, N, HEADS, T, D, M = 3, 300, 2, 3, 4, 8
 
 
+@pytest.mark.parametrize("d", [D, 8])  # 8: the kernels' vector path for scale shared + pe
 @pytest.mark.parametrize("form", ["positional", "factored"])
-def test_point_probs(op_paths, form) -> None:
-    pe, k = _f32(HEADS, N, D), _f32(HEADS, B * T, D)
+def test_point_probs(op_paths, form, d) -> None:
+    pe, k = _f32(HEADS, N, d), _f32(HEADS, B * T, d)
     s = _per_head64(pe, k, B)
     args = {}
     if form == "factored":
-        args = dict(scale=_f32(B, N) * 0.5 + 1, shared=_f32(HEADS, N, D), coeff=_f32(B, N, M),
+        args = dict(scale=_f32(B, N) * 0.5 + 1, shared=_f32(HEADS, N, d), coeff=_f32(B, N, M),
                     fold=_f32(B, HEADS * T, M) * 0.5, bias=_f32(B, HEADS * T))
         s = (s + args["scale"][..., None] * _per_head64(args["shared"], k, B)
              + args["coeff"].astype(np.float64) @ args["fold"].swapaxes(1, 2)
@@ -321,10 +322,11 @@ def test_point_norm(op_paths, form) -> None:
     assert _rel(ours, ref) <= 1e-5, op_paths
 
 
-def test_point_pool(op_paths) -> None:
+@pytest.mark.parametrize("d", [D, 8])
+def test_point_pool(op_paths, d) -> None:
     dv = 8
     scale, coeff, fold = _f32(B, N) * 0.5 + 1, _f32(B, N, M), _f32(B, HEADS * T, M) * 0.5
-    shared_k, pe, q, shared_v = (_f32(HEADS, N, D), _f32(HEADS, N, D), _f32(HEADS, B * T, D),
+    shared_k, pe, q, shared_v = (_f32(HEADS, N, d), _f32(HEADS, N, d), _f32(HEADS, B * T, d),
                                  _f32(HEADS, N, dv))
     s = (scale[..., None] * _per_head64(shared_k, q, B) + _per_head64(pe, q, B)
          + coeff.astype(np.float64) @ fold.swapaxes(1, 2).astype(np.float64))
@@ -353,8 +355,9 @@ def test_point_pool_unfactored(op_paths, rows) -> None:
     assert _rel(ours, ref) <= 1e-5, op_paths
 
 
-def test_mask_upscale(op_paths) -> None:
-    u, n, k, c1, c2, m = 2, 70, 12, 8, 8, 3  # n: two full token blocks of the kernel and a part
+@pytest.mark.parametrize("n", [70, 37])  # token blocks of the kernel (32) and a part: 4 n rows
+def test_mask_upscale(op_paths, n) -> None:  # of the LayerNorm, in groups of 8 and (37) a rest
+    u, k, c1, c2, m = 2, 12, 8, 8, 3
     scale, shared, coeff = _f32(u, n) * 0.5 + 1, _f32(n, 4 * c1), _f32(u, n, k) * 0.3
     weight, bias = _f32(u, k, 4 * c1) * 0.3, _f32(4 * c1)
     lw, lb, w2, b2, hyper = _f32(c1), _f32(c1), _f32(4 * c2, c1) * 0.3, _f32(4 * c2), _f32(u, m, c2)
@@ -371,12 +374,13 @@ def test_mask_upscale(op_paths) -> None:
     assert _rel(ours, ref) <= 1e-5, op_paths
 
 
-def test_mask_resize_and_stability(op_paths) -> None:
+@pytest.mark.parametrize("w, ow", [(20, 50), (24, 48)])  # 24 -> 48: the kernel's 8-lane path
+def test_mask_resize_and_stability(op_paths, w, ow) -> None:
     from candle_nn.upsample import bilinear_resize_matrix
 
-    masks = _f32(3, 16, 20) * 2
-    rows = bilinear_resize_matrix(48, 37) @ bilinear_resize_matrix(16, 64, keep=48)  # banded
-    cols = bilinear_resize_matrix(64, 50) @ bilinear_resize_matrix(20, 64)
+    masks = _f32(3, 19, w) * 2
+    rows = bilinear_resize_matrix(48, 37) @ bilinear_resize_matrix(19, 64, keep=48)  # banded
+    cols = bilinear_resize_matrix(64, ow) @ bilinear_resize_matrix(w, 64)
     ref = np.einsum("yh,khw,xw->kyx", rows, masks.astype(np.float64), cols)
     with mx.stream(mx.cpu):
         ours = cn.ops.resize_masks(mx.array(masks), mx.array(rows.astype(np.float32)),
