@@ -15,6 +15,7 @@ preloads OpenBLAS); ``--in-process`` runs everything here instead (faster, for s
     python -m benchmarks --threads 2 --json bench.json    # every model, every device
     python -m benchmarks --json b.json --markdown b.md     # also a Markdown table for the README
     python -m benchmarks --report b.json                   # print a saved run's table again
+    python -m benchmarks --report a.json b.json --json c.json  # merge runs into one
     python -m benchmarks --quick                           # smoke run: ResNet-18, few iterations
     python -m benchmarks --models resnet50-train --device cpu  # training steps vs PyTorch
     python -m benchmarks --models mobilesam-amg --repeat 1  # automatic masks vs MobileSAM's own
@@ -263,8 +264,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", metavar="PATH", help="write a Markdown results table (README)")
     p.add_argument("--chart", metavar="PATH",
                    help="write a PNG chart (default: beside --json; needs matplotlib)")
-    p.add_argument("--report", metavar="JSON",
-                   help="measure nothing: print (and --markdown/--chart) a saved --json run")
+    p.add_argument("--report", metavar="JSON", nargs="+",
+                   help="measure nothing: print (and --markdown/--chart) a saved --json run; "
+                        "several runs: merged into one table (and --json file)")
     p.add_argument("--profile", action="store_true",
                    help="instead of comparing: print where candle_nn's forward spends its time "
                         "(self time per module class and the costliest modules), batch 1")
@@ -296,7 +298,13 @@ def _main(argv: Sequence[str] | None) -> int:
         if out:
             _check_writable(out)
     if args.report:
-        _emit(bench_report.read_saved_run(args.report), args)
+        reports = [bench_report.read_saved_run(path) for path in args.report]
+        report = reports[0] if len(reports) == 1 else bench_report.merge(reports)
+        if args.json:
+            if len(reports) > 1:
+                report["meta"]["command"] = "python -m benchmarks " + " ".join(argv)
+            bench_report.write_json(report, args.json)
+        _emit(report, args)
         return 0
     args.models = args.models or list(QUICK_MODELS if args.quick else MODELS)
     if args.rounds < 1:

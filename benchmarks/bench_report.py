@@ -57,6 +57,15 @@ def build(meta: dict, rows: list[dict]) -> dict:
     return {"meta": meta, "results": rows, "ratios": ratios(rows)}
 
 
+def merge(reports: list[dict]) -> dict:
+    """Several saved runs as one report (a GPU table measured one model and dtype per run):
+    their results side by side, the ratios recomputed, the first run's ``meta`` with every
+    run's command under ``runs``."""
+    meta = dict(reports[0]["meta"])
+    meta["runs"] = [r["meta"].get("command") for r in reports]
+    return build(meta, [row for r in reports for row in r["results"]])
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 

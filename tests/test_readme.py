@@ -98,6 +98,18 @@ def test_the_results_tables_are_generated_from_the_results_files() -> None:
         assert bench_report.markdown(report) in page, name
 
 
+def test_the_gpu_profile_table_is_generated_from_the_results_file() -> None:
+    """docs/nvidia.md's profile table is ``bench_gpu_trace``'s Markdown of the kernel traces in
+    benchmarks/results/h100.json (``python -m benchmarks.bench_gpu_trace --report FILE``)."""
+    from benchmarks import bench_gpu_trace, bench_report
+
+    report = bench_report.read_saved_run(str(ROOT / "benchmarks" / "results" / "h100.json"))
+    rows = bench_gpu_trace.bench_rows(report)
+    assert {row["side"] for row in rows} == {"candle_nn+mx.compile", "torch",
+                                            "torch.compile(reduce-overhead)"}
+    assert bench_gpu_trace.markdown(rows) in (ROOT / "docs" / "nvidia.md").read_text()
+
+
 def test_no_history_in_the_readme_and_docs() -> None:
     """History lives in commits: no commit hashes, dates, times, load averages or "tried and
     reverted" notes in the README or docs/."""

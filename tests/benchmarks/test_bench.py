@@ -101,6 +101,26 @@ def test_markdown_table_and_report_of_a_saved_run(quick, capsys) -> None:
     assert capsys.readouterr().out.strip() == text.strip()
 
 
+def test_report_merges_saved_runs_into_one(quick, tmp_path, capsys) -> None:
+    """A table measured in several runs (one per model and dtype on a GPU) is merged into one
+    file: the rows side by side, the ratios those of the rows together, each run's command
+    kept."""
+    report, _, _ = quick
+    parts = []
+    for i, ours in enumerate((True, False)):
+        part = {**report, "meta": {**report["meta"], "command": f"run {i}"},
+                "results": [r for r in report["results"] if (r["impl"] == "candle_nn") == ours]}
+        parts.append(tmp_path / f"part{i}.json")
+        parts[-1].write_text(json.dumps(part))
+    merged = tmp_path / "merged.json"
+    assert bench.main(["--report", *map(str, parts), "--json", str(merged)]) == 0
+    saved = json.loads(merged.read_text())
+    assert saved["results"] == report["results"] and saved["ratios"] == report["ratios"]
+    assert saved["meta"]["runs"] == ["run 0", "run 1"]
+    assert saved["meta"]["command"].startswith("python -m benchmarks --report ")
+    capsys.readouterr()
+
+
 def test_chart_is_written_when_matplotlib_is_installed(quick) -> None:
     report, _, out = quick
     measured = any(r["status"] == "ok" for r in report["results"])
