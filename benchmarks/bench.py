@@ -282,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(argv)
     from candle_nn_models.scripts.common import run_main
 
-    return run_main(_main, argv)
+    return run_main(_main, argv, json_document=False)  # its --json names a file
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -65,15 +65,16 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def run_main(main: Callable[[Sequence[str] | None], int],
-             argv: Sequence[str] | None = None) -> int:
+             argv: Sequence[str] | None = None, *, json_document: bool = True) -> int:
     """Run a CLI body: library errors become one ``error: …`` line on stderr and exit status 1.
 
     stdout/stderr escape what their encoding cannot show (a file name that is not UTF-8, an
     ASCII-only terminal) instead of raising ``UnicodeEncodeError``; a closed pipe (``| head``)
-    ends the program quietly. With ``--json``, a fatal error that left no JSON document on stdout
-    prints :func:`error_document`."""
+    ends the program quietly. With ``--json`` (when ``json_document``: a CLI whose ``--json``
+    asks for its results as a JSON document on stdout), a fatal error that left no JSON document
+    on stdout prints :func:`error_document`."""
     global _document_printed
-    _document_printed = False
+    _document_printed = not json_document  # False: a document is still owed
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(errors="backslashreplace")

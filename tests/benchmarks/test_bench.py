@@ -151,7 +151,9 @@ def test_bad_paths_are_one_error_line_before_measuring(capsys, tmp_path):
 
     assert bench_main(["--report", str(tmp_path / "missing.json")]) == 1
     assert bench_main(["--quick", "--json", str(tmp_path / "no" / "dir" / "x.json")]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
+    out, err = capsys.readouterr()
+    assert out == ""  # --json names the results file here: no error document on stdout
+    err = err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("error: ") for line in err), err
     assert "missing.json" in err[0] and "does not exist or is not writable" in err[1]
 
