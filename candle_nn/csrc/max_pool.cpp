@@ -5,12 +5,12 @@
 // MLX's max reduction.
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <stdexcept>
 
 #include "cpu_eval.h"
 #include "kernels.h"
+#include "small_gemm.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "thread_pool.h"
 
@@ -25,15 +25,10 @@ struct PoolGeometry {
 // max(m, v), NaN if either is: a NaN m stays (neither test replaces it).
 inline float nan_max(float m, float v) { return (v > m || v != v) ? v : m; }
 
-typedef float v8 __attribute__((vector_size(32)));
+using v8 = small_gemm::V8;
+using small_gemm::load8;
+using small_gemm::store8;
 typedef int32_t v8i __attribute__((vector_size(32)));
-
-CANDLE_NN_INLINE v8 load8(const float* p) {
-  v8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-CANDLE_NN_INLINE void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
 // nan_max on 8 lanes (the same operations, the same bits).
 CANDLE_NN_INLINE v8 nan_max8(v8 m, v8 v) {
   const v8i take = (v > m) | (v != v);
