@@ -138,10 +138,12 @@ _DEPTHWISE = r"""
         if (ih < 0 || ih >= H) continue;
         const long row = ((long)n * H + ih) * W;
         float xin[IW][VEC];
+        bool inside[IW];  // taps outside the image add nothing (implicit padding, as MLX's conv)
         #pragma unroll
         for (int q = 0; q < IW; ++q) {
             const int iw = ow0 * SW - PW + q;
-            if (iw >= 0 && iw < W) {
+            inside[q] = iw >= 0 && iw < W;
+            if (inside[q]) {
                 const Pack<T, VEC> xv =
                     *reinterpret_cast<const Pack<T, VEC>*>(x + (row + iw) * C + c);
                 #pragma unroll
@@ -160,7 +162,8 @@ _DEPTHWISE = r"""
             #pragma unroll
             for (int r = 0; r < R; ++r) {
                 #pragma unroll
-                for (int v = 0; v < VEC; ++v) acc[r][v] += xin[r * SW + j][v] * wv[v];
+                for (int v = 0; v < VEC; ++v)
+                    if (inside[r * SW + j]) acc[r][v] += xin[r * SW + j][v] * wv[v];
             }
         }
     }

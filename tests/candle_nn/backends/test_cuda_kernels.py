@@ -72,6 +72,35 @@ def test_depthwise_conv_matches_reference(device, kernel_switch, monkeypatch, dt
     assert _rel(layer(mx.array(x, dtype=dtype)), ref) < tol
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_conv_nonfinite_weights_skip_the_padding(device, kernel_switch, stride):
+    """Padding is implicit, as in MLX's conv (and PyTorch's): a tap that falls outside the image
+    adds nothing, so a NaN or +-Inf weight does not reach the outputs whose window holds it only
+    over the padding (an explicit 0 * NaN would make them NaN)."""
+    rng = np.random.default_rng(5)
+    x = np.array(mx.array(rng.standard_normal((1, 9, 10, 16)), dtype=mx.float32), np.float64)
+    w = rng.standard_normal((16, 3, 3, 1)) * 0.3
+    w[1, 0, 1, 0], w[2, 2, 2, 0], w[3, 1, 0, 0] = np.nan, np.inf, -np.inf
+    b = rng.standard_normal(16)
+    layer = cn.Conv2d(mx.array(w, dtype=mx.float32), mx.array(b, dtype=mx.float32),
+                      cn.Conv2dConfig(padding=1, stride=stride, groups=16), device=device)
+    got = np.array(layer(mx.array(x, dtype=mx.float32)), dtype=np.float64)
+    xp = np.pad(x, [(0, 0), (1, 1), (1, 1), (0, 0)])
+    inside = np.pad(np.ones(x.shape, bool), [(0, 0), (1, 1), (1, 1), (0, 0)])
+    oh, ow = (x.shape[1] - 1) // stride + 1, (x.shape[2] - 1) // stride + 1
+    ref = np.zeros((1, oh, ow, 16)) + b
+    for i in range(3):
+        for j in range(3):
+            rows = slice(i, i + stride * (oh - 1) + 1, stride)
+            cols = slice(j, j + stride * (ow - 1) + 1, stride)
+            with np.errstate(invalid="ignore"):
+                ref += np.where(inside[:, rows, cols], xp[:, rows, cols] * w[:, i, j, 0], 0.0)
+    for where in (np.isnan, np.isposinf, np.isneginf):
+        np.testing.assert_array_equal(where(got), where(ref), err_msg=where.__name__)
+    finite = np.isfinite(ref)
+    assert np.abs(got[finite] - ref[finite]).max() < 1e-5 * np.abs(ref[finite]).max()
+
+
 @pytest.mark.parametrize("dtype,tol", DTYPES, ids=["float32", "float16"])
 @pytest.mark.parametrize("kernel,stride,pad", [(3, 2, 1), (5, 1, 2)])
 def test_max_pool_matches_reference(device, dtype, tol, kernel, stride, pad):
