@@ -25,6 +25,30 @@ constexpr int kLanes = 8;
 CANDLE_NN_INLINE V8 load8(const float* p) { return *reinterpret_cast<const V8*>(p); }
 CANDLE_NN_INLINE void store8(float* p, V8 v) { *reinterpret_cast<V8*>(p) = v; }
 
+typedef int I8 __attribute__((vector_size(32)));
+
+// kt[e * ldt + j] = rows[j][e] for 8 keys j (rows[j] null: zeros) and 8 dims e, as an 8x8
+// transpose in registers (the scalar loop stores each float to its own cache line).
+CANDLE_NN_INLINE void transpose8(const float* const* rows, int64_t e0, float* kt, int64_t ldt) {
+  V8 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = rows[i] ? load8(rows[i] + e0) : V8{};
+  V8 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = __builtin_shuffle(r[2 * i], r[2 * i + 1], I8{0, 8, 1, 9, 4, 12, 5, 13});
+    t[2 * i + 1] = __builtin_shuffle(r[2 * i], r[2 * i + 1], I8{2, 10, 3, 11, 6, 14, 7, 15});
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int h = 0; h < 2; ++h) {
+      const V8 a = t[4 * i + h], b = t[4 * i + h + 2];
+      u[4 * i + 2 * h] = __builtin_shuffle(a, b, I8{0, 1, 8, 9, 4, 5, 12, 13});
+      u[4 * i + 2 * h + 1] = __builtin_shuffle(a, b, I8{2, 3, 10, 11, 6, 7, 14, 15});
+    }
+  for (int e = 0; e < 4; ++e) {
+    store8(kt + e * ldt, __builtin_shuffle(u[e], u[e + 4], I8{0, 1, 2, 3, 8, 9, 10, 11}));
+    store8(kt + (e + 4) * ldt, __builtin_shuffle(u[e], u[e + 4], I8{4, 5, 6, 7, 12, 13, 14, 15}));
+  }
+}
+
 // C[MR rows, 8 NV cols] = A[MR, K] @ B[K, 8 NV] (row-major, leading dims lda, ldb, ldc).
 template <int MR, int NV>
 CANDLE_NN_INLINE void tile(const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
@@ -102,14 +126,27 @@ void attention_head(const HeadView& hv, const float* bias, int lq, int lk, int d
     for (int e = 0; e < d; ++e) q[i * d + e] = qi[e] * scale;
   }
   for (int j = 0; j < lk; ++j) {
-    const float* kj = hv.rows ? hv.rows[j] + d : hv.k + j * hv.k_stride;
     const float* vj = hv.rows ? hv.rows[j] + 2 * d : hv.v + j * hv.v_stride;
-    for (int e = 0; e < d; ++e) kt[static_cast<int64_t>(e) * np + j] = kj[e];
     for (int e = 0; e < dv; ++e) v[j * dp + e] = vj[e];
     for (int e = dv; e < dp; ++e) v[j * dp + e] = 0.0f;
   }
-  for (int e = 0; e < d; ++e)
-    for (int j = lk; j < np; ++j) kt[static_cast<int64_t>(e) * np + j] = 0.0f;
+  if (d % kLanes == 0) {
+    for (int j0 = 0; j0 < np; j0 += kLanes) {
+      const float* kr[kLanes];
+      for (int l = 0; l < kLanes; ++l) {
+        const int j = j0 + l;
+        kr[l] = j >= lk ? nullptr : hv.rows ? hv.rows[j] + d : hv.k + j * hv.k_stride;
+      }
+      for (int e0 = 0; e0 < d; e0 += kLanes) transpose8(kr, e0, kt + e0 * np + j0, np);
+    }
+  } else {
+    for (int j = 0; j < lk; ++j) {
+      const float* kj = hv.rows ? hv.rows[j] + d : hv.k + j * hv.k_stride;
+      for (int e = 0; e < d; ++e) kt[static_cast<int64_t>(e) * np + j] = kj[e];
+    }
+    for (int e = 0; e < d; ++e)
+      for (int j = lk; j < np; ++j) kt[static_cast<int64_t>(e) * np + j] = 0.0f;
+  }
   small_gemm(q, d, kt, np, s, np, lq, np / kLanes, d);
   for (int i = 0; i < lq; ++i) {
     float* row = s + static_cast<int64_t>(i) * np;
@@ -138,9 +175,13 @@ void attention_head(const HeadView& hv, const float* bias, int lq, int lk, int d
     for (int j = 0; j < np; ++j) row[j] *= inv;
   }
   small_gemm(s, np, v, dp, o, dp, lq, dp / kLanes, lk);
-  for (int i = 0; i < lq; ++i)
-    std::copy(o + static_cast<int64_t>(i) * dp, o + static_cast<int64_t>(i) * dp + dv,
-              hv.out_rows ? hv.out_rows[i] : hv.out + i * hv.out_stride);
+  for (int i = 0; i < lq; ++i) {
+    const float* oi = o + static_cast<int64_t>(i) * dp;
+    float* dst = hv.out_rows ? hv.out_rows[i] : hv.out + i * hv.out_stride;
+    int e = 0;
+    for (; e + kLanes <= dv; e += kLanes) store8(dst + e, load8(oi + e));  // not a memmove call
+    for (; e < dv; ++e) dst[e] = oi[e];
+  }
 }
 
 mx::array attention_ops(const mx::array& qkv, const std::optional<mx::array>& bias, int heads,
@@ -371,30 +412,37 @@ void WindowAttention::eval_cpu(const std::vector<mx::array>& inputs,
     // keys and values only, no output row is computed for them.
     std::vector<float> zeros(pad ? 0 : stride, 0.0f);
     const float* fill = pad ? pad : zeros.data();
+    // Task t's rows: token j's q, k, v at rows[j], query i (a token inside the image) is token
+    // query_token[i], its output row out_rows[i]; returns the number of queries.
+    auto gather = [&](int64_t t, const float** rows, int* query_token, float** out_rows) {
+      const int head = static_cast<int>(t % heads);
+      const int64_t win = t / heads;
+      const int wx = static_cast<int>(win % nw), wy = static_cast<int>(win / nw % nh);
+      const int64_t img = win / (int64_t{nw} * nh);
+      const int64_t hoff = int64_t{head} * 3 * d;
+      int lq = 0;
+      for (int ty = 0; ty < ws; ++ty)
+        for (int tx = 0; tx < ws; ++tx) {
+          const int y = wy * ws + ty, xx = wx * ws + tx, tok = ty * ws + tx;
+          if (y < h && xx < w) {
+            const int64_t pix = (img * h + y) * w + xx;
+            rows[tok] = x + pix * stride + hoff;
+            query_token[lq] = tok;
+            out_rows[lq++] = o + pix * ostride + int64_t{head} * d;
+          } else {
+            rows[tok] = fill + hoff;
+          }
+        }
+      return lq;
+    };
     parallel_for(tasks, 1, 1, [&](int64_t t0, int64_t t1) {
       thread_local std::vector<const float*> rows;
       thread_local std::vector<float*> out_rows;
       thread_local std::vector<int> query_token;
       rows.resize(n), out_rows.resize(n), query_token.resize(n);
       for (int64_t t = t0; t < t1; ++t) {
+        const int lq = gather(t, rows.data(), query_token.data(), out_rows.data());
         const int head = static_cast<int>(t % heads);
-        int64_t win = t / heads;
-        const int wx = static_cast<int>(win % nw), wy = static_cast<int>(win / nw % nh);
-        const int64_t img = win / (int64_t{nw} * nh);
-        const int64_t hoff = int64_t{head} * 3 * d;
-        int lq = 0;
-        for (int ty = 0; ty < ws; ++ty)
-          for (int tx = 0; tx < ws; ++tx) {
-            const int y = wy * ws + ty, xx = wx * ws + tx, tok = ty * ws + tx;
-            if (y < h && xx < w) {
-              const int64_t pix = (img * h + y) * w + xx;
-              rows[tok] = x + pix * stride + hoff;
-              query_token[lq] = tok;
-              out_rows[lq++] = o + pix * ostride + int64_t{head} * d;
-            } else {
-              rows[tok] = fill + hoff;
-            }
-          }
         HeadView hv{nullptr, nullptr, nullptr, 0, 0, 0, nullptr, 0,
                     rows.data(), query_token.data(), out_rows.data()};
         attention_head(hv, bias ? bias + int64_t{head} * n * n : nullptr, lq, n, d, d, scale);
