@@ -17,7 +17,7 @@ from .activation import (
 )
 from . import backends, config, ops  # noqa: F401  (backends: registers the ops' implementations)
 from .ops.attention import (
-    multi_head_attention, packed_qkv_attention, scaled_dot_product_attention,
+    multi_head_attention, packed_qkv_attention, scaled_dot_product_attention, window_attention,
 )
 from .batch_norm import BatchNorm2d, freeze_bn_stats
 from .checkpoint import save_safetensors, state_dict
@@ -61,5 +61,5 @@ __all__ = [
     "multi_head_attention",
     "open_safetensors", "packed_qkv_attention", "read_tensor", "relu", "save_safetensors",
     "scaled_dot_product_attention", "seq", "set_float32_precision", "sigmoid", "silu",
-    "softmax", "state_dict", "upsample_bilinear2d", "upsample_nearest2d",
+    "softmax", "state_dict", "upsample_bilinear2d", "upsample_nearest2d", "window_attention",
 ]

@@ -83,6 +83,17 @@ NB_MODULE(_cpu_kernels, m) {
       "softmax(q k^T * scale + bias) v per (sequence, head): qkv (B, N, heads * 3 * D) packed "
       "q, k, v per head, bias (heads, N, N); -> (B, N, heads * D). float32.");
   m.def(
+      "window_attention",
+      [](const mx::array& qkv, std::optional<mx::array> pad, std::optional<mx::array> bias,
+         int heads, int window, float scale) {
+        return candle_nn::window_attention(qkv, pad, bias, heads, window, scale);
+      },
+      "qkv"_a, "pad"_a = nb::none(), "bias"_a = nb::none(), "heads"_a, "window"_a, "scale"_a,
+      "Window attention of an image from its packed projection: qkv (B, H, W, heads * 3 * D) "
+      "in image order, pad (heads * 3 * D,) the qkv of the tokens padding H, W to whole "
+      "windows (zeros if none), bias (heads, window², window²); -> (B, H, W, heads * D). "
+      "float32.");
+  m.def(
       "layer_norm",
       [](const mx::array& x, std::optional<mx::array> weight, std::optional<mx::array> bias,
          float eps) { return candle_nn::layer_norm(x, weight, bias, eps); },

@@ -215,6 +215,33 @@ class MaxPool2dNhwc : public mx::Primitive {
   std::pair<int, int> kernel_, stride_, padding_;
 };
 
+// Window attention of an image, straight from its packed qkv projection in image order: the
+// image (qkv (B, H, W, heads * 3 * D), per token and head q, k, v of D each) cut into window x
+// window tiles, the tokens past its bottom / right edge taking the pad token's qkv
+// (heads * 3 * D,) (zeros without one), softmax(q k^T * scale + bias) v per (window, head) with
+// bias (heads, window², window²) or none; output (B, H, W, heads * D) in image order (no rows
+// for the padding). One (window, head) per task on the thread pool.
+mx::array window_attention(const mx::array& qkv, const std::optional<mx::array>& pad,
+                           const std::optional<mx::array>& bias, int heads, int window,
+                           float scale, mx::StreamOrDevice s = {});
+
+class WindowAttention : public mx::Primitive {
+ public:
+  WindowAttention(mx::Stream stream, int heads, int window, float scale, bool has_pad,
+                  bool has_bias)
+      : mx::Primitive(stream), heads_(heads), window_(window), scale_(scale), has_pad_(has_pad),
+        has_bias_(has_bias) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "CandleNNWindowAttention"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  int heads_, window_;
+  float scale_;
+  bool has_pad_, has_bias_;
+};
+
 // softmax(q k^T * scale) v per (sequence, head) with the heads side by side in the last axis:
 // q (B, Lq, heads * D), k (B, Lk, heads * D), v (B, Lk, heads * Dv) -> (B, Lq, heads * Dv)
 // (attention.cpp; no transposes to (B, heads, L, D) and back).

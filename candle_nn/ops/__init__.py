@@ -17,7 +17,8 @@ from .activation import (
     ACTIVATIONS, bias_act, check_activation, gelu, gelu_tanh, relu, sigmoid, silu, softmax,
 )
 from .concat import concat_last
-from .attention import multi_head_attention, packed_qkv_attention, scaled_dot_product_attention
+from .attention import (multi_head_attention, packed_qkv_attention,
+                        scaled_dot_product_attention, window_attention)
 from .conv import (blocks_to_image, conv2d, conv_transpose2d_blocks, depthwise_conv2d,
                    is_depthwise)
 from .dfl import dfl_decode
@@ -43,5 +44,5 @@ __all__ = [
     "relu",
     "resize_masks", "scaled_dot_product_attention", "stability_score",
     "sigmoid",
-    "silu", "softmax", "status",
+    "silu", "softmax", "status", "window_attention",
 ]

@@ -57,6 +57,45 @@ def packed_qkv_attention(qkv: mx.array, heads: int, *, scale: float | None = Non
     return _packed_qkv_attention(qkv, heads, scale, bias)
 
 
+@op("window_attention")
+def _window_attention(qkv: mx.array, heads: int, window: int, scale: float,
+                      bias: mx.array | None, pad: mx.array | None) -> mx.array:
+    b, h, w, width = qkv.shape
+    hp, wp = -(-h // window) * window, -(-w // window) * window
+    x = qkv
+    if hp != h or wp != w:
+        fill = mx.zeros((width,), qkv.dtype) if pad is None else pad.astype(qkv.dtype)
+        if wp != w:
+            x = mx.concatenate([x, mx.broadcast_to(fill, (b, h, wp - w, width))], axis=2)
+        if hp != h:
+            x = mx.concatenate([x, mx.broadcast_to(fill, (b, hp - h, wp, width))], axis=1)
+    nh, nw = hp // window, wp // window
+    x = x.reshape(b, nh, window, nw, window, width).transpose(0, 1, 3, 2, 4, 5)
+    out = packed_qkv_attention(x.reshape(-1, window * window, width), heads, scale=scale,
+                               bias=bias)
+    c = out.shape[-1]
+    out = out.reshape(b, nh, nw, window, window, c).transpose(0, 1, 3, 2, 4, 5)
+    return out.reshape(b, hp, wp, c)[:, :h, :w, :]
+
+
+def window_attention(qkv: mx.array, heads: int, window: int, *, scale: float | None = None,
+                     bias: mx.array | None = None, pad: mx.array | None = None) -> mx.array:
+    """Attention inside ``window`` x ``window`` tiles of an image, straight from its packed
+    projection in image order (TinyViT's blocks): :func:`packed_qkv_attention` of every window,
+    without cutting the image into windows and back.
+
+    Shapes: ``qkv`` ``(B, H, W, heads * 3 * D)`` (per token and head ``q``, ``k``, ``v`` of ``D``
+    each); H, W need not be multiples of ``window``: the tiles past the bottom / right edge are
+    filled with ``pad`` ``(heads * 3 * D,)``, the projection of a padding token (zeros when
+    ``None``), which only serve as keys and values; ``bias`` ``(heads, window², window²)`` (added
+    to the scores, tokens numbered row-major inside a window) or ``None``. Returns
+    ``(B, H, W, heads * D)`` in image order. ``scale`` defaults to ``1 / sqrt(D)``.
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(qkv.shape[-1] // (3 * heads))
+    return _window_attention(qkv, heads, window, scale, bias, pad)
+
+
 @op("multi_head_attention")
 def _multi_head_attention(q: mx.array, k: mx.array, v: mx.array, heads: int,
                           scale: float) -> mx.array:

@@ -172,12 +172,15 @@ def attention_bias_index(window: int) -> np.ndarray:
 
 
 class WindowAttention(Module):
-    """Multi-head self-attention inside one window, with a learned bias per head and offset.
+    """Multi-head self-attention inside ``window`` x ``window`` tiles of an image, with a learned
+    bias per head and offset.
 
-    Input ``(B, N, dim)`` with ``N = window²`` tokens → ``(B, N, dim)``. Tensors: ``norm``,
-    ``qkv`` (per head: q, k, v of ``dim / heads`` each), ``proj``, ``attention_biases``
-    ``(heads, num_offsets)``. The biases are gathered into ``(heads, N, N)`` on every call, so a
-    change to ``attention_biases`` always takes effect.
+    Input ``(B, H, W, dim)`` → ``(B, H, W, dim)``; H and W need not be multiples of the window
+    (MobileSAM zero-pads the image to whole windows before the norm: those tokens are keys and
+    values too). Tensors: ``norm``, ``qkv`` (per head: q, k, v of ``dim / heads`` each),
+    ``proj``, ``attention_biases`` ``(heads, num_offsets)``. The biases are gathered into
+    ``(heads, N, N)`` (``N = window²``) on every call, so a change to ``attention_biases``
+    always takes effect.
     """
 
     def __init__(self, norm: LayerNorm, qkv: Linear, proj: Linear, attention_biases: mx.array,
@@ -185,6 +188,7 @@ class WindowAttention(Module):
         super().__init__(qkv.device)
         self.num_heads = int(attention_biases.shape[0])
         self.head_dim = proj.out_features // self.num_heads
+        self.window = window
         self.norm, self.qkv, self.proj = norm, qkv, proj
         self.attention_biases = attention_biases
         self._bias_index = mx.array(attention_bias_index(window))  # "_": not a parameter
@@ -196,25 +200,21 @@ class WindowAttention(Module):
                    Linear.load(vb.pp("qkv"), dim, 3 * dim), Linear.load(vb.pp("proj"), dim, dim),
                    vb.get((num_heads, offsets), "attention_biases"), window)
 
-    def forward(self, x: mx.array) -> mx.array:
+    def forward(self, x: mx.array, residual: mx.array | None = None) -> mx.array:
+        """``proj(attention(qkv(norm(x)))) [+ residual]`` (the add fused into proj's epilogue).
+
+        The norm and both projections act per token, so they run on the image in place; a
+        padding token's q, k, v are the projection of a normed zero token.
+        """
+        b, h, w, c = x.shape
+        qkv = self.qkv(self.norm(x))
+        pad = None
+        if h % self.window or w % self.window:
+            pad = self.qkv(self.norm(mx.zeros((1, c), x.dtype)))[0]
         bias = mx.take(self.attention_biases, self._bias_index, axis=1)  # (heads, N, N)
-        out = cn.packed_qkv_attention(self.qkv(self.norm(x)), self.num_heads,
-                                      scale=self.head_dim ** -0.5, bias=bias)
-        return self.proj(out)
-
-
-def window_partition(x: mx.array, window: int) -> mx.array:
-    """``(B, H, W, C)`` with H, W multiples of ``window`` → ``(B * nH * nW, window², C)``."""
-    b, h, w, c = x.shape
-    x = x.reshape(b, h // window, window, w // window, window, c).transpose(0, 1, 3, 2, 4, 5)
-    return x.reshape(-1, window * window, c)
-
-
-def window_merge(x: mx.array, batch: int, height: int, width: int, window: int) -> mx.array:
-    """Inverse of :func:`window_partition`: → ``(batch, height, width, C)``."""
-    c = x.shape[-1]
-    x = x.reshape(batch, height // window, width // window, window, window, c)
-    return x.transpose(0, 1, 3, 2, 4, 5).reshape(batch, height, width, c)
+        out = cn.window_attention(qkv, self.num_heads, self.window, scale=self.head_dim ** -0.5,
+                                  bias=bias, pad=pad)
+        return self.proj(out, residual=residual)
 
 
 class TinyViTBlock(Module):
@@ -235,13 +235,7 @@ class TinyViTBlock(Module):
                    Mlp.load(vb.pp("mlp"), dim, dim * MLP_RATIO), window)
 
     def forward(self, x: mx.array) -> mx.array:
-        b, h, w, c = x.shape
-        ws = self.window
-        pad_b, pad_r = -h % ws, -w % ws
-        y = mx.pad(x, [(0, 0), (0, pad_b), (0, pad_r), (0, 0)]) if pad_b or pad_r else x
-        y = window_merge(self.attn(window_partition(y, ws)), b, h + pad_b, w + pad_r, ws)
-        x = x + y[:, :h, :w, :]
-        x = self.local_conv(x)
+        x = self.local_conv(self.attn(x, residual=x))
         return self.mlp(x, residual=x)
 
 

@@ -231,6 +231,19 @@ def packed_ref(qkv, h):
     return unheads(sdpa_ref(q, k, v))
 
 
+def window_ref(qkv, pad, h, window):
+    """Pad to whole windows with the pad row, packed attention per window, merge, crop."""
+    b, hh, ww, c3 = qkv.shape
+    hp, wp = -(-hh // window) * window, -(-ww // window) * window
+    full = pad.expand(b, hp, wp, c3).clone()
+    full[:, :hh, :ww] = qkv
+    nh, nw = hp // window, wp // window
+    win = full.reshape(b, nh, window, nw, window, c3).permute(0, 1, 3, 2, 4, 5)
+    out = packed_ref(win.reshape(-1, window * window, c3), h)
+    out = out.reshape(b, nh, nw, window, window, -1).permute(0, 1, 3, 2, 4, 5)
+    return out.reshape(b, hp, wp, -1)[:, :hh, :ww]
+
+
 CASES: dict[str, Callable[[], Case]] = {
     "linear": lambda: linear_case(12),
     "linear_few_rows_gelu": lambda: linear_case(3, "gelu"),
@@ -295,6 +308,9 @@ CASES: dict[str, Callable[[], Case]] = {
         r(44, 1, 2, 5, 4), r(45, 1, 2, 6, 4), r(46, 1, 2, 6, 3), r(47, 1, 2, 5, 6)),
     "packed_qkv_attention": lambda: fn_case(lambda qkv: cn.packed_qkv_attention(qkv, 2),
                                             lambda p, qkv: packed_ref(qkv, 2), r(48, 2, 7, 24)),
+    "window_attention": lambda: fn_case(
+        lambda qkv, pad: cn.window_attention(qkv, 2, 3, pad=pad),
+        lambda p, qkv, pad: window_ref(qkv, pad, 2, 3), r(53, 2, 4, 5, 24), r(54, 24)),
     "multi_head_attention": lambda: fn_case(
         lambda q, k, v: cn.multi_head_attention(q, k, v, 2),
         lambda p, q, k, v: unheads(sdpa_ref(heads(q, 2), heads(k, 2), heads(v, 2))),

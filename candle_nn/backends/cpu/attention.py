@@ -3,7 +3,8 @@
 MLX limitation: CPU attention of short sequences (TinyViT's windows, SAM's decoder tokens) is a
 transpose and split copies, per-matrix sgemm calls on one thread, a broadcast bias add and a
 transpose back; here one (sequence, head) per task, q/k^T/v in L1 scratch, register-tiled
-products, the output in the layout the next projection takes. MLX's CPU
+products, the output in the layout the next projection takes (an image's windows: read from and
+written to the image in place, no partition / merge copies). MLX's CPU
 ``scaled_dot_product_attention`` is matmul + softmax + matmul with the softmax on one thread:
 ``sdpa_softmax`` is the same with the softmax kernel.
 """
@@ -30,6 +31,23 @@ def _packed_applies(qkv, heads, scale, bias) -> bool:
 def attention_packed(qkv, heads, scale, bias):
     kernels.sync_threads()
     return kernels.module().attention_packed(qkv, bias, heads, scale)
+
+
+def _window_applies(qkv, heads, window, scale, bias, pad) -> bool:
+    if not kernels.float32_cpu(qkv.dtype) or qkv.ndim != 4 or qkv.shape[-1] % (3 * heads) \
+            or window < 1 or not hasattr(kernels.module(), "window_attention"):
+        return False
+    return (bias is None or (bias.dtype == mx.float32
+                             and bias.shape == (heads, window * window, window * window))) \
+        and (pad is None or (pad.dtype == mx.float32 and pad.shape == (qkv.shape[-1],)))
+
+
+@register("window_attention", "attention_window", "cpu", applies=_window_applies,
+          available=kernels.loaded,
+          works_around="an image cut into windows and back is single-threaded strided copies")
+def attention_window(qkv, heads, window, scale, bias, pad):
+    kernels.sync_threads()
+    return kernels.module().window_attention(qkv, pad, bias, heads, window, scale)
 
 
 def _heads_applies(q, k, v, heads, scale) -> bool:

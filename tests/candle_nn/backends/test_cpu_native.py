@@ -208,6 +208,50 @@ def test_packed_qkv_attention_against_float64(path, b, n, heads, d, with_bias) -
     assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
 
 
+def _window_attention64(qkv: np.ndarray, heads: int, window: int, scale: float,
+                        bias: np.ndarray | None, pad: np.ndarray | None) -> np.ndarray:
+    """The image padded with ``pad`` (zeros) to whole windows, cut into windows, attention per
+    window and head in float64, put back and cropped."""
+    b, h, w, width = qkv.shape
+    hp, wp = -(-h // window) * window, -(-w // window) * window
+    full = np.empty((b, hp, wp, width))
+    full[...] = 0.0 if pad is None else pad.astype(np.float64)
+    full[:, :h, :w] = qkv
+    nh, nw = hp // window, wp // window
+    win = full.reshape(b, nh, window, nw, window, width).transpose(0, 1, 3, 2, 4, 5)
+    out = _packed_attention64(win.reshape(-1, window * window, width), heads, scale, bias)
+    out = out.reshape(b, nh, nw, window, window, -1).transpose(0, 1, 3, 2, 4, 5)
+    return out.reshape(b, hp, wp, -1)[:, :h, :w]
+
+
+@pytest.mark.parametrize("b,h,w,heads,d,window,with_pad", [
+    (1, 16, 16, 4, 32, 7, True),     # TinyViT's stages: padded to whole 7x7 windows
+    (2, 14, 28, 5, 32, 14, True),    # no padding needed (the pad row unused)
+    (1, 9, 11, 2, 5, 4, True),       # odd widths, padding right and bottom
+    (2, 5, 3, 3, 8, 7, False),       # the image smaller than one window, zero padding
+    (1, 3, 4, 2, 8, 1, False),       # 1x1 windows
+])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_window_attention_against_float64(path, b, h, w, heads, d, window, with_pad,
+                                          with_bias) -> None:
+    """``cn.window_attention`` (the compiled kernel reading the image in place, or the
+    partition + ``packed_qkv_attention`` + merge reference) vs float64: within 1e-5 of the
+    output's max."""
+    rng = np.random.default_rng(h * w + heads * d + window)
+    n = window * window
+    qkv = (rng.standard_normal((b, h, w, heads * 3 * d)) * 2).astype(np.float32)
+    bias = rng.standard_normal((heads, n, n)).astype(np.float32) if with_bias else None
+    pad = rng.standard_normal(heads * 3 * d).astype(np.float32) * 2 if with_pad else None
+    with mx.stream(mx.cpu):
+        ours = np.array(cn.window_attention(
+            mx.array(qkv), heads, window, scale=d ** -0.5,
+            bias=None if bias is None else mx.array(bias),
+            pad=None if pad is None else mx.array(pad)))
+    ref = _window_attention64(qkv, heads, window, d ** -0.5, bias, pad)
+    assert ours.shape == ref.shape == (b, h, w, heads * d)
+    assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max(), path
+
+
 @pytest.mark.parametrize("b,lq,lk,heads,d,dv", [(2, 7, 4096, 8, 16, 16), (1, 4096, 7, 8, 16, 16),
                                               (3, 5, 9, 2, 12, 20), (1, 1, 1, 1, 3, 3)])
 def test_multi_head_attention_against_float64(path, b, lq, lk, heads, d, dv) -> None:
@@ -259,6 +303,19 @@ def test_packed_qkv_attention_gradients_match_the_plain_ops(path) -> None:
 
     def loss(x: mx.array) -> mx.array:
         return (cn.packed_qkv_attention(x, 2, bias=bias) ** 2).sum()
+
+    _assert_grad_matches_the_plain_ops(loss, qkv, path)
+
+
+def test_window_attention_gradients_match_the_plain_ops(path) -> None:
+    """Under mx.grad the dispatcher runs the reference (pad, partition, attention, merge)."""
+    rng = np.random.default_rng(25)
+    qkv = mx.array(rng.standard_normal((2, 9, 10, 2 * 3 * 8), dtype=np.float32))
+    bias = mx.array(rng.standard_normal((2, 16, 16), dtype=np.float32))
+    pad = mx.array(rng.standard_normal((2 * 3 * 8,), dtype=np.float32))
+
+    def loss(x: mx.array) -> mx.array:
+        return (cn.window_attention(x, 2, 4, bias=bias, pad=pad) ** 2).sum()
 
     _assert_grad_matches_the_plain_ops(loss, qkv, path)
 

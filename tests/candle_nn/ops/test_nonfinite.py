@@ -148,6 +148,9 @@ def test_layer_norm_propagates_nonfinite(path):
 def test_attention_propagates_nonfinite(path):
     qkv = poisoned((2, 40, 2 * 3 * 16))
     same_nonfinite(lambda a: cn.packed_qkv_attention(mx.array(a), 2), qkv)
+    image, pad = poisoned((1, 9, 10, 2 * 3 * 8)), poisoned((2 * 3 * 8,), seed=4)
+    same_nonfinite(lambda a, p: cn.window_attention(mx.array(a), 2, 4, pad=mx.array(p)),
+                   image, pad)
     q, k, v = (poisoned((1, 30, 32), seed=s) for s in (7, 8, 9))
     same_nonfinite(lambda a, b, c: cn.multi_head_attention(mx.array(a), mx.array(b),
                                                            mx.array(c), 2), q, k, v)

@@ -237,6 +237,23 @@ def test_attention_forms(op_paths) -> None:
     assert _rel(sdpa, ref_heads) <= 1e-5
 
 
+def test_window_attention(op_paths) -> None:
+    """An image's windows in place vs the float64 attention of each padded window."""
+    b, h, w, heads, d, window = 2, 5, 7, 2, 8, 3
+    qkv, bias, pad = _f32(b, h, w, heads * 3 * d), _f32(heads, 9, 9), _f32(heads * 3 * d)
+    full = np.empty((b, 6, 9, heads * 3 * d))
+    full[...] = pad
+    full[:, :h, :w] = qkv
+    win = full.reshape(b, 2, 3, 3, 3, -1).transpose(0, 1, 3, 2, 4, 5).reshape(-1, 9, 3 * heads * d)
+    q, k, v = np.split(win.reshape(-1, 9, heads, 3 * d).transpose(0, 2, 1, 3), 3, axis=-1)
+    ref = _attention64(q, k, v, d ** -0.5, bias).transpose(0, 2, 1, 3).reshape(b, 2, 3, 3, 3, -1)
+    ref = ref.transpose(0, 1, 3, 2, 4, 5).reshape(b, 6, 9, -1)[:, :h, :w]
+    with mx.stream(mx.cpu):
+        ours = cn.window_attention(mx.array(qkv), heads, window, bias=mx.array(bias),
+                                   pad=mx.array(pad))
+    assert _rel(ours, ref) <= 1e-5, op_paths
+
+
 def test_max_pool_and_dfl(op_paths) -> None:
     x = _f32(2, 7, 8, 5)
     xp = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-np.inf)
