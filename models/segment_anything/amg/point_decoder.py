@@ -313,7 +313,7 @@ def _tokens_to_image(attn: "Attention", q_in: mx.array, keys: tuple, shared: tup
     per head (image side): scores ``scale (y Wkᵀ) qᵀ + coeff (basis foldedᵀ)`` plus the PE's
     share (``folded = q Wk``; the bias's dot with the folded queries and ``q``'s dot with the
     key bias are the same for every image token: the softmax drops them), output ``A image
-    Wvᵀ + bv`` = ``(A scale) (y Wvᵀ) + (A coeff) (basis Wvᵀ) + bias Wvᵀ + bv``."""
+    Wvᵀ + bv`` = ``(A scale) (y Wvᵀ) + ((A coeff) basis) Wvᵀ + bias Wvᵀ + bv``."""
     scale, coeff, basis, bias = keys
     b, t, _ = q_in.shape
     heads = attn.num_heads
@@ -322,10 +322,12 @@ def _tokens_to_image(attn: "Attention", q_in: mx.array, keys: tuple, shared: tup
     pooled = cn.ops.point_pool(scale, coeff, folded @ basis.swapaxes(1, 2), shared[0],
                                pe_keys, q, shared[1])  # (b, r, m + d)
     wv = attn.v_proj.weight
-    per_head = (basis @ wv.T).reshape(b, m, heads, -1).transpose(0, 2, 1, 3)  # (b, h, m, d)
-    out = pooled[..., m:] + (pooled[..., :m].reshape(b, heads, t, m) @ per_head).reshape(
-        b, heads * t, -1)
-    out = out.reshape(b, heads, t, -1) + (bias @ wv.T + attn.v_proj.bias).reshape(heads, 1, -1)
+    # ((A coeff) basis) Wvᵀ head by head: r rows through the value projection, not basis's m
+    mixed = (pooled[..., :m] @ basis).reshape(b, heads, t, -1).transpose(1, 0, 2, 3)
+    values = mixed.reshape(heads, b * t, -1) @ head_weights(wv, heads).swapaxes(1, 2)
+    out = (pooled[..., m:].reshape(b, heads, t, -1)
+           + values.reshape(heads, b, t, -1).transpose(1, 0, 2, 3))  # (b, heads, t, d)
+    out = out + (bias @ wv.T + attn.v_proj.bias).reshape(heads, 1, -1)
     return attn.out_proj(out.transpose(0, 2, 1, 3).reshape(b, t, -1))
 
 
