@@ -207,6 +207,8 @@ class WindowAttention(Module):
         padding token's q, k, v are the projection of a normed zero token.
         """
         b, h, w, c = x.shape
+        if self.device is not None and self.device.kind == "gpu":
+            return self._forward_windows(x, residual)
         qkv = self.qkv(self.norm(x))
         pad = None
         if h % self.window or w % self.window:
@@ -215,6 +217,24 @@ class WindowAttention(Module):
         out = cn.window_attention(qkv, self.num_heads, self.window, scale=self.head_dim ** -0.5,
                                   bias=bias, pad=pad)
         return self.proj(out, residual=residual)
+
+    def _forward_windows(self, x: mx.array, residual: mx.array | None) -> mx.array:
+        """The same attention on an image cut into whole windows (zero-padded) and merged back.
+
+        On a GPU :func:`cn.window_attention` runs its MLX reference, whose padding and
+        partition of the three times wider ``qkv`` cost more than cutting the image itself."""
+        b, h, w, c = x.shape
+        ws = self.window
+        pad_b, pad_r = -h % ws, -w % ws
+        y = mx.pad(x, [(0, 0), (0, pad_b), (0, pad_r), (0, 0)]) if pad_b or pad_r else x
+        nh, nw = (h + pad_b) // ws, (w + pad_r) // ws
+        y = y.reshape(b, nh, ws, nw, ws, c).transpose(0, 1, 3, 2, 4, 5).reshape(-1, ws * ws, c)
+        bias = mx.take(self.attention_biases, self._bias_index, axis=1)  # (heads, N, N)
+        y = self.proj(cn.packed_qkv_attention(self.qkv(self.norm(y)), self.num_heads,
+                                              scale=self.head_dim ** -0.5, bias=bias))
+        y = y.reshape(b, nh, nw, ws, ws, c).transpose(0, 1, 3, 2, 4, 5)
+        y = y.reshape(b, h + pad_b, w + pad_r, c)[:, :h, :w, :]
+        return y if residual is None else residual + y
 
 
 class TinyViTBlock(Module):

@@ -226,6 +226,22 @@ def test_attention_bias_index_matches_mobile_sam_table():
         np.testing.assert_array_equal(attention_bias_index(window), np.array(idxs).reshape(n, n))
 
 
+
+@pytest.mark.parametrize("hw", [(14, 14), (9, 17)])
+def test_window_attention_image_order_equals_windows(hw):
+    """The CPU order (norm and projections on the image, cn.window_attention) and the GPU order
+    (image zero-padded and cut into windows) of WindowAttention agree, residual included."""
+    from candle_nn_models.segment_anything.tiny_vit import WindowAttention
+
+    varmap = cn.VarMap()
+    attn = WindowAttention.load(cn.VarBuilder.from_varmap(varmap, seed=3, device="cpu"), 32, 2, 7)
+    attn.attention_biases = mx.random.normal(attn.attention_biases.shape, key=mx.random.key(1))
+    x = mx.random.normal((2, *hw, 32), key=mx.random.key(2))
+    image_order = np.array(attn(x, residual=x))
+    with mx.stream(mx.cpu):
+        windows = np.array(attn._forward_windows(x, x))
+    assert rel_err(windows, image_order) < 1e-5
+
 # -- prompt kinds through the predictor ---------------------------------------------------------
 def check_outputs(fixture, masks, iou, low_res, count):
     h, w = fixture.size
