@@ -18,7 +18,8 @@ from .activation import (
 )
 from .concat import concat_last
 from .attention import (multi_head_attention, packed_qkv_attention,
-                        scaled_dot_product_attention, window_attention)
+                        scaled_dot_product_attention, window_attention, window_merge,
+                        window_partition)
 from .conv import (blocks_to_image, conv2d, conv_transpose2d_blocks, depthwise_conv2d,
                    is_depthwise)
 from .dfl import dfl_decode
@@ -44,5 +45,5 @@ __all__ = [
     "relu",
     "resize_masks", "scaled_dot_product_attention", "stability_score",
     "sigmoid",
-    "silu", "softmax", "status", "window_attention",
+    "silu", "softmax", "status", "window_attention", "window_merge", "window_partition",
 ]

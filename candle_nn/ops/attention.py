@@ -57,25 +57,38 @@ def packed_qkv_attention(qkv: mx.array, heads: int, *, scale: float | None = Non
     return _packed_qkv_attention(qkv, heads, scale, bias)
 
 
+def window_partition(x: mx.array, window: int, fill: mx.array | None = None) -> mx.array:
+    """``(B, H, W, C)`` → ``(B * nH * nW, window², C)``: the image padded at the bottom / right
+    to whole windows with the row ``fill`` ``(C,)`` (zeros when ``None``) and cut into windows,
+    row-major inside each window and over the windows."""
+    b, h, w, c = x.shape
+    hp, wp = -(-h // window) * window, -(-w // window) * window
+    if fill is None:
+        x = mx.pad(x, [(0, 0), (0, hp - h), (0, wp - w), (0, 0)]) if hp != h or wp != w else x
+    else:
+        fill = fill.astype(x.dtype)
+        if wp != w:
+            x = mx.concatenate([x, mx.broadcast_to(fill, (b, h, wp - w, c))], axis=2)
+        if hp != h:
+            x = mx.concatenate([x, mx.broadcast_to(fill, (b, hp - h, wp, c))], axis=1)
+    x = x.reshape(b, hp // window, window, wp // window, window, c).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, window * window, c)
+
+
+def window_merge(windows: mx.array, b: int, h: int, w: int, window: int) -> mx.array:
+    """Inverse of :func:`window_partition`: ``(b * nH * nW, window², C)`` → ``(b, h, w, C)``,
+    the padding cropped."""
+    nh, nw, c = -(-h // window), -(-w // window), windows.shape[-1]
+    x = windows.reshape(b, nh, nw, window, window, c).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, nh * window, nw * window, c)[:, :h, :w, :]
+
+
 @op("window_attention")
 def _window_attention(qkv: mx.array, heads: int, window: int, scale: float,
                       bias: mx.array | None, pad: mx.array | None) -> mx.array:
-    b, h, w, width = qkv.shape
-    hp, wp = -(-h // window) * window, -(-w // window) * window
-    x = qkv
-    if hp != h or wp != w:
-        fill = mx.zeros((width,), qkv.dtype) if pad is None else pad.astype(qkv.dtype)
-        if wp != w:
-            x = mx.concatenate([x, mx.broadcast_to(fill, (b, h, wp - w, width))], axis=2)
-        if hp != h:
-            x = mx.concatenate([x, mx.broadcast_to(fill, (b, hp - h, wp, width))], axis=1)
-    nh, nw = hp // window, wp // window
-    x = x.reshape(b, nh, window, nw, window, width).transpose(0, 1, 3, 2, 4, 5)
-    out = packed_qkv_attention(x.reshape(-1, window * window, width), heads, scale=scale,
-                               bias=bias)
-    c = out.shape[-1]
-    out = out.reshape(b, nh, nw, window, window, c).transpose(0, 1, 3, 2, 4, 5)
-    return out.reshape(b, hp, wp, c)[:, :h, :w, :]
+    b, h, w, _ = qkv.shape
+    out = packed_qkv_attention(window_partition(qkv, window, pad), heads, scale=scale, bias=bias)
+    return window_merge(out, b, h, w, window)
 
 
 def window_attention(qkv: mx.array, heads: int, window: int, *, scale: float | None = None,

@@ -223,17 +223,12 @@ class WindowAttention(Module):
 
         On a GPU :func:`cn.window_attention` runs its MLX reference, whose padding and
         partition of the three times wider ``qkv`` cost more than cutting the image itself."""
-        b, h, w, c = x.shape
-        ws = self.window
-        pad_b, pad_r = -h % ws, -w % ws
-        y = mx.pad(x, [(0, 0), (0, pad_b), (0, pad_r), (0, 0)]) if pad_b or pad_r else x
-        nh, nw = (h + pad_b) // ws, (w + pad_r) // ws
-        y = y.reshape(b, nh, ws, nw, ws, c).transpose(0, 1, 3, 2, 4, 5).reshape(-1, ws * ws, c)
+        b, h, w, _ = x.shape
+        windows = cn.ops.window_partition(x, self.window)
         bias = mx.take(self.attention_biases, self._bias_index, axis=1)  # (heads, N, N)
-        y = self.proj(cn.packed_qkv_attention(self.qkv(self.norm(y)), self.num_heads,
+        y = self.proj(cn.packed_qkv_attention(self.qkv(self.norm(windows)), self.num_heads,
                                               scale=self.head_dim ** -0.5, bias=bias))
-        y = y.reshape(b, nh, nw, ws, ws, c).transpose(0, 1, 3, 2, 4, 5)
-        y = y.reshape(b, h + pad_b, w + pad_r, c)[:, :h, :w, :]
+        y = cn.ops.window_merge(y, b, h, w, self.window)
         return y if residual is None else residual + y
 
 
