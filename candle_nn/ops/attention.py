@@ -104,6 +104,13 @@ def window_attention(qkv: mx.array, heads: int, window: int, *, scale: float | N
     to the scores, tokens numbered row-major inside a window) or ``None``. Returns
     ``(B, H, W, heads * D)`` in image order. ``scale`` defaults to ``1 / sqrt(D)``.
     """
+    if qkv.ndim != 4 or heads < 1 or qkv.shape[-1] % (3 * heads) or window < 1:
+        raise ValueError(
+            f"window_attention: qkv {tuple(qkv.shape)}, heads {heads}, window {window}: expected "
+            "qkv (B, H, W, heads * 3 * D), heads >= 1 and window >= 1")
+    if pad is not None and pad.shape != (qkv.shape[-1],):
+        raise ValueError(f"window_attention: pad {tuple(pad.shape)} must be one qkv row "
+                         f"({qkv.shape[-1]},), the projection of a padding token")
     if scale is None:
         scale = 1.0 / math.sqrt(qkv.shape[-1] // (3 * heads))
     return _window_attention(qkv, heads, window, scale, bias, pad)

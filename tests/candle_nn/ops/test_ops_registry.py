@@ -406,3 +406,14 @@ def test_mask_resize_and_stability(op_paths, w, ow) -> None:
     assert _rel(ours, ref) <= 1e-5, op_paths
     expected = (masks > 1.25).sum((1, 2)) / (masks > -0.75).sum((1, 2))
     np.testing.assert_allclose(np.array(score), expected, rtol=1e-7)
+
+
+@pytest.mark.parametrize("shape, heads, window, pad", [
+    ((1, 5, 5, 25), 2, 3, None), ((1, 5, 5, 24), 2, 0, None), ((5, 5, 24), 2, 3, None),
+    ((1, 5, 5, 24), 2, 3, (7,)),
+])
+def test_window_attention_rejects_bad_shapes(shape, heads, window, pad) -> None:
+    """One ValueError naming the op and the expected layout, not an MLX reshape error."""
+    pad = None if pad is None else mx.zeros(pad)
+    with pytest.raises(ValueError, match="window_attention: .*(expected|one qkv row)"):
+        cn.window_attention(mx.zeros(shape), heads, window, pad=pad)
