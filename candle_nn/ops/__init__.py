@@ -29,6 +29,7 @@ from .mask_upscale import mask_upscale
 from .norm import batch_norm_train, layer_norm
 from .point_attention import point_norm, point_pool, point_probs
 from .pooling import max_pool2d
+from .reduce import channel_mean, channel_sum
 from .registry import (
     Impl, Op, disable, disabled, enable, implementations, is_enabled, only, ops, refresh,
     status,
@@ -36,6 +37,7 @@ from .registry import (
 
 __all__ = [
     "ACTIVATIONS", "Impl", "Op", "batch_norm_train", "bias_act", "blocks_to_image",
+    "channel_mean", "channel_sum",
     "check_activation", "concat_last", "conv2d",
     "conv_transpose2d_blocks", "depthwise_conv2d",
     "dfl_decode", "disable", "disabled", "enable", "gelu", "gelu_tanh", "implementations",

@@ -153,3 +153,21 @@ def test_compiled_step_updates_statistics_and_checkpoint_reloads_folded(tmp_path
     unfolded = ResNet.load(cn.VarBuilder.from_safetensors(path), "resnet18", num_classes=3,
                            fold_bn=False)
     assert np.array_equal(np.array(unfolded.stem.bn.running_mean), rm)
+
+
+@pytest.mark.parametrize("shape", [(2, 80, 80, 64), (2, 40, 40, 128), (3, 33, 47, 17)])
+def test_channel_sums_stay_float32_accurate_whatever_the_blas(device, shape):
+    """Train-mode BatchNorm's batch statistics and gradient sums (``cn.ops.channel_sum``) on
+    values far from zero (mean 10), against float64. A ones-vector product met this only where
+    the BLAS blocks its sums: OpenBLAS's AVX-512 "small matrix" kernel (Zen 4) sums such shapes
+    as one running total, 1.8e-6 to 4.2e-6 relative; the blocked sums are <= 3e-7."""
+    a = (10 + np.random.default_rng(3).standard_normal(shape)).astype(np.float32)
+    exact = a.astype(np.float64).reshape(-1, shape[-1]).sum(axis=0)
+    x = mx.array(a)
+    with mx.stream(device.stream):
+        got = np.array(cn.ops.channel_sum(x), np.float64)
+        mean = np.array(cn.ops.channel_mean(x), np.float64)
+        grad = mx.grad(lambda v: (cn.ops.channel_sum(v) * mx.arange(shape[-1])).sum())(x)
+    assert np.abs(got - exact).max() / np.abs(exact).max() < 1e-6
+    np.testing.assert_allclose(mean, exact / (a.size // shape[-1]), rtol=1e-6)
+    np.testing.assert_array_equal(np.array(grad), np.broadcast_to(np.arange(shape[-1]), shape))
