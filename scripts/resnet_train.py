@@ -15,6 +15,7 @@ Kaiming weights. The run folder gets ``best.safetensors`` and ``labels.txt``, wh
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -23,13 +24,15 @@ from typing import Sequence
 from candle_nn import CandleNNError, Device, VarBuilder, VarMap, freeze_bn_stats
 import mlx.core as mx
 
-from candle_nn_models.classify_trainer import (BEST, CHECKPOINT, LABELS, OPTIMIZERS,
+from candle_nn_models.classify_trainer import (BEST, CHECKPOINT, LABELS, OPTIMIZERS, RESULTS,
                                                ClassifierTrainer, TrainConfig, read_checkpoint)
 from candle_nn_models.image_folder import ImageFolder
 from candle_nn_models.resnet import VARIANTS, ResNet
 from candle_nn_models.scripts.common import (number_arg, parse_device, positive, resumable_parser,
                                              shown)
 from candle_nn_models.scripts.resnet_weights import open_resnet_weights
+from candle_nn_models.scripts.train_run_folder import (check_run_unheld, hold_run,
+                                                       refuse_existing_run)
 from candle_nn_models.weights.metadata import WeightsMetadata
 
 DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-3}
@@ -37,6 +40,8 @@ IMGSZ_KEY = "candle_nn.imgsz"
 MIN_IMGSZ = 32
 # what a resumed run may change: where it runs, not what it computes
 RESUME_MAY_SET = {"resume", "out", "data", "device", "workers", "verbose", "no_progress"}
+TOOL = "candle-resnet train"
+RUN_FILES = (CHECKPOINT, BEST, LABELS, RESULTS)  # any of them: the folder holds a run
 
 
 def _fraction(text: str) -> float:
@@ -147,9 +152,8 @@ def main(argv: Sequence[str]) -> int:
                                 f"{checkpoint['config']['epochs']} epochs; nothing to resume")
     elif args.data is None:
         raise CandleNNError("pass --data DIR (a folder of class subfolders), or --resume")
-    elif (out / CHECKPOINT).exists():
-        raise CandleNNError(f"{out} already holds a run ({CHECKPOINT}): pass --resume to "
-                            "continue it, or another --out")
+    else:
+        refuse_existing_run(out, RUN_FILES)
     run = _run_args(args, checkpoint)
     if run.data is None:
         raise CandleNNError(f"the checkpoint in {out} does not say which data folder it used; "
@@ -194,7 +198,7 @@ def main(argv: Sequence[str]) -> int:
                                 source="candle-resnet train",
                                 extra={IMGSZ_KEY: str(run.imgsz)}).to_dict()
     if main_rank:
-        _prepare_out(out)
+        check_run_unheld(out, TOOL)
     run_info = {k: v for k, v in vars(run).items() if k not in RESUME_MAY_SET - {"data"}}
     run_info["data"] = os.fspath(Path(run.data).absolute())
     run_info["variant"] = variant  # what --weights held, for --resume
@@ -202,16 +206,16 @@ def main(argv: Sequence[str]) -> int:
                                 workers=run.workers, progress=not run.no_progress,
                                 run_info=run_info, frozen=frozen,
                                 log=lambda line: print(line, file=sys.stderr, flush=True))
-    if checkpoint is not None:
-        trainer.resume()
-    if main_rank:
-        print(f"{variant}: {len(data.train)} training / {len(data.val)} validation images, "
-              f"{len(data.classes)} classes, {trainer.steps_per_epoch} steps per epoch"
-              + (f", {group.size()} processes" if group.size() > 1 else "")
-              + (f"; resuming after epoch {trainer.epoch}" if checkpoint else ""),
-              file=sys.stderr)
     try:
-        with model.on_device():
+        with hold_run(out, TOOL, main_rank, () if checkpoint else RUN_FILES), model.on_device():
+            if checkpoint is not None:
+                trainer.resume()
+            if main_rank:
+                print(f"{variant}: {len(data.train)} training / {len(data.val)} validation "
+                      f"images, {len(data.classes)} classes, {trainer.steps_per_epoch} steps per "
+                      "epoch" + (f", {group.size()} processes" if group.size() > 1 else "")
+                      + (f"; resuming after epoch {trainer.epoch}" if checkpoint else ""),
+                      file=sys.stderr)
             trainer.fit()
     except (RuntimeError, ValueError, MemoryError) as exc:  # MLX's: out of memory, a bad shape
         raise CandleNNError(f"training stopped in epoch {trainer.epoch + 1}: "
@@ -219,14 +223,8 @@ def main(argv: Sequence[str]) -> int:
                             "epoch (--resume)") from exc
     if main_rank:
         print(f"best validation accuracy {100 * trainer.best_accuracy:.1f}%: "
-              f"{shown(out / BEST)}, labels {shown(out / LABELS)}")
+              f"{shown(out / BEST)}, labels {shown(out / LABELS)}", file=sys.stderr)
+        print(json.dumps({"run": str(out), "epochs_done": trainer.epoch, "best": str(out / BEST),
+                          "labels": str(out / LABELS),
+                          "best_accuracy": trainer.best_accuracy}))
     return 0
-
-
-def _prepare_out(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CandleNNError(f"cannot create the run folder {out}: {exc.strerror or exc}") from exc
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise CandleNNError(f"the run folder {out} is not writable; pass another --out")

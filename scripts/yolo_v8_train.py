@@ -31,17 +31,22 @@ from candle_nn_models.yolo11 import STEM as YOLO11_STEM
 from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8, infer_spec
 from candle_nn_models.yolo_v8_data import DataConfig, DataError
 from candle_nn_models.yolo_v8_dataset import DetectionDataset
-from candle_nn_models.yolo_v8_trainer import (BEST, CHECKPOINT, DetectionTrainer, TrainConfig,
-                                              new_class_head, read_checkpoint)
+from candle_nn_models.yolo_v8_trainer import (BEST, CHECKPOINT, LAST, DetectionTrainer,
+                                              TrainConfig, new_class_head, read_checkpoint)
 from candle_nn_models.scripts.common import (add_device_argument, compile_choice, non_negative,
                                              parse_device, positive, resumable_parser, run_main,
                                              shown, yolo_input_size)
+from candle_nn_models.scripts.train_run_folder import (check_run_unheld, hold_run,
+                                                       refuse_existing_run)
 from candle_nn_models.weights.metadata import WeightsMetadata
 from candle_nn_models.weights.registry import resolve_weights
 
 # what a resumed run may change: where it runs, not what it computes
 RESUME_MAY_SET = {"resume", "out", "project", "name", "device", "workers", "verbose", "compile",
                   "stop_after", "no_progress"}
+TOOL = "candle-yolo-v8 train"
+# any of them: the folder holds a run
+RUN_FILES = tuple(f"weights/{name}" for name in (CHECKPOINT, BEST, LAST)) + ("results.csv",)
 
 
 def _optimizer(text: str) -> str:
@@ -156,10 +161,15 @@ def _main(argv: Sequence[str] | None) -> int:
         _, meta = read_checkpoint(out / "weights" / CHECKPOINT)
         saved = meta["run"]
         config = TrainConfig.from_dict(meta["config"])
+        if meta["epoch"] >= config.epochs:
+            raise CandleNNError(f"the run in {out} already finished its {config.epochs} epochs; "
+                                f"nothing to resume (its best weights: "
+                                f"{out / 'weights' / BEST})")
         data_path, variant = saved["data"], saved["variant"]
     else:
         if not args.data:
             parser.error("--data is required (or --resume to continue a run)")
+        refuse_existing_run(out, RUN_FILES)
         config = TrainConfig(epochs=args.epochs, batch=args.batch, imgsz=args.imgsz,
                              optimizer=args.optimizer, lr0=args.lr0,
                              close_mosaic=args.close_mosaic, warmup_epochs=args.warmup_epochs,
@@ -167,6 +177,8 @@ def _main(argv: Sequence[str] | None) -> int:
         data_path, variant = str(Path(args.data).resolve()), None
     group = mx.distributed.init()
     main_rank = group.rank() == 0
+    if main_rank:
+        check_run_unheld(out, TOOL)
     if not config.freeze_bn and config.batch < 2 * group.size():
         raise CandleNNError(f"--batch {config.batch} gives a process fewer than 2 images a "
                             "batch, too few for BatchNorm's batch statistics; pass --batch "
@@ -201,21 +213,17 @@ def _main(argv: Sequence[str] | None) -> int:
                                run_info={"data": data_path, "variant": variant},
                                log=lambda line: print(line, file=sys.stderr, flush=True),
                                group=group, compile=_compiled(args.compile, device))
-    if args.resume:
-        trainer.resume(out / "weights" / CHECKPOINT)
-        if trainer.epoch >= config.epochs:
-            if main_rank:
-                print(f"{out}: all {config.epochs} epochs are done; best weights in "
-                      f"{out / 'weights' / BEST}")
-            return 0
-    if main_rank:
-        print(f"training {model.spec} on {len(train)} images ({len(val)} to validate), "
-              f"{trainer.name} lr0 {trainer.lr0:g}"
-              + (f", {group.size()} processes" if group.size() > 1 else "")
-              + f", run folder {out}"
-              + (f"; resuming after epoch {trainer.epoch}" if args.resume else ""),
-              file=sys.stderr, flush=True)
-    trainer.fit(stop_after=args.stop_after)
+    with hold_run(out, TOOL, main_rank, () if args.resume else RUN_FILES):
+        if args.resume:
+            trainer.resume(out / "weights" / CHECKPOINT)
+        if main_rank:
+            print(f"training {model.spec} on {len(train)} images ({len(val)} to validate), "
+                  f"{trainer.name} lr0 {trainer.lr0:g}"
+                  + (f", {group.size()} processes" if group.size() > 1 else "")
+                  + f", run folder {out}"
+                  + (f"; resuming after epoch {trainer.epoch}" if args.resume else ""),
+                  file=sys.stderr, flush=True)
+        trainer.fit(stop_after=args.stop_after)
     if main_rank:
         print(json.dumps({"run": str(out), "epochs_done": trainer.epoch,
                           "best": str(out / "weights" / BEST),

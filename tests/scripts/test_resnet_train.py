@@ -177,6 +177,49 @@ def test_resume_refuses_changed_settings_and_finished_runs(tmp_path, small_data)
     error_line(finished.stderr, "already finished", "nothing to resume")
 
 
+def files_of(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` and its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def test_a_finished_run_is_never_overwritten(tmp_path, small_data):
+    """A new run into a folder that holds a run's files (its checkpoint deleted, say) is one
+    error line, and every file stays as it was."""
+    out = tmp_path / "run"
+    done = run_cli("resnet", *small_run(small_data, out, "--epochs", 1, "--freeze-backbone"))
+    assert done.returncode == 0, done.stderr
+    # stdout: one JSON line, the run's summary (as candle-yolo-v8 train's)
+    summary = json.loads(done.stdout)
+    assert summary == {"run": str(out), "epochs_done": 1, "best": str(out / "best.safetensors"),
+                       "labels": str(out / "labels.txt"),
+                       "best_accuracy": summary["best_accuracy"]}
+    (out / "checkpoint.safetensors").unlink()
+    before = files_of(out)
+    assert "best.safetensors" in before
+    again = run_cli("resnet", *small_run(small_data, out, "--epochs", 1, "--freeze-backbone"))
+    assert again.returncode == 1
+    error_line(again.stderr, "already holds a run", "best.safetensors", "another --out")
+    assert files_of(out) == before
+
+
+def test_a_second_training_into_the_same_out_is_refused(tmp_path, small_data):
+    """While a training holds the run folder (its lock), another one into it is one error line
+    naming the holder, and writes nothing."""
+    from candle_nn_models.scripts.folder_lock import hold
+
+    out = tmp_path / "run"
+    out.mkdir()
+    with hold(out, "train.lock", "candle-resnet train", "--out", what="run"):
+        before = files_of(out)
+        second = run_cli("resnet", *small_run(small_data, out, "--epochs", 1,
+                                              "--freeze-backbone"))
+        assert second.returncode == 1
+        error_line(second.stderr, f"another candle-resnet train run is writing to {out}",
+                   f"pid {os.getpid()}", "another --out")
+        assert files_of(out) == before
+
+
 def test_bad_images_are_warned_once_each_and_skipped(tmp_path, small_data):
     data = tmp_path / "data"
     shutil.copytree(small_data, data)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ import pytest
 
 from helpers.cli import cli_command, cli_env, run_cli
 from helpers.shapes_dataset import make_shapes
-from conftest import FIXTURES
+from conftest import FIXTURES, error_line
 
 WEIGHTS = FIXTURES / "yolov8n" / "weights.safetensors"
 MIN_MAP50 = 0.1  # the run reaches 0.242 (epoch 10); 0.000 before training
@@ -174,3 +175,75 @@ def test_classifier_weights_are_one_error_line(tmp_path):
     lines = [line for line in err.splitlines() if "error:" in line]
     assert len(lines) == 1 and "YOLOv8n-cls (3 classes), a classifier" in lines[0], err
     assert not (tmp_path / "run").exists()
+
+
+def _files_of(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A finished 1-epoch run on 4 images at 64 px: ``(data.yaml, run folder)``."""
+    root = tmp_path_factory.mktemp("tiny")
+    data = make_shapes(root / "shapes", n_train=4, n_val=2, size=64, seed=4)
+    run = root / "run"
+    done = _train(data, run, "--epochs", "1", "--batch", "2", "--freeze-bn")
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    # stdout: one JSON line, the run's summary (as candle-resnet train's)
+    summary = json.loads(done.stdout)
+    assert summary == {"run": str(run), "epochs_done": 1,
+                       "best": str(run / "weights/best.safetensors"),
+                       "best_fitness": summary["best_fitness"]}
+    return data, run
+
+
+def test_a_finished_run_is_never_overwritten(tiny_run):
+    """``--out`` naming a finished run is one error line; its weights and files stay as they
+    were (also once its checkpoint is gone)."""
+    data, run = tiny_run
+    before = _files_of(run)
+    assert "weights/best.safetensors" in before
+    again = _train(data, run, "--epochs", "1", "--batch", "2", "--freeze-bn")
+    assert again.returncode == 1
+    error_line(again.stderr, "already holds a run", "weights/best.safetensors", "another --out")
+    assert _files_of(run) == before
+
+
+def test_a_second_training_into_the_same_out_is_refused(tiny_run, tmp_path):
+    """While a training holds the run folder (its lock), another one into it is one error line
+    naming the holder, and writes nothing."""
+    from candle_nn_models.scripts.folder_lock import hold
+
+    data, _ = tiny_run
+    out = tmp_path / "run"
+    out.mkdir()
+    with hold(out, "train.lock", "candle-yolo-v8 train", "--out", what="run"):
+        before = _files_of(out)
+        second = _train(data, out, "--epochs", "1", "--batch", "2", "--freeze-bn")
+        assert second.returncode == 1
+        error_line(second.stderr, f"another candle-yolo-v8 train run is writing to {out}",
+                   f"pid {os.getpid()}", "another --out")
+        assert _files_of(out) == before
+
+
+def test_unwritable_out_is_one_error_line(tiny_run, tmp_path):
+    data, _ = tiny_run
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = _train(data, blocker / "run", "--epochs", "1", "--batch", "2", "--freeze-bn")
+    assert result.returncode == 1
+    error_line(result.stderr, "cannot create", str(blocker / "run"), "another --out")
+    assert blocker.read_text() == ""
+
+
+def test_resume_of_a_finished_run_is_refused(tiny_run):
+    """As ultralytics ("nothing to resume") and ``candle-resnet train``: exit 1, one error line,
+    the run's files unchanged."""
+    _, run = tiny_run
+    before = _files_of(run)
+    again = run_cli("yolo", "train", "--resume", "--out", run, "--device", "cpu",
+                    "--no-progress")
+    assert again.returncode == 1
+    error_line(again.stderr, "already finished its 1 epochs", "nothing to resume")
+    assert _files_of(run) == before
