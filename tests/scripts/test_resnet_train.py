@@ -220,6 +220,19 @@ def test_a_second_training_into_the_same_out_is_refused(tmp_path, small_data):
         assert files_of(out) == before
 
 
+def test_divergence_stops_with_one_error_line(tmp_path, small_data):
+    """``--lr 1e30``: the loss or the weights stop being finite; the run stops with one error
+    line naming --lr, exit 1, and no weights file is written."""
+    out = tmp_path / "run"
+    result = run_cli("resnet", *small_run(small_data, out, "--epochs", 2, "--lr", "1e30"))
+    assert result.returncode == 1
+    err = result.stderr.decode()  # the start-up line, then the error
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "Traceback" not in err and len(errors) == 1, err
+    assert "diverged" in errors[0] and "--lr" in errors[0], err
+    assert not (out / "best.safetensors").exists() and not (out / "checkpoint.safetensors").exists()
+
+
 def test_bad_images_are_warned_once_each_and_skipped(tmp_path, small_data):
     data = tmp_path / "data"
     shutil.copytree(small_data, data)

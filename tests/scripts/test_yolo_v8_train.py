@@ -247,3 +247,18 @@ def test_resume_of_a_finished_run_is_refused(tiny_run):
     assert again.returncode == 1
     error_line(again.stderr, "already finished its 1 epochs", "nothing to resume")
     assert _files_of(run) == before
+
+
+def test_divergence_stops_with_one_error_line(tiny_run, tmp_path):
+    """``--lr0 1e30``: the loss or the weights stop being finite; the run stops with one error
+    line naming --lr0, exit 1, and no weights file is written."""
+    data, _ = tiny_run
+    out = tmp_path / "run"
+    result = _train(data, out, "--epochs", "2", "--batch", "2", "--nbs", "2", "--freeze-bn",
+                    "--optimizer", "SGD", "--lr0", "1e30", "--warmup-epochs", "0")
+    assert result.returncode == 1
+    err = result.stderr.decode()
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "diverged" in errors[0] and "--lr0" in errors[0], err
+    assert not list(out.rglob("*.safetensors"))
