@@ -59,6 +59,7 @@ BEST = "best.safetensors"
 LABELS = "labels.txt"
 RESULTS = "results.csv"
 STATE_KEY = "candle_nn.train_state"
+STATE_FIELDS = ("config", "epoch", "best_accuracy", "classes", "history", "run")  # see state()
 OPTIMIZERS = ("sgd", "adamw")
 DEFAULT_WEIGHT_DECAY = {"sgd": 1e-4, "adamw": 1e-2}  # torchvision's recipe, PyTorch's AdamW
 
@@ -320,5 +321,11 @@ class ClassifierTrainer:
 
 def read_checkpoint(path: "str | os.PathLike") -> tuple[dict[str, mx.array], dict[str, Any]]:
     """A training checkpoint's tensors and its state (config, epoch, classes, history)."""
-    return train_checkpoint.read_checkpoint(path, STATE_KEY)
+    tensors, meta = train_checkpoint.read_checkpoint(path, STATE_KEY, "candle-resnet training",
+                                                     STATE_FIELDS)
+    if not isinstance(meta["config"], dict) or "epochs" not in meta["config"]:
+        raise WeightsFileError(f"{path} is not a candle-resnet training checkpoint of this "
+                               "version (its config lacks epochs); start the run again without "
+                               "--resume, into another --out")
+    return tensors, meta
 

@@ -78,6 +78,8 @@ __all__ = ["TrainConfig", "DetectionTrainer", "clip_grad_norm", "new_class_head"
 CHECKPOINT, LAST, BEST = "checkpoint.safetensors", "last.safetensors", "best.safetensors"
 TARGET_ROWS = 64  # the compiled step's ground-truth rows come in multiples of this
 STATE_KEY = "candle_nn.yolo_train_state"
+STATE_FIELDS = ("config", "epoch", "updates", "last_opt_step", "accumulate", "best_fitness",
+                "history", "names", "run", "momentum")  # see DetectionTrainer.state()
 GROUPS = ("weight", "bn", "bias")  # ultralytics' param_groups order (lr/pg0, pg1, pg2)
 RESULTS_COLUMNS = ("epoch", "time", "train/box_loss", "train/cls_loss", "train/dfl_loss",
                    "metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)",
@@ -535,7 +537,7 @@ class DetectionTrainer:
 def read_checkpoint(path: "str | os.PathLike") -> tuple[dict[str, mx.array], dict[str, Any]]:
     """A YOLOv8 training checkpoint's tensors and state (CandleNNError when absent or
     unreadable)."""
-    return train_checkpoint.read_checkpoint(path, STATE_KEY, "YOLOv8 training")
+    return train_checkpoint.read_checkpoint(path, STATE_KEY, "YOLOv8 training", STATE_FIELDS)
 
 
 def _results_csv(history: list[dict[str, float]]) -> str:

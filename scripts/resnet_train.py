@@ -38,6 +38,7 @@ from candle_nn_models.weights.metadata import WeightsMetadata
 DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-3}
 IMGSZ_KEY = "candle_nn.imgsz"
 MIN_IMGSZ = 32
+MAX_IMGSZ = 1024  # 4.6x ResNet's 224 on a side is 21x the work and memory of an image
 # what a resumed run may change: where it runs, not what it computes
 RESUME_MAY_SET = {"resume", "out", "data", "device", "workers", "verbose", "no_progress"}
 TOOL = "candle-resnet train"
@@ -84,8 +85,8 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--freeze-bn", action="store_true", **d(False),
                         help="keep BatchNorm running statistics fixed (their scale/shift learn)")
     parser.add_argument("--imgsz", type=positive(int), metavar="PIXELS", **d(224),
-                        help="training crop size; evaluation resizes to imgsz*256/224 and crops "
-                             "imgsz (default 224)")
+                        help=f"training crop size, {MIN_IMGSZ} to {MAX_IMGSZ}; evaluation "
+                             "resizes to imgsz*256/224 and crops imgsz (default 224)")
     parser.add_argument("--val-fraction", type=_fraction, metavar="F", **d(0.2),
                         help="share of each class held out for validation when the folder has no "
                              "train/ + val/ split (default 0.2)")
@@ -124,11 +125,18 @@ def build_model(variant: str | None, weights: str | None, pretrained: bool, num_
     return ResNet.load(vb, variant, num_classes=num_classes, fold_bn=False), variant
 
 
-def _run_args(args: argparse.Namespace, checkpoint: dict | None) -> argparse.Namespace:
+def _run_args(args: argparse.Namespace, checkpoint: dict | None,
+              out: Path) -> argparse.Namespace:
     """The run's options: as given, or (``--resume``) as the checkpoint saved them."""
     if checkpoint is None:
         return args
-    saved = dict(checkpoint.get("run", {}))
+    saved = dict(checkpoint["run"]) if isinstance(checkpoint["run"], dict) else {}
+    # every option but where it runs (and the data folder, which --data may give)
+    needed = set(vars(args)) - RESUME_MAY_SET - {"data"}
+    if not needed <= set(saved):
+        raise CandleNNError(f"{out / CHECKPOINT} was not written by candle-resnet train: it does "
+                            "not record the run's options to resume with (resume it with the "
+                            "Python API that wrote it, or start the run again without --resume)")
     for key in RESUME_MAY_SET:
         if key in vars(args) and (key != "data" or args.data is not None):
             saved[key] = getattr(args, key)
@@ -154,7 +162,7 @@ def main(argv: Sequence[str]) -> int:
         raise CandleNNError("pass --data DIR (a folder of class subfolders), or --resume")
     else:
         refuse_existing_run(out, RUN_FILES)
-    run = _run_args(args, checkpoint)
+    run = _run_args(args, checkpoint, out)
     if run.data is None:
         raise CandleNNError(f"the checkpoint in {out} does not say which data folder it used; "
                             "pass --data DIR")
@@ -164,6 +172,10 @@ def main(argv: Sequence[str]) -> int:
         raise CandleNNError(f"--imgsz {run.imgsz} is below {MIN_IMGSZ}: a ResNet downsamples "
                             f"32x, so smaller images leave no spatial detail; pass --imgsz "
                             f"{MIN_IMGSZ} or more")
+    if run.imgsz > MAX_IMGSZ:
+        raise CandleNNError(f"--imgsz {run.imgsz} is above {MAX_IMGSZ}: ResNets are trained at "
+                            f"224, and the work and memory grow with the square of the size; "
+                            f"pass --imgsz {MAX_IMGSZ} or less (224 is the usual)")
     trains_bn = not (run.freeze_bn or run.freeze_backbone)
     if trains_bn and run.batch_size < 2 * group.size():
         raise CandleNNError(f"--batch-size {run.batch_size} gives a process fewer than 2 images "

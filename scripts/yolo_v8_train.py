@@ -159,7 +159,11 @@ def _main(argv: Sequence[str] | None) -> int:
             parser.error(f"--resume continues the run with its saved settings: drop "
                          f"{', '.join('--' + e.replace('_', '-') for e in extra)}")
         _, meta = read_checkpoint(out / "weights" / CHECKPOINT)
-        saved = meta["run"]
+        saved = meta["run"] if isinstance(meta["run"], dict) else {}
+        if not {"data", "variant"} <= set(saved) or not isinstance(meta["config"], dict):
+            raise CandleNNError(f"{out / 'weights' / CHECKPOINT} was not written by "
+                                "candle-yolo-v8 train: it does not record the data and variant "
+                                "to resume with (start the run again without --resume)")
         config = TrainConfig.from_dict(meta["config"])
         if meta["epoch"] >= config.epochs:
             raise CandleNNError(f"the run in {out} already finished its {config.epochs} epochs; "
@@ -192,9 +196,10 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         data = DataConfig.load(data_path)
         train = DetectionDataset(data.images("train"), data.names, config.imgsz,
-                                 augment=True, seed=config.seed, warn=warn)
+                                 augment=True, seed=config.seed, warn=warn,
+                                 cache=data.cache_path("train"))
         val = DetectionDataset(data.images("val"), data.names, config.imgsz, augment=False,
-                               warn=warn)
+                               warn=warn, cache=data.cache_path("val"))
     except DataError as exc:
         raise CandleNNError(str(exc)) from None
     for split, ds in (("train", train), ("val", val)):

@@ -112,6 +112,8 @@ def test_image_folder_splits_and_skips_bad_images(tmp_path):
     ({"a": 2}, "at least two class subfolders"),
     ({"a": 2, "b": 0}, "has no readable images"),
     ({}, "at least two class subfolders"),
+    ({"a": 1, "b": 1}, "no validation images"),  # one image a class: none left to validate
+    ({"a\nb": 2, "c": 2}, "line break"),  # labels.txt holds one name a line
 ])
 def test_image_folder_errors(tmp_path, layout, fragment):
     for name, n in layout.items():
@@ -148,6 +150,7 @@ def small_run(data: Path, out: Path, *extra, weights: Path | None = None) -> lis
      ["resnet18", "resnet50"]),
     (["--data", "{data}", "--batch-size", "1"], ["--batch-size 1", "--freeze-bn"]),
     (["--data", "{data}", "--imgsz", "16"], ["--imgsz 16", "32"]),
+    (["--data", "{data}", "--imgsz", "100000"], ["--imgsz 100000", "1024"]),
     (["--data", "{data}", "--val-fraction", "1.5"], ["--val-fraction", "1.5"]),
     (["--data", "{data}", "--epochs", "0"], ["--epochs", "0"]),
     (["--data", "{data}", "--optimizer", "lion"], ["--optimizer", "lion"]),
@@ -231,6 +234,25 @@ def test_divergence_stops_with_one_error_line(tmp_path, small_data):
     assert "Traceback" not in err and len(errors) == 1, err
     assert "diverged" in errors[0] and "--lr" in errors[0], err
     assert not (out / "best.safetensors").exists() and not (out / "checkpoint.safetensors").exists()
+
+
+@pytest.mark.parametrize("state", [None, {"format": 1}])
+def test_resume_of_a_file_that_is_not_a_training_checkpoint(tmp_path, state):
+    """A weights file (no training state) or a state without the run's fields, as the run's
+    checkpoint: one error line saying what the file is, no KeyError; nothing changes."""
+    import mlx.core as mx
+
+    out = tmp_path / "run"
+    out.mkdir()
+    tensors = mx.load(str(backbone()))
+    meta = {} if state is None else {"candle_nn.train_state": json.dumps(state)}
+    mx.save_safetensors(str(out / "checkpoint.safetensors"), tensors, metadata=meta)
+    before = files_of(out)
+    result = run_cli("resnet", "train", "--resume", "--out", out)
+    assert result.returncode == 1
+    line = error_line(result.stderr, "checkpoint.safetensors", "is not a", "without --resume")
+    assert "KeyError" not in line and "'candle_nn.train_state'" not in line
+    assert files_of(out) == before
 
 
 def test_bad_images_are_warned_once_each_and_skipped(tmp_path, small_data):

@@ -262,3 +262,20 @@ def test_divergence_stops_with_one_error_line(tiny_run, tmp_path):
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "diverged" in errors[0] and "--lr0" in errors[0], err
     assert not list(out.rglob("*.safetensors"))
+
+
+@pytest.mark.parametrize("state", [None, {"format": 1}])
+def test_resume_of_a_file_that_is_not_a_training_checkpoint(tmp_path, state):
+    """A weights file (no training state) or a state without the run's fields, as the run's
+    checkpoint: one error line saying what the file is, no KeyError; nothing changes."""
+    out = tmp_path / "run"
+    (out / "weights").mkdir(parents=True)
+    meta = {} if state is None else {"candle_nn.yolo_train_state": json.dumps(state)}
+    mx.save_safetensors(str(out / "weights/checkpoint.safetensors"), mx.load(str(WEIGHTS)),
+                        metadata=meta)
+    before = _files_of(out)
+    result = run_cli("yolo", "train", "--resume", "--out", out)
+    assert result.returncode == 1
+    line = error_line(result.stderr, "checkpoint.safetensors", "is not a", "without --resume")
+    assert "KeyError" not in line and "'candle_nn.yolo_train_state'" not in line
+    assert _files_of(out) == before
