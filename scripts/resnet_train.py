@@ -26,6 +26,7 @@ import mlx.core as mx
 
 from candle_nn_models.classify_trainer import (BEST, CHECKPOINT, LABELS, OPTIMIZERS, RESULTS,
                                                ClassifierTrainer, TrainConfig, read_checkpoint)
+from candle_nn_models.data_parallel import capped_batch, check_batch_norm_batch
 from candle_nn_models.image_folder import ImageFolder
 from candle_nn_models.resnet import VARIANTS, ResNet
 from candle_nn_models.scripts.common import (number_arg, parse_device, positive, resumable_parser,
@@ -176,21 +177,21 @@ def main(argv: Sequence[str]) -> int:
         raise CandleNNError(f"--imgsz {run.imgsz} is above {MAX_IMGSZ}: ResNets are trained at "
                             f"224, and the work and memory grow with the square of the size; "
                             f"pass --imgsz {MAX_IMGSZ} or less (224 is the usual)")
-    trains_bn = not (run.freeze_bn or run.freeze_backbone)
-    if trains_bn and run.batch_size < 2 * group.size():
-        raise CandleNNError(f"--batch-size {run.batch_size} gives a process fewer than 2 images "
-                            "a step, too few for BatchNorm's batch statistics; pass --batch-size "
-                            f"{2 * group.size()} or more, or --freeze-bn")
-
     device = parse_device(run.device, run.verbose and main_rank)
     data = ImageFolder.read(run.data, run.val_fraction, run.seed, run.workers)
     if main_rank:
         for path, reason in data.skipped:
             print(f"warning: {shown(path)}: {reason}; image skipped", file=sys.stderr)
+    batch = capped_batch(run.batch_size, len(data.train), group.size())
+    if not (run.freeze_bn or run.freeze_backbone):
+        check_batch_norm_batch(batch, group.size(), run.imgsz, "--batch-size")
     # a resumed run takes every weight from its checkpoint: no backbone file (or download)
     model, variant = build_model(run.variant, None if checkpoint else run.weights,
                                  not (run.no_pretrained or checkpoint), len(data.classes),
                                  run.seed, device)
+    if batch != run.batch_size and main_rank:  # once the weights are known good
+        print(f"warning: --batch-size {run.batch_size} is more than the {len(data.train)} "
+              f"training images; each batch takes all {batch}", file=sys.stderr)
     frozen = None
     if run.freeze_backbone:
         model.freeze()
@@ -201,7 +202,7 @@ def main(argv: Sequence[str]) -> int:
         freeze_bn_stats(model)
 
     optimizer = run.optimizer
-    config = TrainConfig(epochs=run.epochs, batch_size=run.batch_size,
+    config = TrainConfig(epochs=run.epochs, batch_size=batch,
                          lr=run.lr if run.lr is not None else DEFAULT_LR[optimizer],
                          optimizer=optimizer, weight_decay=run.weight_decay, imgsz=run.imgsz,
                          seed=run.seed)

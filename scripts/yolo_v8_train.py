@@ -27,6 +27,7 @@ from typing import Sequence
 from candle_nn import CandleNNError, VarBuilder, WeightsFileError
 import mlx.core as mx
 
+from candle_nn_models.data_parallel import capped_batch, check_batch_norm_batch
 from candle_nn_models.yolo11 import STEM as YOLO11_STEM
 from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8, infer_spec
 from candle_nn_models.yolo_v8_data import DataConfig, DataError
@@ -183,10 +184,6 @@ def _main(argv: Sequence[str] | None) -> int:
     main_rank = group.rank() == 0
     if main_rank:
         check_run_unheld(out, TOOL)
-    if not config.freeze_bn and config.batch < 2 * group.size():
-        raise CandleNNError(f"--batch {config.batch} gives a process fewer than 2 images a "
-                            "batch, too few for BatchNorm's batch statistics; pass --batch "
-                            f"{2 * group.size()} or more, or --freeze-bn")
     device = parse_device(args.device, args.verbose and main_rank)
 
     def warn(message: str) -> None:
@@ -205,12 +202,20 @@ def _main(argv: Sequence[str] | None) -> int:
     for split, ds in (("train", train), ("val", val)):
         if not len(ds):
             raise CandleNNError(f"{data.path}: no usable images in {split} (see the warnings)")
+    # as ultralytics' data loader: a batch is at most the whole set (the nominal --batch still
+    # sets the accumulation and the weight decay)
+    batch = capped_batch(config.batch, len(train), group.size())
+    if not config.freeze_bn:
+        check_batch_norm_batch(batch, group.size(), config.imgsz, "--batch")
     nc = len(data.names)
     if args.resume:
         tensors = None  # the weights come from the checkpoint: build from the variant alone
     else:
         tensors, variant = _start_tensors(args, nc)
     model, ema = (_build(tensors, variant, nc, device) for _ in range(2))
+    if batch != config.batch:  # once the weights are known good
+        warn(f"--batch {config.batch} is more than the {len(train)} training images; each batch "
+             f"takes all {batch}")
     metadata = WeightsMetadata(model="yolo_v8", variant=variant, task="detect",
                                num_classes=nc, names=data.names).to_dict()
     trainer = DetectionTrainer(model, ema, config, train, val, out, metadata=metadata,
@@ -225,7 +230,7 @@ def _main(argv: Sequence[str] | None) -> int:
             print(f"training {model.spec} on {len(train)} images ({len(val)} to validate), "
                   f"{trainer.name} lr0 {trainer.lr0:g}"
                   + (f", {group.size()} processes" if group.size() > 1 else "")
-                  + f", run folder {out}"
+                  + f", {trainer.nb} batches per epoch, run folder {out}"
                   + (f"; resuming after epoch {trainer.epoch}" if args.resume else ""),
                   file=sys.stderr, flush=True)
         trainer.fit(stop_after=args.stop_after)

@@ -143,12 +143,11 @@ def small_run(data: Path, out: Path, *extra, weights: Path | None = None) -> lis
     ([], ["--data"]),
     (["--data", "/nonexistent/folder"], ["/nonexistent/folder", "not found"]),
     (["--resume", "--out", "/nonexistent/run"], ["no checkpoint", "/nonexistent/run"]),
-    (["--data", "{data}", "--batch-size", "64", "--weights", "{weights}"],
-     ["--batch-size 64", "20 training images"]),
     (["--data", "{data}", "--weights", "/nonexistent.safetensors"], ["/nonexistent.safetensors"]),
     (["--data", "{data}", "--weights", "{weights}", "--variant", "resnet50"],
      ["resnet18", "resnet50"]),
-    (["--data", "{data}", "--batch-size", "1"], ["--batch-size 1", "--freeze-bn"]),
+    (["--data", "{data}", "--batch-size", "1", "--imgsz", "32"],
+     ["--batch-size 1", "--imgsz 32", "--freeze-bn"]),
     (["--data", "{data}", "--imgsz", "16"], ["--imgsz 16", "32"]),
     (["--data", "{data}", "--imgsz", "100000"], ["--imgsz 100000", "1024"]),
     (["--data", "{data}", "--val-fraction", "1.5"], ["--val-fraction", "1.5"]),
@@ -253,6 +252,28 @@ def test_resume_of_a_file_that_is_not_a_training_checkpoint(tmp_path, state):
     line = error_line(result.stderr, "checkpoint.safetensors", "is not a", "without --resume")
     assert "KeyError" not in line and "'candle_nn.train_state'" not in line
     assert files_of(out) == before
+
+
+@pytest.mark.parametrize("batch, imgsz, steps", [
+    (64, 32, 1),  # more than the 20 training images: one batch of all of them
+    (1, 64, 20),  # one image a step: BatchNorm normalises over its 2x2 last feature map
+])
+def test_batch_edges_train_as_ultralytics(tmp_path, small_data, batch, imgsz, steps):
+    """As ultralytics (and ``candle-yolo-v8 train``, tested the same way): a batch larger than
+    the training set trains on batches of the whole set, with one warning; ``--batch-size 1``
+    trains when each BatchNorm still sees 2 values a channel (else it is one error line, see
+    test_bad_arguments_are_one_error_line)."""
+    out = tmp_path / "run"
+    result = run_cli("resnet", "train", "--data", small_data, "--out", out, "--weights",
+                     backbone(), "--imgsz", imgsz, "--batch-size", batch, "--epochs", 1,
+                     "--no-progress", "--workers", 2)
+    assert result.returncode == 0, result.stderr
+    err = result.stderr.decode()
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warnings == ([f"warning: --batch-size {batch} is more than the 20 training images; "
+                         "each batch takes all 20"] if batch > 20 else []), err
+    assert f"{steps} steps per epoch" in err
+    assert (out / "best.safetensors").is_file()
 
 
 def test_bad_images_are_warned_once_each_and_skipped(tmp_path, small_data):

@@ -279,3 +279,28 @@ def test_resume_of_a_file_that_is_not_a_training_checkpoint(tmp_path, state):
     line = error_line(result.stderr, "checkpoint.safetensors", "is not a", "without --resume")
     assert "KeyError" not in line and "'candle_nn.yolo_train_state'" not in line
     assert _files_of(out) == before
+
+
+@pytest.mark.parametrize("batch, imgsz, batches", [
+    (16, 64, 1),  # more than the 4 training images: one batch of all of them
+    (1, 64, 4),  # one image a batch: BatchNorm normalises over its 2x2 last feature map
+])
+def test_batch_edges_train_as_ultralytics(tiny_run, tmp_path, batch, imgsz, batches):
+    """As ultralytics (and ``candle-resnet train``, tested the same way): a batch larger than
+    the training set trains on batches of the whole set, with one warning; ``--batch 1`` trains
+    when each BatchNorm still sees 2 values a channel, else it is one error line."""
+    data, _ = tiny_run
+    out = tmp_path / "run"
+    result = run_cli("yolo", "train", "--data", data, "--weights", WEIGHTS, "--imgsz", imgsz,
+                     "--out", out, "--device", "cpu", "--no-progress", "--workers", "2",
+                     "--batch", batch, "--epochs", "1")
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    err = result.stderr.decode()
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warnings == ([f"warning: --batch {batch} is more than the 4 training images; "
+                         "each batch takes all 4"] if batch > 4 else []), err
+    assert f"{batches} batches per epoch" in err
+    assert (out / "weights/best.safetensors").is_file()
+    too_small = _train(data, tmp_path / "small", "--imgsz", "32", "--batch", "1", "--epochs", "1")
+    assert too_small.returncode == 1
+    error_line(too_small.stderr, "--batch 1", "--imgsz 32", "--freeze-bn")
