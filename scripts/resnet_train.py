@@ -8,8 +8,12 @@
 
 The backbone comes from ``--weights`` (default: candle's published ImageNet ``--variant``) and a
 new, seeded ``fc`` head for the data folder's class count; ``--no-pretrained`` starts from seeded
-Kaiming weights. The run folder gets ``best.safetensors`` and ``labels.txt``, which
-``candle-resnet --image x.jpg --weights OUT/best.safetensors --labels OUT/labels.txt`` uses.
+Kaiming weights (offline: ``--weights`` a file you hold, e.g. converted from a torchvision
+``.pth`` by ``candle-nn-weights convert --from torchvision``). The run folder gets
+``best.safetensors`` and ``labels.txt``, which ``candle-resnet --image x.jpg --weights
+OUT/best.safetensors --labels OUT/labels.txt`` uses; a new run refuses a folder holding a run,
+and the run holds ``OUT/train.lock`` while it trains. Progress goes to stderr; stdout gets one JSON
+line at the end: ``run``, ``epochs_done``, ``best``, ``labels``, ``best_accuracy``.
 """
 
 from __future__ import annotations

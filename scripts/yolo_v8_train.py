@@ -12,8 +12,11 @@ starts from ``--weights`` (default: candle's published ``yolov8{variant}``) with
 re-initialised when the data has another class count. Writes ``<run>/weights/best.safetensors``
 and ``last.safetensors`` (``candle-yolo-v8 --weights`` / ``candle-yolo-v8 val --weights`` read
 them, class names included), ``results.csv`` and ``results.png``; a new run in an existing
-folder goes to ``train2``, ``train3``, ... (as ultralytics). ``--resume`` continues the run from
-its last finished epoch with its saved settings.
+folder goes to ``train2``, ``train3``, ... (as ultralytics); ``--out`` naming a folder that holds
+a run is refused, and the run holds ``<run>/train.lock`` while it trains. ``--resume`` continues
+the run from its last finished epoch with its saved settings. Progress goes to stderr; stdout
+gets one JSON line at the end: ``run``, ``epochs_done``, ``best``, ``best_fitness``. Offline,
+``--weights`` a file you hold (``candle-nn-weights convert --from ultralytics yolov8n.pt ...``).
 """
 
 from __future__ import annotations
