@@ -50,6 +50,7 @@ from candle_nn.checkpoint import write_safetensors
 from candle_nn_models.classify_transforms import eval_transform, train_transform
 from candle_nn_models.image_folder import ImageFolder, Split
 from candle_nn_models.data_parallel import DataParallel
+from candle_nn_models.divergence import check_finite_losses, check_finite_parameters
 from candle_nn_models.image_loader import BatchLoader, labelled_images, stack_labelled
 from candle_nn_models import train_checkpoint
 
@@ -58,6 +59,7 @@ BEST = "best.safetensors"
 LABELS = "labels.txt"
 RESULTS = "results.csv"
 STATE_KEY = "candle_nn.train_state"
+STATE_FIELDS = ("config", "epoch", "best_accuracy", "classes", "history", "run")  # see state()
 OPTIMIZERS = ("sgd", "adamw")
 DEFAULT_WEIGHT_DECAY = {"sgd": 1e-4, "adamw": 1e-2}  # torchvision's recipe, PyTorch's AdamW
 
@@ -204,6 +206,7 @@ class ClassifierTrainer:
         totals = np.zeros(3)  # loss * images, correct, images
         for x, y in bar:
             loss, correct = self.step(mx.array(x), mx.array(y))
+            check_finite_losses([float(loss)], epoch, "training", "--lr", c.lr)
             totals += self.dp.sum_values([float(loss) * len(y), float(correct), len(y)])
             bar.set_postfix(loss=f"{totals[0] / totals[2]:.4f}",
                             acc=f"{100 * totals[1] / totals[2]:.1f}%")
@@ -231,13 +234,15 @@ class ClassifierTrainer:
 
     def fit(self) -> list[EpochResult]:
         """Train from the current epoch to ``config.epochs``; returns the history."""
-        if self.is_main and self.epoch == 0:
-            self._write_text(LABELS, "".join(f"{name}\n" for name in self.data.classes))
         with ThreadPoolExecutor(self.workers, thread_name_prefix="candle-nn-data") as pool:
             for epoch in range(self.epoch, self.config.epochs):
                 start = time.perf_counter()
                 train_loss, train_acc = self.train_epoch(epoch, pool)
                 val_loss, val_acc = self.evaluate(self.data.val, pool)
+                # nothing of a diverged epoch is written: the folder keeps the last good one
+                check_finite_losses([val_loss], epoch, "validation", "--lr", self.config.lr)
+                check_finite_parameters([self.model.parameters()], epoch, "--lr",
+                                        self.config.lr)
                 lr = float(self.optimizer.learning_rate)
                 result = EpochResult(epoch + 1, float(train_loss), float(train_acc), val_loss,
                                      val_acc, lr, time.perf_counter() - start)
@@ -247,6 +252,8 @@ class ClassifierTrainer:
                 if improved:
                     self.best_accuracy = val_acc
                 if self.is_main:
+                    if epoch == 0:  # with the first weights: a run that never ran leaves none
+                        self._write_text(LABELS, "".join(f"{n}\n" for n in self.data.classes))
                     if improved:
                         save_safetensors(self.model, self.out / BEST, self.best_metadata)
                     self.save_checkpoint()
@@ -314,5 +321,11 @@ class ClassifierTrainer:
 
 def read_checkpoint(path: "str | os.PathLike") -> tuple[dict[str, mx.array], dict[str, Any]]:
     """A training checkpoint's tensors and its state (config, epoch, classes, history)."""
-    return train_checkpoint.read_checkpoint(path, STATE_KEY)
+    tensors, meta = train_checkpoint.read_checkpoint(path, STATE_KEY, "candle-resnet training",
+                                                     STATE_FIELDS)
+    if not isinstance(meta["config"], dict) or "epochs" not in meta["config"]:
+        raise WeightsFileError(f"{path} is not a candle-resnet training checkpoint of this "
+                               "version (its config lacks epochs); start the run again without "
+                               "--resume, into another --out")
+    return tensors, meta
 

@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-__all__ = ["DataParallel", "local_slice"]
+__all__ = ["DataParallel", "capped_batch", "check_batch_norm_batch", "local_slice"]
 
 REDUCE_BYTES = 32 * 1024 ** 2  # arrays are concatenated into all-reduces of about this size
 
@@ -27,6 +27,27 @@ def local_slice(count: int, rank: int, world: int) -> slice:
     base, extra = divmod(count, world)
     start = rank * base + min(rank, extra)
     return slice(start, start + base + (rank < extra))
+
+
+def check_batch_norm_batch(batch: int, world: int, imgsz: int, option: str) -> None:
+    """Refuse a global ``batch`` whose share per process leaves a train-mode BatchNorm one value
+    a channel (PyTorch's "Expected more than 1 value per channel when training"): its smallest
+    feature map is ``ceil(imgsz / 32)`` a side. ``--batch 1`` trains at 64 pixels, as in
+    ultralytics; not at 32."""
+    side = -(-imgsz // 32)
+    per_process = batch // world
+    if per_process * side * side < 2:
+        raise CandleNNError(f"{option} {batch} at --imgsz {imgsz} leaves BatchNorm one value a "
+                            f"channel ({per_process} image{'s' if per_process != 1 else ''} a "
+                            f"process of a {side}x{side} last feature map), too few for its "
+                            f"batch statistics; pass {option} {2 * world} or more, a larger "
+                            "--imgsz, or --freeze-bn")
+
+
+def capped_batch(batch: int, images: int, world: int) -> int:
+    """The batch a run takes: ``batch``, or all ``images`` when they are fewer (as ultralytics'
+    data loader), rounded down to split evenly over ``world`` processes."""
+    return batch if batch <= images else max(images - images % world, world)
 
 
 class DataParallel:

@@ -56,10 +56,21 @@ def unreadable_reason(exc: BaseException) -> str:
     return f"not a readable image: corrupt or truncated data ({type(exc).__name__}: {exc})"
 
 
+def file_problem(path: Path) -> str | None:
+    """Why ``path`` is not a file to open as an image (``None`` when it is a regular file):
+    ``not found``, or ``not a regular file`` (a FIFO would block the reader: never opened)."""
+    if not path.exists():
+        return "not found"
+    if not path.is_file():
+        return "not a regular file"
+    return None
+
+
 def _problem(path: Path) -> str | None:
     """Why ``path`` cannot be used (``None`` when it decodes)."""
-    if not path.is_file():  # a FIFO would block the reader: never opened
-        return "not a regular file"
+    missing = file_problem(path)
+    if missing:
+        return missing
     try:
         decode_rgb(path, draft=32)
     except Exception as exc:  # Pillow raises many types on corrupt data
@@ -136,11 +147,19 @@ class ImageFolder:
                 va += [(paths[k], i) for k in sorted(order[:n_val])]
                 tr += [(paths[k], i) for k in sorted(order[n_val:])]
             train, val = _split(tr), _split(va)
+            if not len(val):
+                raise DatasetError(f"no validation images: every class of {root} has a single "
+                                   "image, which it keeps for training; add images, or a val/ "
+                                   "folder beside a train/ folder")
         return cls(root, classes, train, val, skipped)
 
 
 def _class_folders(folder: Path, required: bool = True) -> list[str]:
     names = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
+    for name in names:
+        if "\n" in name or "\r" in name:  # labels.txt holds one class name a line
+            raise DatasetError(f"class folder {folder / name!r} has a line break in its name, "
+                               "which labels.txt (one class name a line) cannot hold; rename it")
     if required and len(names) < 2:
         found = f"only {names[0]!r}" if names else "none"
         raise DatasetError(f"{folder} needs at least two class subfolders (found {found}); lay "

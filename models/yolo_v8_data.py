@@ -112,6 +112,21 @@ class DataConfig:
         return sorted(set(found))
 
 
+    def cache_path(self, split: str) -> Path:
+        """Where the label cache of ``split`` goes, always inside the data set: for a split that
+        is one image folder, beside its label folder (``labels/train.cache`` for
+        ``images/train``, as ultralytics); for one list file, beside it (``train.cache`` for
+        ``train.txt``); else ``<path>/<split>.cache``."""
+        entries = self.splits.get(split, [])
+        if len(entries) == 1:
+            where = Path(entries[0]) if Path(entries[0]).is_absolute() else self.root / entries[0]
+            if where.is_dir():
+                return label_path(where / "image").parent.with_suffix(".cache")
+            if where.suffix == ".txt":
+                return where.with_suffix(".cache")
+        return self.root / f"{split}.cache"
+
+
 def label_path(image: "str | os.PathLike") -> Path:
     """The label file of an image: the last ``images`` folder in its path becomes ``labels``,
     the suffix ``.txt``."""

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 from PIL import Image
 
-from .image_folder import unreadable_reason
+from .image_folder import file_problem, unreadable_reason
 from .yolo_v8_augment import (AugmentConfig, Labelled, augment_mosaic, augment_single,
                               letterbox_labelled, load_resized, to_targets)
 from .yolo_v8_data import label_path, read_labels
@@ -48,6 +49,9 @@ def _fingerprint(paths: Sequence[Path]) -> str:
 
 def _check_image(path: Path) -> str | None:
     """Why ``path`` cannot be used as an image, or ``None``."""
+    missing = file_problem(path)
+    if missing:
+        return f"{path}: {missing}; image skipped"
     try:
         with Image.open(path) as im:
             im.verify()
@@ -67,20 +71,30 @@ class DetectionDataset:
         images: image files (``DataConfig.images(split)``). names: class names.
         imgsz: the square training input side. augment: mosaic/affine/HSV/flip (training) or a
             plain letterbox (validation). seed: of every random draw.
-        warn: where the warnings go (one string each). cache: write/read the label cache.
+        warn: where the warnings go (one string each). cache: the label cache file (the CLI
+            passes ``DataConfig.cache_path(split)``, inside the data set); ``True``: beside the
+            first image's label folder (ultralytics' place); ``False``: none.
 
     Attributes: ``images`` (usable, sorted), ``labels`` (their ``ImageLabels``), ``warnings``.
     """
 
     def __init__(self, images: Sequence[Path], names: Sequence[str], imgsz: int, *,
                  augment: bool = True, seed: int = 0, config: AugmentConfig = AugmentConfig(),
-                 warn: Callable[[str], None] = print, cache: bool = True) -> None:
+                 warn: Callable[[str], None] = print,
+                 cache: "bool | str | os.PathLike" = True) -> None:
         self.names, self.imgsz, self.augment, self.seed = list(names), imgsz, augment, seed
         self.config = config
         images = [Path(p) for p in images]
         entries, self.warnings = self._scan(images, cache, warn)
         for message in self.warnings:
             warn(message)
+        if entries and not any(e["classes"] for e in entries):
+            # ultralytics warns too: a wrong layout trains on background alone (box loss 0)
+            folders = sorted({str(label_path(e["image"]).parent) for e in entries})
+            shown = ", ".join(folders[:3]) + (", ..." if len(folders) > 3 else "")
+            warn(f"no labels found for any of the {len(entries)} images (looked for "
+                 f"<image name>.txt in {shown}: the images/ folder of each image's path "
+                 "becomes labels/); the model learns background only")
         self.images = [Path(e["image"]) for e in entries]
         from .yolo_v8_data import ImageLabels
 
@@ -98,13 +112,13 @@ class DetectionDataset:
         """``labels/<split>.cache`` beside the first image's label folder."""
         return label_path(images[0]).parent.with_suffix(".cache")
 
-    def _scan(self, images: list[Path], cache: bool,
+    def _scan(self, images: list[Path], cache: "bool | str | os.PathLike",
               warn: Callable[[str], None]) -> tuple[list[dict], list[str]]:
         if not images:
             return [], []
         labels = [label_path(p) for p in images]
         key = _fingerprint(images + labels)
-        where = self.cache_path(images)
+        where = self.cache_path(images) if cache is True else Path(cache) if cache else None
         if cache:
             try:
                 found = json.loads(where.read_text(encoding="utf-8"))

@@ -14,11 +14,14 @@ box learn it by CIoU and by the distribution focal loss (DFL) of their ``reg_max
 distances, each weighted by the anchor's target score; every anchor learns the soft one-hot class
 targets by binary cross-entropy. Sums are divided by the total target score.
 
-Targets are padded on the device into ``(B, M, ...)`` slots, so nothing is read back to the host
-and the whole loss runs under ``mx.compile``: ``M`` is ``max_boxes`` when given, else for NumPy
-targets the fullest image's count rounded up to 8, for ``mx.array`` targets ``n`` (room for every
-row). Rows whose image index is negative are padding (a trainer may pad ``n`` to a few fixed sizes
-to keep the compiled shapes few).
+Targets are padded on the device into ``(B, M, ...)`` slots, so the whole loss runs under
+``mx.compile``: ``M`` is ``max_boxes`` when given, else for NumPy targets the fullest image's count
+rounded up to 8, for ``mx.array`` targets ``n`` (room for every row). Rows whose image index is
+negative are padding (a trainer may pad ``n`` to a few fixed sizes to keep the compiled shapes
+few). Targets are checked (:func:`check_targets`) on the host when they can be read there: NumPy
+ones, and ``mx.array`` ones outside a transformation; under ``mx.compile`` the caller checks them
+(the trainer does), and a row that is not a box (a coordinate not finite, a class or image index out
+of range) is dropped on the device, as padding, never read as an index.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from .yolo_v8_boxes import bbox2dist, bbox_ciou, dist2bbox, xywh2xyxy
 from .yolo_v8_head import make_anchors
 
 __all__ = ["DetectionLoss", "GroundTruth", "Predictions", "check_targets", "pad_targets", "sum_all"]
+
+BOX_SLACK = 1e-3  # how far outside 0..1 a normalised box coordinate may lie
 
 
 def sum_all(x: mx.array) -> mx.array:
@@ -82,32 +87,44 @@ class Predictions(NamedTuple):
 def check_targets(targets: np.ndarray, batch_size: int, num_classes: int,
                   columns: int = 6) -> None:
     """Raise ``ValueError`` naming the first bad row of host ``targets`` (shape, image index,
-    class, finite box)."""
+    class, a finite box normalised to the input: ``cx, cy, w, h`` in 0..1)."""
     if targets.ndim != 2 or targets.shape[1] != columns:
-        raise ValueError(f"targets of shape {targets.shape}: expected (n, {columns}) rows "
+        raise ValueError(f"targets of shape {tuple(targets.shape)}: expected (n, {columns}) rows "
                          "image index, class, cx, cy, w, h")
     image, cls, box = targets[:, 0], targets[:, 1], targets[:, 2:6]
-    bad = ((image != np.round(image)) | (image >= batch_size)
-           | ((image >= 0) & ((cls != np.round(cls)) | (cls < 0) | (cls >= num_classes)
-                              | ~np.isfinite(box).all(axis=1))))
+    with np.errstate(invalid="ignore"):
+        # the augmentations' rounding leaves boxes a hair outside 0..1; pixels are far outside
+        outside = ((box < -BOX_SLACK) | (box > 1 + BOX_SLACK)).any(axis=1)
+        bad = (~np.isfinite(image) | (image != np.round(image)) | (image >= batch_size)
+               | ((image >= 0) & ((cls != np.round(cls)) | (cls < 0) | (cls >= num_classes)
+                                  | ~np.isfinite(box).all(axis=1) | outside)))
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise ValueError(f"targets row {row} = {targets[row, :6].tolist()}: needs an image index "
                          f"below the batch size {batch_size} (negative: padding), a class in "
-                         f"0..{num_classes - 1} and a finite box")
+                         f"0..{num_classes - 1} and a finite box cx, cy, w, h normalised to the "
+                         "input (0..1; divide pixel boxes by the input's width and height)")
 
 
 def pad_targets(targets: mx.array, batch_size: int, imgsz: tuple[int, int],
-                max_boxes: int | None = None) -> GroundTruth:
+                max_boxes: int | None = None, num_classes: int | None = None) -> GroundTruth:
     """``(n, 6)`` rows ``image index, class, cx, cy, w, h`` (normalised) → :class:`GroundTruth`
     with ``M = max_boxes`` slots per image (default ``n``: room for every row), each image's rows
     in their order (ultralytics' layout). Rows with a negative image index are dropped, and so
-    are an image's rows beyond ``M`` (the caller's ``max_boxes`` must cover the fullest image).
-    Runs on the device."""
+    are an image's rows beyond ``M`` (the caller's ``max_boxes`` must cover the fullest image),
+    rows with a coordinate that is not finite, an image index from ``batch_size`` on and a class
+    outside ``0..num_classes - 1`` (when given). Runs on the device."""
     n = targets.shape[0]
     m = n if max_boxes is None else max_boxes
-    image = targets[:, 0].astype(mx.int32)
-    live = (image >= 0) & (image < batch_size)
+    # a row that is not a box is dead before anything reads its image index or class as an
+    # index (a NaN cast to int32 is any number: an out-of-bounds scatter crashes)
+    finite = mx.isfinite(targets[:, :6]).all(axis=-1)
+    targets = mx.where(finite[:, None], targets, 0)
+    image = mx.where(finite, targets[:, 0], -1).astype(mx.int32)
+    cls = targets[:, 1]
+    live = (image >= 0) & (image < batch_size) & (cls >= 0)
+    if num_classes is not None:
+        live = live & (cls < num_classes)
     # A row's slot: how many earlier rows belong to its image.
     earlier = mx.arange(n)[:, None] < mx.arange(n)[None, :]
     slot = ((image[:, None] == image[None, :]) & earlier).sum(axis=0).astype(mx.int32)
@@ -209,10 +226,16 @@ class DetectionLoss(cn.Module):
                 raise ValueError(f"max_boxes {max_boxes}: an image of this batch has {fullest} "
                                  "boxes")
             targets = mx.array(targets.astype(np.float32))
-        elif targets.ndim != 2 or targets.shape[1] != 6:
-            raise ValueError(f"targets of shape {tuple(targets.shape)}: expected (n, 6) rows "
-                             "image index, class, cx, cy, w, h")
-        return pad_targets(targets, b, pred.imgsz, max_boxes)
+        else:
+            try:
+                host = np.array(targets)
+            except ValueError:  # under mx.compile: the caller checks (dead rows are dropped)
+                if targets.ndim != 2 or targets.shape[1] != 6:
+                    raise ValueError(f"targets of shape {tuple(targets.shape)}: expected (n, 6) "
+                                     "rows image index, class, cx, cy, w, h") from None
+            else:
+                check_targets(host, b, self.num_classes)
+        return pad_targets(targets, b, pred.imgsz, max_boxes, self.num_classes)
 
     def assign(self, pred: Predictions, gt: GroundTruth) -> Assignment:
         """The assigner's targets (boxes in input pixels, as ultralytics returns them)."""

@@ -63,6 +63,7 @@ from candle_nn.checkpoint import write_safetensors
 
 from . import train_checkpoint
 from .data_parallel import DataParallel
+from .divergence import check_finite_losses, check_finite_parameters
 from .image_loader import BatchLoader
 from .yolo_v8 import YoloV8
 from .yolo_v8_dataset import DetectionDataset, collate
@@ -77,6 +78,8 @@ __all__ = ["TrainConfig", "DetectionTrainer", "clip_grad_norm", "new_class_head"
 CHECKPOINT, LAST, BEST = "checkpoint.safetensors", "last.safetensors", "best.safetensors"
 TARGET_ROWS = 64  # the compiled step's ground-truth rows come in multiples of this
 STATE_KEY = "candle_nn.yolo_train_state"
+STATE_FIELDS = ("config", "epoch", "updates", "last_opt_step", "accumulate", "best_fitness",
+                "history", "names", "run", "momentum")  # see DetectionTrainer.state()
 GROUPS = ("weight", "bn", "bias")  # ultralytics' param_groups order (lr/pg0, pg1, pg2)
 RESULTS_COLUMNS = ("epoch", "time", "train/box_loss", "train/cls_loss", "train/dfl_loss",
                    "metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)",
@@ -369,7 +372,9 @@ class DetectionTrainer:
         sizes = self.batch_sizes()
         for i, (x, targets) in enumerate(bar):
             items = self.iteration(i + self.nb * epoch, epoch, mx.array(x), targets, sizes[i])
-            total += np.asarray(items, dtype=np.float64)
+            items = np.asarray(items, dtype=np.float64)
+            check_finite_losses(items, epoch, "training (box, cls, dfl)", "--lr0", self.lr0)
+            total += items
             seen += 1
             bar.set_postfix(box=f"{total[0] / seen:.3f}", cls=f"{total[1] / seen:.3f}",
                             dfl=f"{total[2] / seen:.3f}")
@@ -414,6 +419,9 @@ class DetectionTrainer:
             for epoch in range(self.epoch, last):
                 start = time.perf_counter()
                 train_items = self.train_epoch(epoch, pool)
+                # nothing of a diverged epoch is written: the folder keeps the last good one
+                check_finite_parameters([self.model.parameters(), self.ema.parameters()], epoch,
+                                        "--lr0", self.lr0)
                 self.epoch = epoch + 1
                 if self.dp.is_main:
                     self._end_epoch(epoch, train_items, start, pool)
@@ -424,6 +432,7 @@ class DetectionTrainer:
         """Validate the EMA, record the epoch, write the files, log the line."""
         lrs = [float(self.optimizers[g].learning_rate) for g in GROUPS]
         results, val_items = self.validate(pool)
+        check_finite_losses(val_items, epoch, "validation (box, cls, dfl)", "--lr0", self.lr0)
         score = results.fitness
         row = {"epoch": epoch + 1, "time": 0.0,
                "train/box_loss": train_items[0], "train/cls_loss": train_items[1],
@@ -528,7 +537,7 @@ class DetectionTrainer:
 def read_checkpoint(path: "str | os.PathLike") -> tuple[dict[str, mx.array], dict[str, Any]]:
     """A YOLOv8 training checkpoint's tensors and state (CandleNNError when absent or
     unreadable)."""
-    return train_checkpoint.read_checkpoint(path, STATE_KEY, "YOLOv8 training")
+    return train_checkpoint.read_checkpoint(path, STATE_KEY, "YOLOv8 training", STATE_FIELDS)
 
 
 def _results_csv(history: list[dict[str, float]]) -> str:

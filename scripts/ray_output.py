@@ -20,17 +20,15 @@ run's; the others are dropped from their shards.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import re
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -40,8 +38,11 @@ from ray.data.datasource import Datasink
 from candle_nn import CandleNNError
 from candle_nn.atomic_write import atomic_write, remove_quietly
 
+from candle_nn_models.scripts.folder_lock import check_unheld, hold
+
 MANIFEST = "_candle_nn_batch.json"  # "_" prefix: Parquet readers skip it (and the lock)
 LOCK = "_candle_nn_batch.lock"
+TOOL = "candle-nn-batch"  # the lock's holder line: "candle-nn-batch job: pid ..."
 FORMAT = "candle-nn-batch/2"
 METADATA_KEY = b"candle_nn_batch"
 _RUN = r"\d{8}T\d{6}Z-[0-9a-f]{8}"
@@ -49,10 +50,6 @@ SHARD_RE = re.compile(rf"candle-nn-batch-(?P<run>{_RUN})-\d{{6}}-\d{{3,}}\.parqu
 # atomic_write's temporary files: ".<stem>-XXXXXXXX<suffix>" (tempfile's 8 random characters)
 SHARD_TEMP_RE = re.compile(rf"\.candle-nn-batch-(?P<run>{_RUN})-\d{{6}}-\d{{3,}}-\w{{8}}\.parquet")
 MANIFEST_TEMP_RE = re.compile(r"\._candle_nn_batch-\w{8}\.json")
-
-
-class OutputLockedError(CandleNNError):
-    """Another job holds the output folder."""
 
 
 def new_run_id() -> str:
@@ -69,53 +66,10 @@ def job_digest(job: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def locked(output: Path, holder: bytes) -> OutputLockedError:
-    who = holder.decode("utf-8", "replace").strip() or "another process"
-    return OutputLockedError(f"another candle-nn-batch job is writing to {output} (lock "
-                             f"{output / LOCK} held by {who}): wait for it to finish, or pass "
-                             "another --output")
-
-
-@contextlib.contextmanager
-def claim(output: Path) -> Iterator[None]:
-    """Hold ``output`` for one job: ``OUT/_candle_nn_batch.lock`` under ``flock`` (released by
-    the kernel when the process dies, so a killed job never leaves a stale claim). A second job
-    gets an OutputLockedError naming the lock and its holder."""
-    path = output / LOCK
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as exc:
-            raise CandleNNError(f"cannot create the lock file {path}: "
-                                f"{exc.strerror or exc}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 300)
-            os.close(fd)
-            raise locked(output, holder) from None
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(path))
-        except FileNotFoundError:  # the holder removed it as we opened it: take the new one
-            same = False
-        if same:
-            break
-        os.close(fd)
-    owned = False
-    try:
-        text = os.read(fd, 300)
-        if text and not text.startswith(b"candle-nn-batch"):
-            raise CandleNNError(f"{path} is not a candle-nn-batch lock file: move it out of "
-                                f"{output}, or pass another --output")
-        owned = True
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (f"candle-nn-batch job: pid {os.getpid()} on {socket.gethostname()} since "
-                       f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}\n").encode(), 0)
-        yield
-    finally:
-        if owned:
-            remove_quietly(path)  # still under the lock: a waiting job sees the inode change
-        os.close(fd)
+def claim(output: Path) -> "contextlib.AbstractContextManager[None]":
+    """Hold ``output`` for one job: ``OUT/_candle_nn_batch.lock`` (:func:`folder_lock.hold`); a
+    second job gets a FolderLockedError naming the lock and its holder."""
+    return hold(output, LOCK, TOOL, "--output")
 
 
 @dataclass
@@ -237,17 +191,7 @@ def preflight(output: Path, job: dict[str, Any], weights: str) -> None:
     Changes nothing."""
     if not output.is_dir():
         return
-    try:
-        fd = os.open(output / LOCK, os.O_RDONLY)
-    except OSError:
-        fd = None
-    if fd is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise locked(output, os.read(fd, 300)) from None
-        finally:
-            os.close(fd)
+    check_unheld(output, LOCK, TOOL, "--output")
     manifest = Manifest.read(output)
     if manifest is not None:
         manifest.check(output, job, weights)

@@ -221,7 +221,7 @@ def quiet_ray_data(verbose: bool) -> None:
 def run_job(source: InputSource, output: Path, options: JobOptions, resources: Resources,
             predictor_cls: type = Predictor, verbose: bool = False) -> JobSummary:
     """Run (or resume) a job on the Ray runtime this process is connected to, holding
-    ``output`` for the job's length (OutputLockedError when another job holds it)."""
+    ``output`` for the job's length (FolderLockedError when another job holds it)."""
     quiet_ray_data(verbose)
     if options.weights_sha256 is None:
         options = identify(options)[0]

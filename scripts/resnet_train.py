@@ -8,13 +8,18 @@
 
 The backbone comes from ``--weights`` (default: candle's published ImageNet ``--variant``) and a
 new, seeded ``fc`` head for the data folder's class count; ``--no-pretrained`` starts from seeded
-Kaiming weights. The run folder gets ``best.safetensors`` and ``labels.txt``, which
-``candle-resnet --image x.jpg --weights OUT/best.safetensors --labels OUT/labels.txt`` uses.
+Kaiming weights (offline: ``--weights`` a file you hold, e.g. converted from a torchvision
+``.pth`` by ``candle-nn-weights convert --from torchvision``). The run folder gets
+``best.safetensors`` and ``labels.txt``, which ``candle-resnet --image x.jpg --weights
+OUT/best.safetensors --labels OUT/labels.txt`` uses; a new run refuses a folder holding a run,
+and the run holds ``OUT/train.lock`` while it trains. Progress goes to stderr; stdout gets one JSON
+line at the end: ``run``, ``epochs_done``, ``best``, ``labels``, ``best_accuracy``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -23,20 +28,26 @@ from typing import Sequence
 from candle_nn import CandleNNError, Device, VarBuilder, VarMap, freeze_bn_stats
 import mlx.core as mx
 
-from candle_nn_models.classify_trainer import (BEST, CHECKPOINT, LABELS, OPTIMIZERS,
+from candle_nn_models.classify_trainer import (BEST, CHECKPOINT, LABELS, OPTIMIZERS, RESULTS,
                                                ClassifierTrainer, TrainConfig, read_checkpoint)
+from candle_nn_models.data_parallel import capped_batch, check_batch_norm_batch
 from candle_nn_models.image_folder import ImageFolder
 from candle_nn_models.resnet import VARIANTS, ResNet
 from candle_nn_models.scripts.common import (number_arg, parse_device, positive, resumable_parser,
                                              shown)
 from candle_nn_models.scripts.resnet_weights import open_resnet_weights
+from candle_nn_models.scripts.train_run_folder import (check_run_unheld, hold_run,
+                                                       refuse_existing_run)
 from candle_nn_models.weights.metadata import WeightsMetadata
 
 DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-3}
 IMGSZ_KEY = "candle_nn.imgsz"
 MIN_IMGSZ = 32
+MAX_IMGSZ = 1024  # 4.6x ResNet's 224 on a side is 21x the work and memory of an image
 # what a resumed run may change: where it runs, not what it computes
 RESUME_MAY_SET = {"resume", "out", "data", "device", "workers", "verbose", "no_progress"}
+TOOL = "candle-resnet train"
+RUN_FILES = (CHECKPOINT, BEST, LABELS, RESULTS)  # any of them: the folder holds a run
 
 
 def _fraction(text: str) -> float:
@@ -79,8 +90,8 @@ def build_parser(suppress: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--freeze-bn", action="store_true", **d(False),
                         help="keep BatchNorm running statistics fixed (their scale/shift learn)")
     parser.add_argument("--imgsz", type=positive(int), metavar="PIXELS", **d(224),
-                        help="training crop size; evaluation resizes to imgsz*256/224 and crops "
-                             "imgsz (default 224)")
+                        help=f"training crop size, {MIN_IMGSZ} to {MAX_IMGSZ}; evaluation "
+                             "resizes to imgsz*256/224 and crops imgsz (default 224)")
     parser.add_argument("--val-fraction", type=_fraction, metavar="F", **d(0.2),
                         help="share of each class held out for validation when the folder has no "
                              "train/ + val/ split (default 0.2)")
@@ -119,11 +130,18 @@ def build_model(variant: str | None, weights: str | None, pretrained: bool, num_
     return ResNet.load(vb, variant, num_classes=num_classes, fold_bn=False), variant
 
 
-def _run_args(args: argparse.Namespace, checkpoint: dict | None) -> argparse.Namespace:
+def _run_args(args: argparse.Namespace, checkpoint: dict | None,
+              out: Path) -> argparse.Namespace:
     """The run's options: as given, or (``--resume``) as the checkpoint saved them."""
     if checkpoint is None:
         return args
-    saved = dict(checkpoint.get("run", {}))
+    saved = dict(checkpoint["run"]) if isinstance(checkpoint["run"], dict) else {}
+    # every option but where it runs (and the data folder, which --data may give)
+    needed = set(vars(args)) - RESUME_MAY_SET - {"data"}
+    if not needed <= set(saved):
+        raise CandleNNError(f"{out / CHECKPOINT} was not written by candle-resnet train: it does "
+                            "not record the run's options to resume with (resume it with the "
+                            "Python API that wrote it, or start the run again without --resume)")
     for key in RESUME_MAY_SET:
         if key in vars(args) and (key != "data" or args.data is not None):
             saved[key] = getattr(args, key)
@@ -147,10 +165,9 @@ def main(argv: Sequence[str]) -> int:
                                 f"{checkpoint['config']['epochs']} epochs; nothing to resume")
     elif args.data is None:
         raise CandleNNError("pass --data DIR (a folder of class subfolders), or --resume")
-    elif (out / CHECKPOINT).exists():
-        raise CandleNNError(f"{out} already holds a run ({CHECKPOINT}): pass --resume to "
-                            "continue it, or another --out")
-    run = _run_args(args, checkpoint)
+    else:
+        refuse_existing_run(out, RUN_FILES)
+    run = _run_args(args, checkpoint, out)
     if run.data is None:
         raise CandleNNError(f"the checkpoint in {out} does not say which data folder it used; "
                             "pass --data DIR")
@@ -160,21 +177,25 @@ def main(argv: Sequence[str]) -> int:
         raise CandleNNError(f"--imgsz {run.imgsz} is below {MIN_IMGSZ}: a ResNet downsamples "
                             f"32x, so smaller images leave no spatial detail; pass --imgsz "
                             f"{MIN_IMGSZ} or more")
-    trains_bn = not (run.freeze_bn or run.freeze_backbone)
-    if trains_bn and run.batch_size < 2 * group.size():
-        raise CandleNNError(f"--batch-size {run.batch_size} gives a process fewer than 2 images "
-                            "a step, too few for BatchNorm's batch statistics; pass --batch-size "
-                            f"{2 * group.size()} or more, or --freeze-bn")
-
+    if run.imgsz > MAX_IMGSZ:
+        raise CandleNNError(f"--imgsz {run.imgsz} is above {MAX_IMGSZ}: ResNets are trained at "
+                            f"224, and the work and memory grow with the square of the size; "
+                            f"pass --imgsz {MAX_IMGSZ} or less (224 is the usual)")
     device = parse_device(run.device, run.verbose and main_rank)
     data = ImageFolder.read(run.data, run.val_fraction, run.seed, run.workers)
     if main_rank:
         for path, reason in data.skipped:
             print(f"warning: {shown(path)}: {reason}; image skipped", file=sys.stderr)
+    batch = capped_batch(run.batch_size, len(data.train), group.size())
+    if not (run.freeze_bn or run.freeze_backbone):
+        check_batch_norm_batch(batch, group.size(), run.imgsz, "--batch-size")
     # a resumed run takes every weight from its checkpoint: no backbone file (or download)
     model, variant = build_model(run.variant, None if checkpoint else run.weights,
                                  not (run.no_pretrained or checkpoint), len(data.classes),
                                  run.seed, device)
+    if batch != run.batch_size and main_rank:  # once the weights are known good
+        print(f"warning: --batch-size {run.batch_size} is more than the {len(data.train)} "
+              f"training images; each batch takes all {batch}", file=sys.stderr)
     frozen = None
     if run.freeze_backbone:
         model.freeze()
@@ -185,7 +206,7 @@ def main(argv: Sequence[str]) -> int:
         freeze_bn_stats(model)
 
     optimizer = run.optimizer
-    config = TrainConfig(epochs=run.epochs, batch_size=run.batch_size,
+    config = TrainConfig(epochs=run.epochs, batch_size=batch,
                          lr=run.lr if run.lr is not None else DEFAULT_LR[optimizer],
                          optimizer=optimizer, weight_decay=run.weight_decay, imgsz=run.imgsz,
                          seed=run.seed)
@@ -194,7 +215,7 @@ def main(argv: Sequence[str]) -> int:
                                 source="candle-resnet train",
                                 extra={IMGSZ_KEY: str(run.imgsz)}).to_dict()
     if main_rank:
-        _prepare_out(out)
+        check_run_unheld(out, TOOL)
     run_info = {k: v for k, v in vars(run).items() if k not in RESUME_MAY_SET - {"data"}}
     run_info["data"] = os.fspath(Path(run.data).absolute())
     run_info["variant"] = variant  # what --weights held, for --resume
@@ -202,16 +223,16 @@ def main(argv: Sequence[str]) -> int:
                                 workers=run.workers, progress=not run.no_progress,
                                 run_info=run_info, frozen=frozen,
                                 log=lambda line: print(line, file=sys.stderr, flush=True))
-    if checkpoint is not None:
-        trainer.resume()
-    if main_rank:
-        print(f"{variant}: {len(data.train)} training / {len(data.val)} validation images, "
-              f"{len(data.classes)} classes, {trainer.steps_per_epoch} steps per epoch"
-              + (f", {group.size()} processes" if group.size() > 1 else "")
-              + (f"; resuming after epoch {trainer.epoch}" if checkpoint else ""),
-              file=sys.stderr)
     try:
-        with model.on_device():
+        with hold_run(out, TOOL, main_rank, () if checkpoint else RUN_FILES), model.on_device():
+            if checkpoint is not None:
+                trainer.resume()
+            if main_rank:
+                print(f"{variant}: {len(data.train)} training / {len(data.val)} validation "
+                      f"images, {len(data.classes)} classes, {trainer.steps_per_epoch} steps per "
+                      "epoch" + (f", {group.size()} processes" if group.size() > 1 else "")
+                      + (f"; resuming after epoch {trainer.epoch}" if checkpoint else ""),
+                      file=sys.stderr)
             trainer.fit()
     except (RuntimeError, ValueError, MemoryError) as exc:  # MLX's: out of memory, a bad shape
         raise CandleNNError(f"training stopped in epoch {trainer.epoch + 1}: "
@@ -219,14 +240,8 @@ def main(argv: Sequence[str]) -> int:
                             "epoch (--resume)") from exc
     if main_rank:
         print(f"best validation accuracy {100 * trainer.best_accuracy:.1f}%: "
-              f"{shown(out / BEST)}, labels {shown(out / LABELS)}")
+              f"{shown(out / BEST)}, labels {shown(out / LABELS)}", file=sys.stderr)
+        print(json.dumps({"run": str(out), "epochs_done": trainer.epoch, "best": str(out / BEST),
+                          "labels": str(out / LABELS),
+                          "best_accuracy": trainer.best_accuracy}))
     return 0
-
-
-def _prepare_out(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CandleNNError(f"cannot create the run folder {out}: {exc.strerror or exc}") from exc
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise CandleNNError(f"the run folder {out} is not writable; pass another --out")

@@ -12,8 +12,11 @@ starts from ``--weights`` (default: candle's published ``yolov8{variant}``) with
 re-initialised when the data has another class count. Writes ``<run>/weights/best.safetensors``
 and ``last.safetensors`` (``candle-yolo-v8 --weights`` / ``candle-yolo-v8 val --weights`` read
 them, class names included), ``results.csv`` and ``results.png``; a new run in an existing
-folder goes to ``train2``, ``train3``, ... (as ultralytics). ``--resume`` continues the run from
-its last finished epoch with its saved settings.
+folder goes to ``train2``, ``train3``, ... (as ultralytics); ``--out`` naming a folder that holds
+a run is refused, and the run holds ``<run>/train.lock`` while it trains. ``--resume`` continues
+the run from its last finished epoch with its saved settings. Progress goes to stderr; stdout
+gets one JSON line at the end: ``run``, ``epochs_done``, ``best``, ``best_fitness``. Offline,
+``--weights`` a file you hold (``candle-nn-weights convert --from ultralytics yolov8n.pt ...``).
 """
 
 from __future__ import annotations
@@ -27,21 +30,27 @@ from typing import Sequence
 from candle_nn import CandleNNError, VarBuilder, WeightsFileError
 import mlx.core as mx
 
+from candle_nn_models.data_parallel import capped_batch, check_batch_norm_batch
 from candle_nn_models.yolo11 import STEM as YOLO11_STEM
 from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8, infer_spec
 from candle_nn_models.yolo_v8_data import DataConfig, DataError
 from candle_nn_models.yolo_v8_dataset import DetectionDataset
-from candle_nn_models.yolo_v8_trainer import (BEST, CHECKPOINT, DetectionTrainer, TrainConfig,
-                                              new_class_head, read_checkpoint)
+from candle_nn_models.yolo_v8_trainer import (BEST, CHECKPOINT, LAST, DetectionTrainer,
+                                              TrainConfig, new_class_head, read_checkpoint)
 from candle_nn_models.scripts.common import (add_device_argument, compile_choice, non_negative,
                                              parse_device, positive, resumable_parser, run_main,
                                              shown, yolo_input_size)
+from candle_nn_models.scripts.train_run_folder import (check_run_unheld, hold_run,
+                                                       refuse_existing_run)
 from candle_nn_models.weights.metadata import WeightsMetadata
 from candle_nn_models.weights.registry import resolve_weights
 
 # what a resumed run may change: where it runs, not what it computes
 RESUME_MAY_SET = {"resume", "out", "project", "name", "device", "workers", "verbose", "compile",
                   "stop_after", "no_progress"}
+TOOL = "candle-yolo-v8 train"
+# any of them: the folder holds a run
+RUN_FILES = tuple(f"weights/{name}" for name in (CHECKPOINT, BEST, LAST)) + ("results.csv",)
 
 
 def _optimizer(text: str) -> str:
@@ -154,12 +163,21 @@ def _main(argv: Sequence[str] | None) -> int:
             parser.error(f"--resume continues the run with its saved settings: drop "
                          f"{', '.join('--' + e.replace('_', '-') for e in extra)}")
         _, meta = read_checkpoint(out / "weights" / CHECKPOINT)
-        saved = meta["run"]
+        saved = meta["run"] if isinstance(meta["run"], dict) else {}
+        if not {"data", "variant"} <= set(saved) or not isinstance(meta["config"], dict):
+            raise CandleNNError(f"{out / 'weights' / CHECKPOINT} was not written by "
+                                "candle-yolo-v8 train: it does not record the data and variant "
+                                "to resume with (start the run again without --resume)")
         config = TrainConfig.from_dict(meta["config"])
+        if meta["epoch"] >= config.epochs:
+            raise CandleNNError(f"the run in {out} already finished its {config.epochs} epochs; "
+                                f"nothing to resume (its best weights: "
+                                f"{out / 'weights' / BEST})")
         data_path, variant = saved["data"], saved["variant"]
     else:
         if not args.data:
             parser.error("--data is required (or --resume to continue a run)")
+        refuse_existing_run(out, RUN_FILES)
         config = TrainConfig(epochs=args.epochs, batch=args.batch, imgsz=args.imgsz,
                              optimizer=args.optimizer, lr0=args.lr0,
                              close_mosaic=args.close_mosaic, warmup_epochs=args.warmup_epochs,
@@ -167,10 +185,8 @@ def _main(argv: Sequence[str] | None) -> int:
         data_path, variant = str(Path(args.data).resolve()), None
     group = mx.distributed.init()
     main_rank = group.rank() == 0
-    if not config.freeze_bn and config.batch < 2 * group.size():
-        raise CandleNNError(f"--batch {config.batch} gives a process fewer than 2 images a "
-                            "batch, too few for BatchNorm's batch statistics; pass --batch "
-                            f"{2 * group.size()} or more, or --freeze-bn")
+    if main_rank:
+        check_run_unheld(out, TOOL)
     device = parse_device(args.device, args.verbose and main_rank)
 
     def warn(message: str) -> None:
@@ -180,20 +196,29 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         data = DataConfig.load(data_path)
         train = DetectionDataset(data.images("train"), data.names, config.imgsz,
-                                 augment=True, seed=config.seed, warn=warn)
+                                 augment=True, seed=config.seed, warn=warn,
+                                 cache=data.cache_path("train"))
         val = DetectionDataset(data.images("val"), data.names, config.imgsz, augment=False,
-                               warn=warn)
+                               warn=warn, cache=data.cache_path("val"))
     except DataError as exc:
         raise CandleNNError(str(exc)) from None
     for split, ds in (("train", train), ("val", val)):
         if not len(ds):
             raise CandleNNError(f"{data.path}: no usable images in {split} (see the warnings)")
+    # as ultralytics' data loader: a batch is at most the whole set (the nominal --batch still
+    # sets the accumulation and the weight decay)
+    batch = capped_batch(config.batch, len(train), group.size())
+    if not config.freeze_bn:
+        check_batch_norm_batch(batch, group.size(), config.imgsz, "--batch")
     nc = len(data.names)
     if args.resume:
         tensors = None  # the weights come from the checkpoint: build from the variant alone
     else:
         tensors, variant = _start_tensors(args, nc)
     model, ema = (_build(tensors, variant, nc, device) for _ in range(2))
+    if batch != config.batch:  # once the weights are known good
+        warn(f"--batch {config.batch} is more than the {len(train)} training images; each batch "
+             f"takes all {batch}")
     metadata = WeightsMetadata(model="yolo_v8", variant=variant, task="detect",
                                num_classes=nc, names=data.names).to_dict()
     trainer = DetectionTrainer(model, ema, config, train, val, out, metadata=metadata,
@@ -201,21 +226,17 @@ def _main(argv: Sequence[str] | None) -> int:
                                run_info={"data": data_path, "variant": variant},
                                log=lambda line: print(line, file=sys.stderr, flush=True),
                                group=group, compile=_compiled(args.compile, device))
-    if args.resume:
-        trainer.resume(out / "weights" / CHECKPOINT)
-        if trainer.epoch >= config.epochs:
-            if main_rank:
-                print(f"{out}: all {config.epochs} epochs are done; best weights in "
-                      f"{out / 'weights' / BEST}")
-            return 0
-    if main_rank:
-        print(f"training {model.spec} on {len(train)} images ({len(val)} to validate), "
-              f"{trainer.name} lr0 {trainer.lr0:g}"
-              + (f", {group.size()} processes" if group.size() > 1 else "")
-              + f", run folder {out}"
-              + (f"; resuming after epoch {trainer.epoch}" if args.resume else ""),
-              file=sys.stderr, flush=True)
-    trainer.fit(stop_after=args.stop_after)
+    with hold_run(out, TOOL, main_rank, () if args.resume else RUN_FILES):
+        if args.resume:
+            trainer.resume(out / "weights" / CHECKPOINT)
+        if main_rank:
+            print(f"training {model.spec} on {len(train)} images ({len(val)} to validate), "
+                  f"{trainer.name} lr0 {trainer.lr0:g}"
+                  + (f", {group.size()} processes" if group.size() > 1 else "")
+                  + f", {trainer.nb} batches per epoch, run folder {out}"
+                  + (f"; resuming after epoch {trainer.epoch}" if args.resume else ""),
+                  file=sys.stderr, flush=True)
+        trainer.fit(stop_after=args.stop_after)
     if main_rank:
         print(json.dumps({"run": str(out), "epochs_done": trainer.epoch,
                           "best": str(out / "weights" / BEST),

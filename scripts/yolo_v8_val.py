@@ -49,21 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="data.yaml: path, train/val (image folders or lists), names")
     parser.add_argument("--split", default="val", choices=("val", "train", "test"),
                         help="which split to score (default: val)")
-    parser.add_argument("--weights", default=None,
+    parser.add_argument("--weights", default=None, metavar="FILE",
                         help="a YOLOv8 detector's safetensors (default: candle's published "
                              "yolov8{variant})")
     parser.add_argument("--variant", choices=tuple(MULTIPLES), default=None,
                         help="model size when --weights is not given (default: n)")
-    parser.add_argument("--imgsz", type=yolo_input_size, default=640,
+    parser.add_argument("--imgsz", type=yolo_input_size, default=640, metavar="PX",
                         help="square input side, a multiple of 32 (default 640)")
-    parser.add_argument("--batch", type=positive(int), default=16,
+    parser.add_argument("--batch", type=positive(int), default=16, metavar="N",
                         help="images per model call (default 16)")
     parser.add_argument("--conf", type=fraction, default=0.001,
                         help="minimum class score of a detection (default 0.001, ultralytics' "
                              "for validation)")
     parser.add_argument("--iou", type=fraction, default=0.7,
                         help="NMS IoU threshold (default 0.7, ultralytics' for validation)")
-    parser.add_argument("--max-det", type=positive(int), default=300,
+    parser.add_argument("--max-det", type=positive(int), default=300, metavar="N",
                         help="detections kept per image (default 300)")
     parser.add_argument("--half", action="store_true", help="run the model in float16")
     parser.add_argument("--json", action="store_true",

@@ -74,3 +74,44 @@ def test_samples_are_seeded_and_loader_keeps_order(tmp_path):
     assert x.dtype == np.float32 and 0 <= x.min() and x.max() <= 1
     np.testing.assert_array_equal(x[1], ds.sample(1, 0, True)[0] / np.float32(255))
     assert t.shape[1] == 6 and set(t[:, 0].tolist()) <= {0, 1, 2}
+
+
+def test_a_split_without_labels_is_warned(tmp_path):
+    """No label file found for any image (a wrong layout): one warning naming where the labels
+    were looked for, as ultralytics warns, instead of training on background alone."""
+    data = DataConfig.load(make_shapes(tmp_path / "shapes", n_train=4, n_val=2, size=64))
+    for label in (tmp_path / "shapes/labels/train").iterdir():
+        label.unlink()
+    warnings: list[str] = []
+    ds = DetectionDataset(data.images("train"), data.names, 64, warn=warnings.append,
+                          cache=False)
+    assert len(ds) == 4
+    assert len(warnings) == 1, warnings
+    assert "no labels" in warnings[0] and str(tmp_path / "shapes/labels/train") in warnings[0]
+
+
+def test_a_list_split_keeps_its_cache_in_the_data_set_and_names_missing_images(tmp_path):
+    """A train list whose first (sorted) entry lies outside the data set: the label cache is
+    written inside the data set (beside the list), never in the other folder; a listed image
+    that does not exist is "not found", not corrupt."""
+    root = tmp_path / "shapes"
+    make_shapes(root, n_train=3, n_val=1, size=64)
+    outside = tmp_path / "a_elsewhere"  # sorts before shapes/
+    (outside / "images").mkdir(parents=True)
+    (outside / "labels").mkdir()
+    (root / "images/train/0000.png").rename(outside / "images/0000.png")
+    (root / "labels/train/0000.txt").rename(outside / "labels/0000.txt")
+    listed = [outside / "images/0000.png", root / "images/train/0001.png",
+              root / "images/train/0002.png", root / "images/train/missing.png"]
+    (root / "train.txt").write_text("".join(f"{p}\n" for p in listed))
+    yaml = root / "data.yaml"
+    yaml.write_text(yaml.read_text().replace("train: images/train", "train: train.txt"))
+    data = DataConfig.load(yaml)
+    warnings: list[str] = []
+    ds = DetectionDataset(data.images("train"), data.names, 64, warn=warnings.append,
+                          cache=data.cache_path("train"))
+    assert len(ds) == 3
+    assert len(warnings) == 1 and "missing.png: not found" in warnings[0], warnings
+    assert "corrupt" not in warnings[0]
+    assert data.cache_path("train") == root / "train.cache" and (root / "train.cache").is_file()
+    assert not list(tmp_path.glob("*.cache")) and not list(outside.rglob("*.cache"))

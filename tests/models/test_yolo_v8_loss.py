@@ -4,6 +4,9 @@ ultralytics' formulas (written out below, in float64)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +18,7 @@ from candle_nn.checkpoint import state_dict
 from candle_nn_models.yolo_v8_boxes import bbox_ciou
 from candle_nn_models.yolo_v8 import YoloV8
 from candle_nn_models.yolo_v8_loss import DetectionLoss
+from helpers.cli import cli_env
 from helpers.yolo_loss_reference import feats_of, rel_l2, torch_ciou, torch_loss
 from conftest import FIXTURES, assert_matches, load_fixture
 
@@ -85,12 +89,47 @@ def test_no_boxes_learns_background_only(fixture) -> None:
     (np.array([[2, 0, .5, .5, .1, .1]], np.float32), "row 0"),  # image 2 of a batch of 2
     (np.array([[0, 0, .5, .5, .1, .1], [1, 80, .5, .5, .1, .1]], np.float32), "row 1"),
     (np.array([[0, 0, .5, np.nan, .1, .1]], np.float32), "finite box"),
+    (np.array([[0, 0, .5, .5, .1, .1], [1, -1, .5, .5, .1, .1]], np.float32), "row 1"),
+    (np.array([[0, 0, 320, 320, 64, 64]], np.float32), "normalised"),  # pixels, not 0..1
 ])
-def test_bad_targets_are_named(fixture, bad, fragment) -> None:
+@pytest.mark.parametrize("kind", ["numpy", "mx.array"])
+def test_bad_targets_are_named(fixture, bad, fragment, kind) -> None:
+    """NumPy and (eager) ``mx.array`` targets are checked alike: out-of-range image indices and
+    classes, non-finite and pixel (unnormalised) boxes are one ValueError naming the row."""
     io, _ = fixture
     with pytest.raises(ValueError, match="targets") as err:
-        DetectionLoss(80)(feats_of(io), bad)
+        DetectionLoss(80)(feats_of(io), bad if kind == "numpy" else mx.array(bad))
     assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "class", "image"])
+def test_bad_targets_under_compile_are_dropped_not_a_crash(bad) -> None:
+    """Under ``mx.compile`` the targets cannot be read back to be checked (the trainer checks
+    them before): a row with a NaN or infinite coordinate, a class or an image index out of
+    range is dropped on the device, as padding, and the loss is the one without it. Run in a
+    child process: a NaN coordinate once crashed Python (SIGSEGV)."""
+    code = f"""if True:
+        import candle_nn, mlx.core as mx, numpy as np
+        from candle_nn_models.yolo_v8_loss import DetectionLoss
+        feats = [mx.random.normal((2, s, s, 66), key=mx.random.key(i))
+                 for i, s in enumerate((8, 4, 2))]
+        good = np.array([[0, 0, .5, .5, .4, .4], [1, 1, .3, .3, .2, .2]], np.float32)
+        bad = np.array([[0, 1, .5, .5, .3, .3]], np.float32)
+        col, value = {{"nan": (2, np.nan), "inf": (5, np.inf), "class": (1, 2),
+                       "image": (0, 2)}}[{bad!r}]
+        bad[0, col] = value
+        padding = np.array([[-1, 0, 0, 0, 0, 0]], np.float32)
+        loss = mx.compile(lambda p3, p4, p5, t: DetectionLoss(2)([p3, p4, p5], t)[1])
+        for rows, same_as in ((bad, padding), (np.concatenate([good, bad]), good)):
+            got = np.array(loss(*feats, mx.array(rows)))
+            assert np.isfinite(got).all(), got
+            np.testing.assert_allclose(got, np.array(loss(*feats, mx.array(same_as))),
+                                       rtol=1e-6)
+        print("ok")
+    """
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120,
+                            env=cli_env())
+    assert result.returncode == 0 and result.stdout == b"ok\n", result.stderr.decode()[-2000:]
 
 
 def test_ciou_matches_the_formula() -> None:

@@ -112,6 +112,8 @@ def test_image_folder_splits_and_skips_bad_images(tmp_path):
     ({"a": 2}, "at least two class subfolders"),
     ({"a": 2, "b": 0}, "has no readable images"),
     ({}, "at least two class subfolders"),
+    ({"a": 1, "b": 1}, "no validation images"),  # one image a class: none left to validate
+    ({"a\nb": 2, "c": 2}, "line break"),  # labels.txt holds one name a line
 ])
 def test_image_folder_errors(tmp_path, layout, fragment):
     for name, n in layout.items():
@@ -141,13 +143,13 @@ def small_run(data: Path, out: Path, *extra, weights: Path | None = None) -> lis
     ([], ["--data"]),
     (["--data", "/nonexistent/folder"], ["/nonexistent/folder", "not found"]),
     (["--resume", "--out", "/nonexistent/run"], ["no checkpoint", "/nonexistent/run"]),
-    (["--data", "{data}", "--batch-size", "64", "--weights", "{weights}"],
-     ["--batch-size 64", "20 training images"]),
     (["--data", "{data}", "--weights", "/nonexistent.safetensors"], ["/nonexistent.safetensors"]),
     (["--data", "{data}", "--weights", "{weights}", "--variant", "resnet50"],
      ["resnet18", "resnet50"]),
-    (["--data", "{data}", "--batch-size", "1"], ["--batch-size 1", "--freeze-bn"]),
+    (["--data", "{data}", "--batch-size", "1", "--imgsz", "32"],
+     ["--batch-size 1", "--imgsz 32", "--freeze-bn"]),
     (["--data", "{data}", "--imgsz", "16"], ["--imgsz 16", "32"]),
+    (["--data", "{data}", "--imgsz", "100000"], ["--imgsz 100000", "1024"]),
     (["--data", "{data}", "--val-fraction", "1.5"], ["--val-fraction", "1.5"]),
     (["--data", "{data}", "--epochs", "0"], ["--epochs", "0"]),
     (["--data", "{data}", "--optimizer", "lion"], ["--optimizer", "lion"]),
@@ -175,6 +177,103 @@ def test_resume_refuses_changed_settings_and_finished_runs(tmp_path, small_data)
     error_line(changed.stderr, "--resume", "--lr")
     finished = run_cli("resnet", "train", "--resume", "--out", out)
     error_line(finished.stderr, "already finished", "nothing to resume")
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` and its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def test_a_finished_run_is_never_overwritten(tmp_path, small_data):
+    """A new run into a folder that holds a run's files (its checkpoint deleted, say) is one
+    error line, and every file stays as it was."""
+    out = tmp_path / "run"
+    done = run_cli("resnet", *small_run(small_data, out, "--epochs", 1, "--freeze-backbone"))
+    assert done.returncode == 0, done.stderr
+    # stdout: one JSON line, the run's summary (as candle-yolo-v8 train's)
+    summary = json.loads(done.stdout)
+    assert summary == {"run": str(out), "epochs_done": 1, "best": str(out / "best.safetensors"),
+                       "labels": str(out / "labels.txt"),
+                       "best_accuracy": summary["best_accuracy"]}
+    (out / "checkpoint.safetensors").unlink()
+    before = files_of(out)
+    assert "best.safetensors" in before
+    again = run_cli("resnet", *small_run(small_data, out, "--epochs", 1, "--freeze-backbone"))
+    assert again.returncode == 1
+    error_line(again.stderr, "already holds a run", "best.safetensors", "another --out")
+    assert files_of(out) == before
+
+
+def test_a_second_training_into_the_same_out_is_refused(tmp_path, small_data):
+    """While a training holds the run folder (its lock), another one into it is one error line
+    naming the holder, and writes nothing."""
+    from candle_nn_models.scripts.folder_lock import hold
+
+    out = tmp_path / "run"
+    out.mkdir()
+    with hold(out, "train.lock", "candle-resnet train", "--out", what="run"):
+        before = files_of(out)
+        second = run_cli("resnet", *small_run(small_data, out, "--epochs", 1,
+                                              "--freeze-backbone"))
+        assert second.returncode == 1
+        error_line(second.stderr, f"another candle-resnet train run is writing to {out}",
+                   f"pid {os.getpid()}", "another --out")
+        assert files_of(out) == before
+
+
+def test_divergence_stops_with_one_error_line(tmp_path, small_data):
+    """``--lr 1e30``: the loss or the weights stop being finite; the run stops with one error
+    line naming --lr, exit 1, and no weights file is written."""
+    out = tmp_path / "run"
+    result = run_cli("resnet", *small_run(small_data, out, "--epochs", 2, "--lr", "1e30"))
+    assert result.returncode == 1
+    err = result.stderr.decode()  # the start-up line, then the error
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "Traceback" not in err and len(errors) == 1, err
+    assert "diverged" in errors[0] and "--lr" in errors[0], err
+    assert not (out / "best.safetensors").exists() and not (out / "checkpoint.safetensors").exists()
+
+
+@pytest.mark.parametrize("state", [None, {"format": 1}])
+def test_resume_of_a_file_that_is_not_a_training_checkpoint(tmp_path, state):
+    """A weights file (no training state) or a state without the run's fields, as the run's
+    checkpoint: one error line saying what the file is, no KeyError; nothing changes."""
+    import mlx.core as mx
+
+    out = tmp_path / "run"
+    out.mkdir()
+    tensors = mx.load(str(backbone()))
+    meta = {} if state is None else {"candle_nn.train_state": json.dumps(state)}
+    mx.save_safetensors(str(out / "checkpoint.safetensors"), tensors, metadata=meta)
+    before = files_of(out)
+    result = run_cli("resnet", "train", "--resume", "--out", out)
+    assert result.returncode == 1
+    line = error_line(result.stderr, "checkpoint.safetensors", "is not a", "without --resume")
+    assert "KeyError" not in line and "'candle_nn.train_state'" not in line
+    assert files_of(out) == before
+
+
+@pytest.mark.parametrize("batch, imgsz, steps", [
+    (64, 32, 1),  # more than the 20 training images: one batch of all of them
+    (1, 64, 20),  # one image a step: BatchNorm normalises over its 2x2 last feature map
+])
+def test_batch_edges_train_as_ultralytics(tmp_path, small_data, batch, imgsz, steps):
+    """As ultralytics (and ``candle-yolo-v8 train``, tested the same way): a batch larger than
+    the training set trains on batches of the whole set, with one warning; ``--batch-size 1``
+    trains when each BatchNorm still sees 2 values a channel (else it is one error line, see
+    test_bad_arguments_are_one_error_line)."""
+    out = tmp_path / "run"
+    result = run_cli("resnet", "train", "--data", small_data, "--out", out, "--weights",
+                     backbone(), "--imgsz", imgsz, "--batch-size", batch, "--epochs", 1,
+                     "--no-progress", "--workers", 2)
+    assert result.returncode == 0, result.stderr
+    err = result.stderr.decode()
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warnings == ([f"warning: --batch-size {batch} is more than the 20 training images; "
+                         "each batch takes all 20"] if batch > 20 else []), err
+    assert f"{steps} steps per epoch" in err
+    assert (out / "best.safetensors").is_file()
 
 
 def test_bad_images_are_warned_once_each_and_skipped(tmp_path, small_data):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ import pytest
 
 from helpers.cli import cli_command, cli_env, run_cli
 from helpers.shapes_dataset import make_shapes
-from conftest import FIXTURES
+from conftest import FIXTURES, error_line
 
 WEIGHTS = FIXTURES / "yolov8n" / "weights.safetensors"
 MIN_MAP50 = 0.1  # the run reaches 0.242 (epoch 10); 0.000 before training
@@ -174,3 +175,132 @@ def test_classifier_weights_are_one_error_line(tmp_path):
     lines = [line for line in err.splitlines() if "error:" in line]
     assert len(lines) == 1 and "YOLOv8n-cls (3 classes), a classifier" in lines[0], err
     assert not (tmp_path / "run").exists()
+
+
+def _files_of(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A finished 1-epoch run on 4 images at 64 px: ``(data.yaml, run folder)``."""
+    root = tmp_path_factory.mktemp("tiny")
+    data = make_shapes(root / "shapes", n_train=4, n_val=2, size=64, seed=4)
+    run = root / "run"
+    done = _train(data, run, "--epochs", "1", "--batch", "2", "--freeze-bn")
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    # stdout: one JSON line, the run's summary (as candle-resnet train's)
+    summary = json.loads(done.stdout)
+    assert summary == {"run": str(run), "epochs_done": 1,
+                       "best": str(run / "weights/best.safetensors"),
+                       "best_fitness": summary["best_fitness"]}
+    return data, run
+
+
+def test_a_finished_run_is_never_overwritten(tiny_run):
+    """``--out`` naming a finished run is one error line; its weights and files stay as they
+    were (also once its checkpoint is gone)."""
+    data, run = tiny_run
+    before = _files_of(run)
+    assert "weights/best.safetensors" in before
+    again = _train(data, run, "--epochs", "1", "--batch", "2", "--freeze-bn")
+    assert again.returncode == 1
+    error_line(again.stderr, "already holds a run", "weights/best.safetensors", "another --out")
+    assert _files_of(run) == before
+
+
+def test_a_second_training_into_the_same_out_is_refused(tiny_run, tmp_path):
+    """While a training holds the run folder (its lock), another one into it is one error line
+    naming the holder, and writes nothing."""
+    from candle_nn_models.scripts.folder_lock import hold
+
+    data, _ = tiny_run
+    out = tmp_path / "run"
+    out.mkdir()
+    with hold(out, "train.lock", "candle-yolo-v8 train", "--out", what="run"):
+        before = _files_of(out)
+        second = _train(data, out, "--epochs", "1", "--batch", "2", "--freeze-bn")
+        assert second.returncode == 1
+        error_line(second.stderr, f"another candle-yolo-v8 train run is writing to {out}",
+                   f"pid {os.getpid()}", "another --out")
+        assert _files_of(out) == before
+
+
+def test_unwritable_out_is_one_error_line(tiny_run, tmp_path):
+    data, _ = tiny_run
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = _train(data, blocker / "run", "--epochs", "1", "--batch", "2", "--freeze-bn")
+    assert result.returncode == 1
+    error_line(result.stderr, "cannot create", str(blocker / "run"), "another --out")
+    assert blocker.read_text() == ""
+
+
+def test_resume_of_a_finished_run_is_refused(tiny_run):
+    """As ultralytics ("nothing to resume") and ``candle-resnet train``: exit 1, one error line,
+    the run's files unchanged."""
+    _, run = tiny_run
+    before = _files_of(run)
+    again = run_cli("yolo", "train", "--resume", "--out", run, "--device", "cpu",
+                    "--no-progress")
+    assert again.returncode == 1
+    error_line(again.stderr, "already finished its 1 epochs", "nothing to resume")
+    assert _files_of(run) == before
+
+
+def test_divergence_stops_with_one_error_line(tiny_run, tmp_path):
+    """``--lr0 1e30``: the loss or the weights stop being finite; the run stops with one error
+    line naming --lr0, exit 1, and no weights file is written."""
+    data, _ = tiny_run
+    out = tmp_path / "run"
+    result = _train(data, out, "--epochs", "2", "--batch", "2", "--nbs", "2", "--freeze-bn",
+                    "--optimizer", "SGD", "--lr0", "1e30", "--warmup-epochs", "0")
+    assert result.returncode == 1
+    err = result.stderr.decode()
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "diverged" in errors[0] and "--lr0" in errors[0], err
+    assert not list(out.rglob("*.safetensors"))
+
+
+@pytest.mark.parametrize("state", [None, {"format": 1}])
+def test_resume_of_a_file_that_is_not_a_training_checkpoint(tmp_path, state):
+    """A weights file (no training state) or a state without the run's fields, as the run's
+    checkpoint: one error line saying what the file is, no KeyError; nothing changes."""
+    out = tmp_path / "run"
+    (out / "weights").mkdir(parents=True)
+    meta = {} if state is None else {"candle_nn.yolo_train_state": json.dumps(state)}
+    mx.save_safetensors(str(out / "weights/checkpoint.safetensors"), mx.load(str(WEIGHTS)),
+                        metadata=meta)
+    before = _files_of(out)
+    result = run_cli("yolo", "train", "--resume", "--out", out)
+    assert result.returncode == 1
+    line = error_line(result.stderr, "checkpoint.safetensors", "is not a", "without --resume")
+    assert "KeyError" not in line and "'candle_nn.yolo_train_state'" not in line
+    assert _files_of(out) == before
+
+
+@pytest.mark.parametrize("batch, imgsz, batches", [
+    (16, 64, 1),  # more than the 4 training images: one batch of all of them
+    (1, 64, 4),  # one image a batch: BatchNorm normalises over its 2x2 last feature map
+])
+def test_batch_edges_train_as_ultralytics(tiny_run, tmp_path, batch, imgsz, batches):
+    """As ultralytics (and ``candle-resnet train``, tested the same way): a batch larger than
+    the training set trains on batches of the whole set, with one warning; ``--batch 1`` trains
+    when each BatchNorm still sees 2 values a channel, else it is one error line."""
+    data, _ = tiny_run
+    out = tmp_path / "run"
+    result = run_cli("yolo", "train", "--data", data, "--weights", WEIGHTS, "--imgsz", imgsz,
+                     "--out", out, "--device", "cpu", "--no-progress", "--workers", "2",
+                     "--batch", batch, "--epochs", "1")
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    err = result.stderr.decode()
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warnings == ([f"warning: --batch {batch} is more than the 4 training images; "
+                         "each batch takes all 4"] if batch > 4 else []), err
+    assert f"{batches} batches per epoch" in err
+    assert (out / "weights/best.safetensors").is_file()
+    too_small = _train(data, tmp_path / "small", "--imgsz", "32", "--batch", "1", "--epochs", "1")
+    assert too_small.returncode == 1
+    error_line(too_small.stderr, "--batch 1", "--imgsz 32", "--freeze-bn")

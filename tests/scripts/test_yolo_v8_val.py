@@ -167,3 +167,18 @@ def test_label_lines(tmp_path) -> None:
                                atol=1e-7)
     assert [w.split(": ")[0].rsplit(":", 1)[1] for w in warnings] == ["4", "5", "6", "7"]
     assert read_labels(tmp_path / "missing.txt", 3)[1] == []
+
+
+def test_help_names_shared_options_as_train_does():
+    """``val --help`` and ``train --help`` show each option they share with the same metavar
+    (``--weights FILE``, ``--imgsz PX``, ``--batch N``, ...)."""
+    from candle_nn_models.scripts import yolo_v8_train, yolo_v8_val
+
+    def metavars(parser):
+        return {a.option_strings[-1]: a.metavar for a in parser._actions if a.option_strings}
+
+    train, val = metavars(yolo_v8_train.build_parser()), metavars(yolo_v8_val.build_parser())
+    shared = sorted(set(train) & set(val) - {"--help"})
+    assert {"--data", "--weights", "--variant", "--imgsz", "--batch", "--device"} <= set(shared)
+    assert {k: val[k] for k in shared} == {k: train[k] for k in shared}
+    assert val["--max-det"] == "N"  # counts are N in both commands
