@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 from PIL import Image
 
-from .image_folder import unreadable_reason
+from .image_decode import decode_rgb, unreadable_reason
 from .yolo_v8_augment import (AugmentConfig, Labelled, augment_mosaic, augment_single,
                               letterbox_labelled, load_resized, to_targets)
 from .yolo_v8_data import label_path, read_labels
@@ -146,8 +146,7 @@ class DetectionDataset:
         """Image ``index`` resized to ``imgsz`` on its long side, boxes in its pixels."""
         path = self.images[index]
         try:
-            with Image.open(path) as im:
-                rgb = np.asarray(im.convert("RGB"))
+            rgb = decode_rgb(path)
         except Exception as exc:  # it was checked when the split was scanned: changed since
             from candle_nn import CandleNNError
 
