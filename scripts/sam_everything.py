@@ -45,7 +45,7 @@ def add_everything_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--everything", action="store_true",
                        help="segment everything: masks from a grid of point prompts (no --point/"
                             "--box); writes <stem>_everything.png, <stem>_masks/<i>.png and "
-                            "<stem>_masks.json")
+                            "<stem>_masks.json (a progress bar on a terminal, none with --json)")
     params = inspect.signature(SamAutomaticMaskGenerator.__init__).parameters
     for flag, (name, kind, low, text) in KNOBS.items():
         default = params[name].default

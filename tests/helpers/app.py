@@ -99,7 +99,8 @@ def chromium():
     driver = shutil.which("chromedriver")
     if not browser or not driver:
         pytest.fail("the browser tests need Chromium and its driver from the system's packages: "
-                    "apt-get install chromium chromium-driver (.ci/run does this)")
+                    "apt-get install chromium chromium-driver (tests/system_setup.sh, the README "
+                    "test command's first step, does this)")
     os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never download a browser/driver
     options = webdriver.ChromeOptions()
     options.binary_location = browser
