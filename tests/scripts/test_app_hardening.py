@@ -176,9 +176,10 @@ def test_uploads_are_decoded_a_few_at_a_time(monkeypatch):
 
 def test_stalled_connections_time_out_and_are_bounded(capfd):
     """Six connections that send half a request and stall, against a server of 3 connections
-    and a 0.5 s timeout: three are answered 503 at once, the other three hold at most three
-    threads and are closed after the timeout; then the server answers as before, quietly."""
-    with serving(NoModels, max_connections=3, timeout_s=0.5) as (url, _):
+    and a 2 s timeout: three are answered 503 at once, the other three hold at most three
+    threads and are closed after the timeout; then the server answers as before, quietly.
+    (2 s: the six connect well within it, even on a busy machine.)"""
+    with serving(NoModels, max_connections=3, timeout_s=2.0) as (url, _):
         host, port = url.removeprefix("http://").split(":")
         conns = []
         for _ in range(6):
@@ -197,7 +198,7 @@ def test_stalled_connections_time_out_and_are_bounded(capfd):
             answers.append((data.split(b"\r\n", 1)[0], time.monotonic() - started))
             conn.close()
         assert [a for a, _ in answers] == [b""] * 3 + [b"HTTP/1.1 503 Service Unavailable"] * 3
-        assert all(seconds < 5 for _, seconds in answers), answers
+        assert all(seconds < 10 for _, seconds in answers), answers
         assert get(url, "/api/status")["queued"] == 0
     out, err = capfd.readouterr()
     assert err == "", err
