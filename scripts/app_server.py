@@ -36,9 +36,9 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from candle_nn import CandleNNError
+from candle_nn_models.image_decode import PixelLimitError, decode_rgb, unreadable_reason
 from candle_nn_models.scripts.app_models import AppModels, image_jpeg
 from candle_nn_models.scripts.app_sessions import Sessions
-from candle_nn_models.image_decode import PixelLimitError, decode_rgb, unreadable_reason
 from candle_nn_models.scripts.app_worker import Abandoned, BusyError, ModelWorker
 from candle_nn_models.scripts.common import ImageInputError
 
