@@ -42,6 +42,19 @@ def print_json_document(doc: dict) -> None:
     _document_printed = True
 
 
+def printable(text: str) -> str:
+    """``text`` safe to print within one line of a terminal or a text file: every character that
+    is not printable (C0 and C1 controls such as ESC, CR and newline, DEL, line and paragraph
+    separators, bidirectional overrides) becomes its Python escape (``\\x1b``, ``\\n``,
+    ``\\u202e``), so a name read from a file cannot move the cursor, recolour the terminal or
+    start a line of its own; every other character, non-ASCII letters included, is kept. JSON
+    output keeps the text exact (``json.dumps`` escapes these itself)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def error_document(reason: str) -> dict:
     """The JSON document of a run that ended before any image: one fatal error."""
     return {"images": [], "errors": [{"path": None, "reason": reason, "fatal": True}],

@@ -15,15 +15,14 @@ by decoding them (JPEGs at reduced scale, Pillow's draft mode) on a thread pool.
 from __future__ import annotations
 
 import os
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
 
 from candle_nn import CandleNNError
+from candle_nn_models.image_decode import decode_rgb, unreadable_reason
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
                     ".gif")
@@ -31,29 +30,6 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 class DatasetError(CandleNNError):
     """A data folder that cannot be trained on (no classes, an empty class, a bad split)."""
-
-
-def decode_rgb(path: "str | os.PathLike", draft: int | None = None) -> np.ndarray:
-    """An image file as uint8 RGB ``(H, W, 3)``, EXIF orientation applied. ``draft``: let a JPEG
-    decode at a reduced scale no smaller than ``draft`` pixels a side (faster; for checks).
-    Raises whatever Pillow raises for unreadable data (callers decide how to report it)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
-        with Image.open(path) as img:
-            if draft is not None:
-                img.draft("RGB", (draft, draft))
-            img = ImageOps.exif_transpose(img)
-            return np.asarray(img.convert("RGB"), dtype=np.uint8)
-
-
-def unreadable_reason(exc: BaseException) -> str:
-    """Why Pillow could not decode a file, in the words every CLI and trainer uses (the file's
-    name is the caller's to add)."""
-    if isinstance(exc, UnidentifiedImageError):
-        return "not a readable image (not a format Pillow recognises); use a JPEG or PNG file"
-    if isinstance(exc, MemoryError):
-        return "not enough memory to decode this image"
-    return f"not a readable image: corrupt or truncated data ({type(exc).__name__}: {exc})"
 
 
 def file_problem(path: Path) -> str | None:

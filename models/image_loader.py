@@ -18,7 +18,7 @@ from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 import numpy as np
 
 from candle_nn import CandleNNError
-from candle_nn_models.image_folder import decode_rgb
+from candle_nn_models.image_decode import decode_rgb
 
 __all__ = ["BatchLoader", "labelled_images", "stack_labelled"]
 

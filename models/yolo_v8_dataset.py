@@ -25,7 +25,8 @@ from typing import Callable, Sequence
 import numpy as np
 from PIL import Image
 
-from .image_folder import file_problem, unreadable_reason
+from .image_decode import decode_rgb, unreadable_reason
+from .image_folder import file_problem
 from .yolo_v8_augment import (AugmentConfig, Labelled, augment_mosaic, augment_single,
                               letterbox_labelled, load_resized, to_targets)
 from .yolo_v8_data import label_path, read_labels
@@ -160,8 +161,7 @@ class DetectionDataset:
         """Image ``index`` resized to ``imgsz`` on its long side, boxes in its pixels."""
         path = self.images[index]
         try:
-            with Image.open(path) as im:
-                rgb = np.asarray(im.convert("RGB"))
+            rgb = decode_rgb(path)
         except Exception as exc:  # it was checked when the split was scanned: changed since
             from candle_nn import CandleNNError
 

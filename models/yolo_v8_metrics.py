@@ -22,6 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
+from candle_nn.cli import printable
+
 __all__ = ["IOU_THRESHOLDS", "APResult", "ClassResult", "DetectionMetrics", "DetectionResults",
            "ap_per_class", "box_iou", "compute_ap", "match_predictions", "smooth"]
 
@@ -195,8 +197,8 @@ class DetectionResults:
         head = ("%22s" + "%11s" * 6) % ("Class", "Images", "Instances", "Box(P", "R", "mAP50",
                                          "mAP50-95)")
         row = "%22s" + "%11i" * 2 + "%11.3g" * 4
-        lines = [head] + [row % (c.name, c.images, c.instances, c.p, c.r, c.map50, c.map50_95)
-                          for c in [self.all, *self.classes]]
+        lines = [head] + [row % (printable(c.name), c.images, c.instances, c.p, c.r, c.map50,
+                                 c.map50_95) for c in [self.all, *self.classes]]
         return "\n".join(lines)
 
 

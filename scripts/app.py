@@ -5,7 +5,7 @@ uploaded (or the sample) image.
                   [--sam-weights FILE] [--sam-model tiny|vit_b|...] [--detect-weights FILE]
                   [--pose-weights FILE] [--classify-weights FILE] [--sample FILE]
                   [--max-pixels N] [--max-upload-mb N] [--max-sessions N] [--max-images N]
-                  [--max-embeddings N] [--max-queue N]
+                  [--max-embeddings N] [--max-queue N] [--max-connections N] [--timeout S]
 
 Loads MobileSAM, YOLOv8 detect and pose and a ResNet as the CLIs do (defaults: candle's published
 checkpoints from the Hugging Face hub; a bad file is one error line before anything is served),
@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-queue", type=positive(int), default=64, metavar="N",
                         help="model requests waiting at once; more are answered 'busy' "
                              "(default 64)")
+    limits.add_argument("--max-connections", type=positive(int), default=64, metavar="N",
+                        help="connections served at once, one thread each; more are answered "
+                             "'busy' (default 64)")
+    limits.add_argument("--timeout", type=positive(float), default=30.0, metavar="S",
+                        help="close a connection that sends nothing for S seconds (a stalled "
+                             "upload, an idle browser connection; default 30)")
     return parser
 
 
@@ -93,14 +99,15 @@ def _main(argv: Sequence[str] | None) -> int:
 
     sample = load_rgb(args.sample, args.max_pixels) if args.sample else sample_image()
     try:
-        server = make_server(args.host, args.port)
+        server = make_server(args.host, args.port, args.max_connections, args.timeout)
     except OSError as exc:
         raise CandleNNError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
                             "pass another --port (0: any free one)") from None
     sessions = Sessions(args.max_sessions, args.max_images, args.max_embeddings)
     worker = ModelWorker(args.max_queue)
     try:
-        models = worker.run(AppModels, args, sessions)  # on the thread that will run them
+        # on the thread that will run them
+        models = worker.run(AppModels, args, sessions, worker.stop_requested)
         app = App(models, worker, sessions, sample, args.max_pixels,
                   int(args.max_upload_mb * 2**20))
         host, port = server.server_address[:2]

@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from PIL import Image
@@ -24,6 +24,7 @@ from candle_nn_models.coco import COCO_SKELETON
 from candle_nn_models.imagenet import preprocess
 from candle_nn_models.segment_anything import SamAutomaticMaskGenerator, SamPredictor
 from candle_nn_models.scripts.app_sessions import Embedding, Sessions
+from candle_nn_models.scripts.app_worker import Abandoned
 from candle_nn_models.scripts.common import check_finite, compile_choice, parse_device
 from candle_nn_models.scripts.resnet import image_size, load_classifier, top_k_probabilities
 from candle_nn_models.scripts.sam_everything import KNOBS, knob_type
@@ -50,10 +51,11 @@ class Detector:
 class AppModels:
     """SAM (predictor and automatic masks), YOLOv8 detect and pose, and a ResNet classifier."""
 
-    def __init__(self, args: argparse.Namespace, sessions: Sessions) -> None:
+    def __init__(self, args: argparse.Namespace, sessions: Sessions,
+                 stop_requested: Callable[[], bool] = lambda: False) -> None:
         device = parse_device(args.device, args.verbose)
         compiled = compile_choice(args.compile)
-        self.sessions = sessions
+        self.sessions, self.stop_requested = sessions, stop_requested
         with _option("--sam-weights"):
             self.sam, self.sam_weights, self.sam_variant = load_sam(args.sam_model,
                                                                     args.sam_weights, device)
@@ -118,12 +120,19 @@ class AppModels:
             generator = SamAutomaticMaskGenerator(self.sam, output_mode="binary_mask", **knobs)
         except ValueError as exc:
             raise PromptError(f"segment everything: {exc}") from None
-        records = generator.generate(rgb)
+        records = generator.generate(rgb, progress=self._stop_if_abandoned)
         masks = [r.pop("segmentation") for r in records]
         for record, mask in zip(records, masks):
             record.update(mask_json(mask))
         return {"masks": records, "overlay": _png(_colour_masks(masks, rgb.shape[:2])),
                 "points": len(generator.point_grids[0]), "ms": _ms(start)}
+
+    def _stop_if_abandoned(self, done: int, total: int) -> None:
+        """The generator's progress callback: its page has gone, so stop (a full run is about a
+        minute of the one model worker that every visitor waits on)."""
+        if self.stop_requested():
+            raise Abandoned(f"segment everything stopped after {done} of {total} points: the "
+                            "page went away")
 
     def _set_image(self, session: str, image: str) -> bool:
         """Point the predictor at the image's embedding, computing it when not cached; whether it
@@ -147,8 +156,9 @@ class AppModels:
         start = time.perf_counter()
         rgb = self.sessions.image(session, image)
         task = request.get("task", "detect")
-        if task not in self.detectors:
-            raise PromptError(f"task {task!r}: expected one of {', '.join(self.detectors)}")
+        if not isinstance(task, str) or task not in self.detectors:
+            raise PromptError(f"task {str(task)[:40]!r}: expected one of "
+                              f"{', '.join(self.detectors)}")
         d = self.detectors[task]
         conf = _fraction(request.get("conf", 0.25), "confidence")
         iou = _fraction(request.get("iou", 0.7), "IoU")

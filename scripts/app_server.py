@@ -20,10 +20,13 @@ never a traceback. Uploads are bytes, never paths: the browser cannot name a fil
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import json
+import select
+import socket
 import sys
-import tempfile
+import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,14 +36,19 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from candle_nn import CandleNNError
+from candle_nn_models.image_decode import PixelLimitError, decode_rgb, unreadable_reason
 from candle_nn_models.scripts.app_models import AppModels, image_jpeg
 from candle_nn_models.scripts.app_sessions import Sessions
-from candle_nn_models.scripts.app_worker import BusyError, ModelWorker
-from candle_nn_models.scripts.common import ImageInputError, load_rgb
+from candle_nn_models.scripts.app_worker import Abandoned, BusyError, ModelWorker
+from candle_nn_models.scripts.common import ImageInputError
 
 PAGE = Path(__file__).with_name("app_page.html")
 MAX_JSON_BYTES = 1 << 20
 MAX_DISCARD_BYTES = 256 << 20  # a refused upload up to this size is read, so its sender sees why
+DECODE_SLOTS = 2  # uploads decoded at once (a 40 Mpx one needs ~0.5 GB while it decodes)
+# Waiting on the model worker, a request checks this often whether its client has hung up
+# (then a job still queued is dropped, and "segment everything" stops at its next batch).
+CLIENT_POLL_S = 0.25
 SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
@@ -66,6 +74,7 @@ class App:
                  sample: np.ndarray, max_pixels: int, max_upload_bytes: int) -> None:
         self.models, self.worker, self.sessions = models, worker, sessions
         self.sample, self.max_pixels, self.max_upload_bytes = sample, max_pixels, max_upload_bytes
+        self.decode_slots = threading.BoundedSemaphore(DECODE_SLOTS)
         self.info = {**models.info(), "max_upload_bytes": max_upload_bytes,
                      "max_pixels": max_pixels}
 
@@ -75,15 +84,17 @@ class App:
                 "height": int(rgb.shape[0]), "jpeg": image_jpeg(rgb)}
 
     def upload(self, session: str | None, data: bytes) -> dict[str, Any]:
-        """Decode the upload as the CLIs read an image file (the same checks and messages)."""
-        with tempfile.TemporaryDirectory(prefix="candle-nn-app-") as folder:
-            path = Path(folder) / "upload"
-            path.write_bytes(data)
+        """Decode the upload with the CLIs' decoder (the same checks and messages), at most
+        :data:`DECODE_SLOTS` at a time: each decode briefly needs several times the image's
+        RGB size, so parallel uploads wait their turn instead of adding up."""
+        with self.decode_slots:
             try:
-                rgb = load_rgb(path, self.max_pixels)
-            except ImageInputError as exc:
-                reason = exc.reason.replace("pass --max-pixels", "start the app with --max-pixels")
-                raise ImageInputError("upload", reason) from None
+                rgb = decode_rgb(io.BytesIO(data), self.max_pixels)
+            except PixelLimitError as exc:
+                raise ImageInputError("upload", f"{exc}; start the app with --max-pixels "
+                                                f"{exc.width * exc.height}") from None
+            except Exception as exc:  # Pillow's decoders raise many types on corrupt data
+                raise ImageInputError("upload", unreadable_reason(exc)) from None
         return self.add_image(session, rgb)
 
     def status(self) -> dict[str, Any]:
@@ -95,15 +106,67 @@ class App:
 
 
 class Server(ThreadingHTTPServer):
+    """One thread per connection, at most ``max_connections`` at once (more are answered 503
+    and closed at once); a connection silent for ``timeout_s`` (headers, body, or idle between
+    requests) is closed, so stalled clients cannot hold threads for ever."""
+
     daemon_threads = True
     # socketserver's default backlog is 5: a burst of visitors' requests beyond it would be reset
     request_queue_size = 128
 
+    def __init__(self, address: tuple[str, int], handler: type, max_connections: int) -> None:
+        super().__init__(address, handler)
+        self.max_connections = max_connections
+        self._slots = threading.BoundedSemaphore(max_connections)
 
-def make_server(host: str, port: int) -> Server:
+    def process_request(self, request: socket.socket, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            _refuse(request, self.max_connections)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: its slot is free again
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: socket.socket, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: socket.socket, client_address: Any) -> None:
+        """A client that hung up or went silent is no error of ours: nothing printed. Anything
+        else: one line (the handler already answered the client)."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return
+        print(f"candle-nn-app: error: {client_address[0]}: {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)
+
+
+def make_server(host: str, port: int, max_connections: int = 64,
+                timeout_s: float = 30.0) -> Server:
     """A server bound to ``host:port`` (port 0: a free one), not yet serving: bind first, so a
-    taken port is an error before the models load."""
-    return Server((host, port), type("Handler", (Handler,), {}))
+    taken port is an error before the models load. ``max_connections`` and ``timeout_s``: see
+    :class:`Server`."""
+    return Server((host, port), type("Handler", (Handler,), {"timeout": timeout_s}),
+                  max_connections)
+
+
+def _refuse(request: socket.socket, max_connections: int) -> None:
+    """A 503 for a connection beyond the limit, written without a handler thread (best effort:
+    the socket is closed next)."""
+    body = json.dumps({"error": f"the server is busy ({max_connections} connections open): "
+                                "try again in a moment"}).encode()
+    head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    try:
+        request.settimeout(1.0)
+        request.sendall(head + body)
+    except OSError:
+        pass
 
 
 def serve(server: Server, app: App) -> None:
@@ -148,7 +211,17 @@ class Handler(BaseHTTPRequestHandler):
             raise RequestError(HTTPStatus.NOT_FOUND, f"no such API: {route}")
         session, image = _text(request, "session"), _text(request, "image")
         app.sessions.image(session, image)  # an unknown image is refused before it queues
-        return app.worker.run(jobs[route], session, image, request)
+        return app.worker.run(jobs[route], session, image, request,
+                              abandoned=self._client_gone, poll_s=CLIENT_POLL_S)
+
+    def _client_gone(self) -> bool:
+        """Whether the client has closed its connection (it is readable, and reads as the end
+        or as a reset); pipelined bytes of a next request do not count."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
+        except (OSError, ValueError):
+            return True
 
     def _body(self, limit: int, what: str) -> bytes:
         length = self.headers.get("Content-Length")
@@ -175,10 +248,14 @@ class Handler(BaseHTTPRequestHandler):
             length -= len(chunk)
 
     def _json(self) -> dict[str, Any]:
+        body = self._body(MAX_JSON_BYTES, "the request")
         try:
-            request = json.loads(self._body(MAX_JSON_BYTES, "the request") or b"{}")
+            request = json.loads(body or b"{}")
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise RequestError(HTTPStatus.BAD_REQUEST, "the request is not JSON") from None
+        except RecursionError:  # json's parser recurses once per level of [ or {
+            raise RequestError(HTTPStatus.BAD_REQUEST, "the request's JSON is nested too "
+                                                       "deeply (send a flat object)") from None
         if not isinstance(request, dict):
             raise RequestError(HTTPStatus.BAD_REQUEST, "the request must be a JSON object")
         return request
@@ -188,6 +265,9 @@ class Handler(BaseHTTPRequestHandler):
             self._check_host()
             body = handle()
             status = HTTPStatus.OK
+        except (Abandoned, ConnectionError, TimeoutError):  # the client hung up or went silent
+            self.close_connection = True
+            return
         except RequestError as exc:
             status, body = exc.status, {"error": str(exc)}
         except BusyError as exc:
@@ -222,8 +302,11 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-store")
         for name, value in SECURITY_HEADERS.items():
             self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.end_headers()
+            self.wfile.write(body)
+        except (ConnectionError, TimeoutError):  # the client hung up: nobody to tell
+            self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:
         """Requests are not logged (errors are: see :meth:`_answer`)."""

@@ -15,7 +15,6 @@ import math
 import os
 import stat
 import sys
-import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -24,9 +23,9 @@ import numpy as np
 from candle_nn import CandleNNError, Device, ImageError
 from candle_nn.blas import warn_if_slow_cpu
 from candle_nn.cli import run_main  # noqa: F401  (re-exported: every CLI's entry wrapper)
+from candle_nn_models.image_decode import DEFAULT_MAX_PIXELS
 from candle_nn_models.scripts.input_paths import not_regular
 
-DEFAULT_MAX_PIXELS = 2 * 89_478_485  # Pillow's own refusal threshold (Image.MAX_IMAGE_PIXELS x 2)
 
 
 class ImageInputError(ImageError):
@@ -163,9 +162,7 @@ def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) ->
     file, and for images of more than ``max_pixels`` pixels (checked from the header, before
     decoding: a 69-byte PNG can claim gigapixels).
     """
-    from PIL import Image, ImageOps
-
-    from candle_nn_models.image_folder import unreadable_reason
+    from candle_nn_models.image_decode import PixelLimitError, decode_rgb, unreadable_reason
 
     try:  # O_NONBLOCK: opening a FIFO never waits for a writer; fstat then refuses it
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -182,42 +179,13 @@ def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) ->
         problem = not_regular(info.st_mode) or empty
         if problem:
             raise ImageInputError(path, problem)
-        saved = Image.MAX_IMAGE_PIXELS
         try:
-            Image.MAX_IMAGE_PIXELS = None  # our own check below names the limit and the flag
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # e.g. "palette images with transparency ..."
-                with Image.open(fh) as img:
-                    width, height = img.size
-                    if width * height > max_pixels:
-                        raise ImageInputError(
-                            path, f"{width}x{height} is {_pixels(width * height)}, above the "
-                                  f"{_pixels(max_pixels)} limit that guards against "
-                                  f"decompression bombs; pass --max-pixels {width * height} to "
-                                  "read it anyway")
-                    return _to_rgb(ImageOps.exif_transpose(img))
-        except ImageInputError:
-            raise
+            return decode_rgb(fh, max_pixels)
+        except PixelLimitError as exc:
+            raise ImageInputError(path, f"{exc}; pass --max-pixels {exc.width * exc.height} to "
+                                        "read it anyway") from None
         except Exception as exc:  # Pillow's decoders raise many types on corrupt data
             raise ImageInputError(path, unreadable_reason(exc)) from None
-        finally:
-            Image.MAX_IMAGE_PIXELS = saved
-
-
-def _pixels(count: int) -> str:
-    return f"{count / 1e6:.1f} Mpx" if count >= 100_000 else f"{count} pixels"
-
-
-def _to_rgb(img) -> np.ndarray:
-    if img.mode.startswith("I") or img.mode == "F":  # I;16*, I (16-bit PNG/TIFF), F (float)
-        values = np.nan_to_num(np.asarray(img, dtype=np.float64), nan=0.0)
-        if img.mode != "F":
-            values = values / 257.0  # 0..65535 -> 0..255
-        elif values.size and values.max() <= 1.0:
-            values = values * 255.0
-        grey = np.clip(np.rint(values), 0, 255).astype(np.uint8)
-        return np.repeat(grey[..., None], 3, axis=2)
-    return np.asarray(img.convert("RGB"), dtype=np.uint8).copy()
 
 
 def prepare_out_dir(path: "str | os.PathLike") -> Path:

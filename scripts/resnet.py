@@ -28,7 +28,7 @@ from candle_nn_models.imagenet import class_names, preprocess
 from candle_nn_models.resnet import VARIANTS, ResNet, class_probabilities
 from candle_nn_models.scripts.resnet_weights import open_resnet_weights
 from candle_nn_models.scripts.image_loop import Batch
-from candle_nn.cli import ArgumentParser
+from candle_nn.cli import ArgumentParser, printable
 from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments, check_finite,
                                              compile_choice, load_rgb, number_arg, parse_device,
                                              run_main, shown)
@@ -118,7 +118,8 @@ def classify(model: ResNet, batch: Batch, paths: Sequence[Path], names: Sequence
             for (image, _), top in zip(pending, tops):
                 entries = [{"index": i, "label": names[i], "probability": prob} for i, prob in top]
                 batch.done({"image": shown(image), "top_k": entries},  # candle's `label: 12.34%`
-                           [f"{shown(image)}:"] + [f"  {names[i]:24}: {100 * prob:.2f}%"
+                           [f"{shown(image)}:"] + [f"  {printable(names[i]):24}: "
+                                                  f"{100 * prob:.2f}%"
                                                   for i, prob in top])
             pending.clear()
 

@@ -7,10 +7,12 @@ records, masks as COCO RLE)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from PIL import Image
@@ -43,7 +45,7 @@ def add_everything_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--everything", action="store_true",
                        help="segment everything: masks from a grid of point prompts (no --point/"
                             "--box); writes <stem>_everything.png, <stem>_masks/<i>.png and "
-                            "<stem>_masks.json")
+                            "<stem>_masks.json (a progress bar on a terminal, none with --json)")
     params = inspect.signature(SamAutomaticMaskGenerator.__init__).parameters
     for flag, (name, kind, low, text) in KNOBS.items():
         default = params[name].default
@@ -74,12 +76,15 @@ def make_generator(sam: Sam, args: argparse.Namespace) -> SamAutomaticMaskGenera
 
 
 def segment_everything(path: Path, stem: str, rgb: np.ndarray,
-                       generator: SamAutomaticMaskGenerator,
-                       output: OutputFolder) -> tuple[dict[str, Any], list[str]]:
+                       generator: SamAutomaticMaskGenerator, output: OutputFolder,
+                       progress: bool = True) -> tuple[dict[str, Any], list[str]]:
     """Run the generator on one image and stage its outputs in ``output``, named from ``stem``
     (claimed for ``path`` in the run folder); returns the JSON document and the lines to print.
+    ``progress``: the points decoded so far as a bar on stderr, when stderr is a terminal (a
+    run takes about a minute on a CPU).
     """
-    records = generator.generate(rgb)
+    with points_bar(path, progress) as report:
+        records = generator.generate(rgb, progress=report)
     masks = [_decode(r["segmentation"]) for r in records]
     overlay = output.save_image(overlay_masks(rgb, masks), f"{stem}_everything.png", path)
     for i, mask in enumerate(masks):
@@ -102,6 +107,31 @@ def segment_everything(path: Path, stem: str, rgb: np.ndarray,
     doc["files"] = {"overlay": shown(overlay), "masks": shown(mask_dir) if masks else None,
                     "json": shown(json_path)}
     return doc, lines
+
+
+@contextlib.contextmanager
+def points_bar(path: Path, enabled: bool) -> Iterator[Callable[[int, int], None]]:
+    """A ``progress(done, total)`` callback for :meth:`SamAutomaticMaskGenerator.generate`
+    drawing a tqdm bar of prompt points on stderr (only when ``enabled`` and stderr is a
+    terminal); the bar is removed when the block ends."""
+    from tqdm import tqdm
+
+    bar: list[tqdm] = []
+
+    def report(done: int, total: int) -> None:
+        if not bar:
+            # mininterval 0: a redraw per batch of points (tens of ms of work each), so every
+            # step shows, the last one included
+            bar.append(tqdm(total=total, unit="point", desc=shown(path.name), leave=False,
+                            file=sys.stderr, dynamic_ncols=True, mininterval=0, miniters=1,
+                            disable=None if enabled else True))
+        bar[0].update(done - bar[0].n)
+
+    try:
+        yield report
+    finally:
+        if bar:
+            bar[0].close()
 
 
 def _decode(rle: dict[str, Any]) -> np.ndarray:

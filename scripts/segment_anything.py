@@ -296,7 +296,7 @@ def check_sam_shape(path: "str | os.PathLike", rgb: np.ndarray, side: int) -> No
 def _everything(path: Path, args: argparse.Namespace, generator, batch: Batch) -> None:
     rgb = _load(path, args, generator.predictor.model.image_size)
     doc, lines = segment_everything(path, batch.output.claim_stem(path), rgb, generator,
-                                    batch.output)
+                                    batch.output, progress=not args.json)
     batch.done(doc, lines)
 
 

@@ -61,7 +61,7 @@ from candle_nn_models.yolo_v8_masks import InstanceMasks
 from candle_nn_models.yolo_v8_post import (Detection, crop_box, segment_label_lines,
                                            yolo_label_lines)
 from candle_nn_models.scripts.image_loop import Batch
-from candle_nn.cli import ArgumentParser, print_json_document
+from candle_nn.cli import ArgumentParser, print_json_document, printable
 from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments,
                                              add_output_arguments, compile_choice, fraction,
                                              load_rgb, MAX_YOLO_INPUT_SIZE, number_arg,
@@ -277,7 +277,7 @@ def _result_lines(result: ImageResult, names: Sequence[str]) -> list[str]:
     lines = [f"{shown(result.image)}: {w}x{h}, {count} detection{plural} -> {shown(result.output)}"]
     for det in result.detections:
         box = ", ".join(f"{v:.1f}" for v in det.box_xyxy)
-        lines.append(f"  {names[det.class_id]:<15} {det.score:.3f}  [{box}]")
+        lines.append(f"  {printable(names[det.class_id]):<15} {det.score:.3f}  [{box}]")
     return lines
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from candle_nn import model_dtype
+from candle_nn.cli import printable
 import mlx.core as mx
 import numpy as np
 
@@ -38,10 +39,11 @@ def classify_images(args: argparse.Namespace, batch: Batch, paths: Sequence[Path
             check_finite(probs, weights)
             top = top_classes(probs, k)
             if args.save_txt:
-                lines = [f"{p:.2f} {names[i]}" for i, p in top_classes(probs, LABEL_TOP)]
+                lines = [f"{p:.2f} {printable(names[i])}"
+                         for i, p in top_classes(probs, LABEL_TOP)]
                 output.save_text("".join(f"{line}\n" for line in lines),
                                  f"labels/{output.claim_stem(image)}.txt", image)
             entries = [{"index": i, "label": names[i], "probability": p} for i, p in top]
             batch.done({"image": shown(image), "top_k": entries},
-                       [f"{shown(image)}:"] + [f"  {names[i]:24}: {100 * p:.2f}%"
+                       [f"{shown(image)}:"] + [f"  {printable(names[i]):24}: {100 * p:.2f}%"
                                                for i, p in top])

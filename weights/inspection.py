@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from candle_nn import CandleNNError, WeightsFileError, open_safetensors
+from candle_nn.cli import printable
 
 from .metadata import WeightsMetadata
 from .spec import SPECS, ModelUnavailableError, Shape, expected_tensors, knowingly_unread, spec
@@ -173,7 +174,7 @@ def inspect_file(path: "str | os.PathLike", model: str | None = None,
 
 
 def _list(names: list[str], limit: int) -> str:
-    shown = ", ".join(names[:limit])
+    shown = ", ".join(printable(n) for n in names[:limit])
     return shown + (f", … ({len(names) - limit} more)" if len(names) > limit else "")
 
 
@@ -182,7 +183,8 @@ def _differences(m: Match, limit: int) -> list[str]:
     if m.missing:
         lines.append(f"  missing ({len(m.missing)}): {_list(m.missing, limit)}")
     for name, got, want in m.mismatched[:limit]:
-        lines.append(f"  shape mismatch: {name} is {list(got)}, the model expects {list(want)}")
+        lines.append(f"  shape mismatch: {printable(name)} is {list(got)}, the model expects "
+                     f"{list(want)}")
     if len(m.mismatched) > limit:
         lines.append(f"  … {len(m.mismatched) - limit} more shape mismatches")
     if m.extra:
@@ -200,11 +202,12 @@ def format_report(report: InspectReport, *, show_tensors: bool = True, limit: in
         dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
     lines.append("dtypes: " + ", ".join(f"{d} x{n}" for d, n in sorted(dtypes.items())))
     for key, value in sorted(report.raw_metadata.items()):
-        lines.append(f"metadata {key} = {value if len(value) < 200 else value[:200] + '…'}")
+        shown_value = value if len(value) < 200 else value[:200] + "…"
+        lines.append(f"metadata {printable(key)} = {printable(shown_value)}")
     if show_tensors:
-        width = max((len(n) for n in report.tensors), default=0)
+        width = max((len(printable(n)) for n in report.tensors), default=0)
         for name, t in sorted(report.tensors.items()):
-            lines.append(f"  {name:<{width}}  {t.dtype:<4} {list(t.shape)}")
+            lines.append(f"  {printable(name):<{width}}  {t.dtype:<4} {list(t.shape)}")
     fits = report.fitting
     for m in fits:
         extra = (f"; {len(m.unused)} extra tensors not used: {_list(m.unused, limit)}"

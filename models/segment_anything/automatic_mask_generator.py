@@ -12,7 +12,7 @@ upscaled (the decoder's output upscaling, then to the image's size).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from candle_nn import ImageError
 from candle_nn.inputs import check_rgb_image
@@ -106,16 +106,21 @@ class SamAutomaticMaskGenerator:
         self.min_mask_region_area = min_mask_region_area
         self.output_mode = output_mode
 
-    def generate(self, image: np.ndarray) -> list[dict[str, Any]]:
+    def generate(self, image: np.ndarray,
+                 progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
         """Mask records for an ``(H, W, 3)`` uint8 RGB image, best-first within each crop.
 
         Each record: ``segmentation`` (per ``output_mode``), ``area`` (int pixels), ``bbox``
         (XYWH ints), ``predicted_iou``, ``point_coords`` (``[[x, y]]`` of the prompt, original
         pixels), ``stability_score`` and ``crop_box`` (XYWH of the crop it came from).
+
+        ``progress(done, total)``, when given, is called with the prompt points decoded so far
+        and the points in all (every crop's grid): once before the first batch, then after each
+        batch. An exception it raises ends the run there (how a caller cancels it).
         """
         image = np.asarray(image)
         image = check_rgb_image(image, where="SamAutomaticMaskGenerator.generate", error=ImageError)
-        data = self._generate_masks(image)
+        data = self._generate_masks(image, progress or (lambda done, total: None))
         if self.min_mask_region_area > 0:
             data = self.postprocess_small_regions(data, self.min_mask_region_area,
                                                   max(self.box_nms_thresh, self.crop_nms_thresh))
@@ -136,13 +141,22 @@ class SamAutomaticMaskGenerator:
         } for i in range(len(segmentations))]
 
     # -- crops -----------------------------------------------------------------------------------
-    def _generate_masks(self, image: np.ndarray) -> MaskData:
+    def _generate_masks(self, image: np.ndarray,
+                        progress: Callable[[int, int], None]) -> MaskData:
         orig_size = image.shape[:2]
         crop_boxes, layer_idxs = generate_crop_boxes(orig_size, self.crop_n_layers,
                                                      self.crop_overlap_ratio)
+        total = sum(len(self.point_grids[layer]) for layer in layer_idxs)
+        done = [0]
+
+        def batch_done(count: int) -> None:
+            done[0] += count
+            progress(done[0], total)
+
+        progress(0, total)
         data = MaskData()
         for crop_box, layer_idx in zip(crop_boxes, layer_idxs):
-            data.cat(self._process_crop(image, crop_box, layer_idx, orig_size))
+            data.cat(self._process_crop(image, crop_box, layer_idx, orig_size, batch_done))
         if len(crop_boxes) > 1 and len(data):
             # Across crops, prefer masks from smaller crops.
             scores = np.float32(1) / box_area(data["crop_boxes"]).astype(np.float32)
@@ -150,7 +164,8 @@ class SamAutomaticMaskGenerator:
         return data
 
     def _process_crop(self, image: np.ndarray, crop_box: list[int], layer_idx: int,
-                      orig_size: tuple[int, int]) -> MaskData:
+                      orig_size: tuple[int, int],
+                      batch_done: Callable[[int], None]) -> MaskData:
         x0, y0, x1, y1 = crop_box
         cropped = image[y0:y1, x0:x1, :]
         crop_size = cropped.shape[:2]
@@ -160,6 +175,7 @@ class SamAutomaticMaskGenerator:
         data = MaskData()
         for (points,) in batch_iterator(self.points_per_batch, points_for_image):
             data.cat(self._process_batch(decoder, points, crop_size, crop_box, orig_size))
+            batch_done(len(points))
         self.predictor.reset_image()
         data.filter(nms(data["boxes"], data["iou_preds"], self.box_nms_thresh))
         data["boxes"] = uncrop_boxes_xyxy(data["boxes"], crop_box)

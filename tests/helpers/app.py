@@ -99,7 +99,8 @@ def chromium():
     driver = shutil.which("chromedriver")
     if not browser or not driver:
         pytest.fail("the browser tests need Chromium and its driver from the system's packages: "
-                    "apt-get install chromium chromium-driver (.ci/run does this)")
+                    "apt-get install chromium chromium-driver (tests/system_setup.sh, the README "
+                    "test command's first step, does this)")
     os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never download a browser/driver
     options = webdriver.ChromeOptions()
     options.binary_location = browser
@@ -114,3 +115,32 @@ def screenshot_dir(tmp_path: Path) -> Path:
     when refreshing the README's pictures), else ``tmp_path``."""
     folder = config.get("CANDLE_NN_APP_SCREENSHOTS")
     return Path(folder) if folder else tmp_path
+
+
+@contextmanager
+def serving(make_models, max_queue: int = 8, max_pixels: int = 10 ** 6,
+            max_upload_bytes: int = 1 << 20, **server_options) -> Iterator[tuple[str, Any]]:
+    """The app's server in this process, on 127.0.0.1 and a free port, with the models that
+    ``make_models(sessions, stop_requested)`` builds (stand-ins: fast, and their calls visible
+    to the test); ``(URL, App)`` until the block ends. ``server_options``: ``make_server``'s."""
+    import threading
+
+    from candle_nn_models.scripts.app_sample import sample_image
+    from candle_nn_models.scripts.app_server import App, make_server, serve
+    from candle_nn_models.scripts.app_sessions import Sessions
+    from candle_nn_models.scripts.app_worker import ModelWorker
+
+    server = make_server("127.0.0.1", 0, **server_options)
+    worker = ModelWorker(max_queue)
+    sessions = Sessions(4, 4, 2)
+    app = App(make_models(sessions, worker.stop_requested), worker, sessions, sample_image(),
+              max_pixels, max_upload_bytes)
+    thread = threading.Thread(target=serve, args=(server, app), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", app
+    finally:
+        server.shutdown()
+        server.server_close()
+        worker.shutdown()
+        thread.join(timeout=30)

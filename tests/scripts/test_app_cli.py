@@ -16,7 +16,8 @@ def test_help_says_how_to_reach_it():
     text = result.stdout.decode()
     for option in ("--host", "--port", "--sam-weights", "--detect-weights", "--pose-weights",
                    "--classify-weights", "--device", "--max-pixels", "--max-upload-mb",
-                   "--max-sessions", "--max-embeddings", "127.0.0.1"):
+                   "--max-sessions", "--max-embeddings", "--max-connections", "--timeout",
+                   "127.0.0.1"):
         assert option in text, option
 
 

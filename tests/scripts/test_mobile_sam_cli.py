@@ -288,3 +288,53 @@ def test_the_encoder_is_read_from_the_weights_without_model(encoder, monkeypatch
     weights.write_bytes(b"stand-in")
     _, _, variant = cli.load_sam(None, str(weights), cn.Device.cpu())
     assert variant == encoder and built == [("sam", encoder)]
+
+
+class _Terminal:
+    """A stand-in stderr that says it is a terminal and keeps what is written to it."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_everything_shows_its_progress_on_a_terminal_only(tmp_path, monkeypatch):
+    """--everything (about a minute on a CPU) draws a bar of the prompt points decoded on a
+    terminal's stderr, ending at all of them; with --json, or when stderr is not a terminal,
+    nothing but the one summary line is written there. Decoder stand-in: a fast run."""
+    import sys
+
+    from helpers.sam_decoder_stand_in import install_on_ours
+    from candle_nn_models.segment_anything import Sam
+
+    original = Sam.load.__func__
+
+    def load(cls, vb, encoder="tiny"):
+        sam = original(cls, vb, encoder)
+        install_on_ours(sam)
+        return sam
+
+    monkeypatch.setattr(Sam, "load", classmethod(load))
+    small = tmp_path / "small.png"
+    Image.open(IMAGE).convert("RGB").resize((160, 111)).save(small)
+    args = ["--image", str(small), "--weights", WEIGHTS, "--everything", "--points-per-side",
+            "6", "--points-per-batch", "8", "--device", "cpu"]
+    for extra, shown in (([], True), (["--json"], False)):
+        terminal = _Terminal()
+        saved, sys.stderr = sys.stderr, terminal
+        try:
+            code = main([*args, *extra, "--out", str(tmp_path / f"out{len(extra)}")])
+        finally:
+            sys.stderr = saved
+        assert code == 0, terminal.text
+        assert ("36/36" in terminal.text and "point" in terminal.text) == shown, terminal.text
+        assert ("8/36" in terminal.text) == shown, terminal.text  # a step after the first batch

@@ -151,3 +151,22 @@ def test_verbose_reports_the_runtime(capsys, weights):
     assert main(["--image", BIKE, "--weights", weights, "--top-k", "1", "--verbose"]) == 0
     err = capsys.readouterr().err
     assert "CPU BLAS" in err and "float32 precision" in err and "MLX" in err
+
+
+def test_class_names_with_control_characters_are_escaped_in_text(capsys, tmp_path):
+    """Labels from a file's metadata holding a colour escape, a newline and a carriage return
+    print escaped, one line each; the JSON document keeps them exact."""
+    names = ["\x1b[31mcat\nbike : 100.00%", "dog\r"]
+    varmap = cn.VarMap()
+    ResNet.load(cn.VarBuilder.from_varmap(varmap, device="cpu", seed=1), "resnet18",
+                num_classes=2)
+    weights = tmp_path / "hostile.safetensors"
+    varmap.save(weights, metadata={"candle_nn.names": json.dumps(names)})
+    assert main(["--image", BIKE, "--weights", str(weights), "--device", "cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(line.isprintable() for line in lines), lines
+    assert {line.rsplit(": ", 1)[0].strip() for line in lines[1:]} == {
+        "\\x1b[31mcat\\nbike : 100.00%", "dog\\r"}
+    assert main(["--image", BIKE, "--weights", str(weights), "--device", "cpu", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {e["label"] for e in doc["images"][0]["top_k"]} == set(names)

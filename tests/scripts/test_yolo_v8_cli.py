@@ -210,6 +210,31 @@ def test_class_names_from_the_weights_metadata(capsys, paths, tmp_path) -> None:
     assert names and names <= {"cat", "dog"}
 
 
+HOSTILE_NAMES = ["\x1b[31mcat\nFAKE: 99.00%", "dog\r\u202e\x07"]  # escapes, lines, bidi, bell
+
+
+def test_class_names_with_control_characters_are_escaped_in_text(capsys, paths, tmp_path) -> None:
+    """Class names from a file's metadata holding a colour escape, a newline, a carriage return,
+    a bidirectional override and a bell reach the terminal escaped, one line per detection; the
+    JSON document keeps them exact."""
+    varmap = cn.VarMap()
+    YoloV8.load(cn.VarBuilder.from_varmap(varmap, device="cpu", seed=5), "n", num_classes=2)
+    weights = tmp_path / "hostile.safetensors"
+    varmap.save(weights, metadata={"candle_nn.names": json.dumps(HOSTILE_NAMES)})
+    args = ["--image", paths["bike"], "--weights", weights, "--size", 64, "--conf", 0]
+    code, out, err = run(capsys, *args, "--out", tmp_path / "text")
+    assert code == 0, err
+    lines = out.splitlines()
+    count = int(lines[0].split(", ")[1].split()[0])
+    assert count > 0 and len(lines) == 1 + count, out
+    assert all(line.isprintable() for line in lines), out
+    shown = {line[2:].split("  [")[0].rsplit(" ", 1)[0].rstrip() for line in lines[1:]}
+    assert shown <= {"\\x1b[31mcat\\nFAKE: 99.00%", "dog\\r\\u202e\\x07"}, shown
+    code, out, _ = run(capsys, *args, "--out", tmp_path / "json", "--json")
+    names = {d["class_name"] for d in json.loads(out)["images"][0]["detections"]}
+    assert code == 0 and names and names <= set(HOSTILE_NAMES)
+
+
 def test_bad_option_values_are_usage_errors(paths) -> None:
     for argv in (["--size", "100"], ["--conf", "1.5"], ["--task", "obb"], ["--top-k", "0"]):
         with pytest.raises(SystemExit) as exc:

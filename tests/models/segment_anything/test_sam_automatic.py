@@ -330,6 +330,38 @@ def test_points_per_batch_leaves_the_records_alone(stand_in_sam, stand_in_ours, 
             np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]), err_msg=k)
 
 
+def test_progress_counts_the_points_and_can_end_the_run(stand_in_sam, stand_in_ours,
+                                                        small_bike):
+    """``generate(progress=)`` is told the points decoded so far, batch by batch over every crop
+    (5 crops of a 5x5 grid, in batches of 7), ending at all of them, and leaves the records
+    alone; an exception from it ends the run there (the next crop's encoder never runs)."""
+    sam, calls = stand_in_sam
+    case = {**STAND_IN_CASES["crops"], "points_per_batch": 7}
+    seen: list[tuple[int, int]] = []
+    records = SamAutomaticMaskGenerator(sam, **case).generate(
+        small_bike, progress=lambda done, total: seen.append((done, total)))
+    per_crop = [0, 7, 14, 21, 25]
+    assert seen == [(0, 125)] + [(25 * crop + n, 125) for crop in range(5) for n in per_crop[1:]]
+    assert json_ready(records) == json_ready(stand_in_ours["crops"][0])
+
+    class Stop(Exception):
+        pass
+
+    def stop(done: int, total: int) -> None:
+        if done >= 14:
+            raise Stop
+
+    calls.clear()
+    with pytest.raises(Stop):
+        SamAutomaticMaskGenerator(sam, **case).generate(small_bike, progress=stop)
+    assert len(calls) == 1
+
+
+def json_ready(records: list[dict]) -> list[dict]:
+    return [{k: np.asarray(v).tolist() if k != "segmentation" else v for k, v in r.items()}
+            for r in records]
+
+
 def test_output_modes_hold_the_same_masks(stand_in_sam, small_bike):
     sam, _ = stand_in_sam
     by_mode = {mode: SamAutomaticMaskGenerator(sam, points_per_side=4, output_mode=mode)
