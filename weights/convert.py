@@ -104,7 +104,8 @@ def _check_count(found: int | None, wanted: int | None, what: str) -> None:
 def _check_names(names: list[str] | None, num_classes: int | None, where: str) -> list[str] | None:
     if names is not None and num_classes is not None and len(names) != num_classes:
         raise ConversionError(
-            f"{len(names)} class names from {where} for a head of {num_classes} classes")
+            f"{len(names)} class names from {where} for a head of {num_classes} classes: give "
+            "one name per class, in index order")
     return names
 
 
@@ -275,14 +276,16 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
     if variant is not None and variant != spec.variant:
         raise ConversionError(f"--variant {variant} given, but {source} holds {spec}")
     _check_count(spec.num_classes, num_classes, "classes")
+    # names given by the caller are --names', and a wrong count is theirs; else the file's own
+    where = "--names"
     if names is None and ckpt_names is not None:
-        names = names_from(ckpt_names, source)
+        names, where = names_from(ckpt_names, source), source
     family = "yolo11" if isinstance(spec, Yolo11Spec) else "yolo_v8"
     model = family + {"pose": "_pose", "segment": "_seg", "classify": "_cls"}.get(spec.task, "")
     meta = WeightsMetadata(
         model=model, variant=spec.variant, task=TASKS[model], num_classes=spec.num_classes,
         num_keypoints=spec.num_keypoints if spec.task == "pose" else None,
-        names=_check_names(names, spec.num_classes, source), source=source)
+        names=_check_names(names, spec.num_classes, where), source=source)
     return Converted(_numpy(tensors), meta, dropped=dropped)
 
 
