@@ -42,8 +42,8 @@ from candle_nn_models.yolo_v8 import YoloV8Spec
 from .metadata import TASKS, WeightsMetadata
 from .spec import ModelUnavailableError
 from .torch_pickle import (
-    EMA_KEYS, ConversionError, StandIn, load_state_dict, load_ultralytics, module_state_dict,
-    to_numpy, unwrap_state_dict,
+    EMA_KEYS, FUSED_MODEL, ConversionError, StandIn, load_state_dict, load_ultralytics,
+    module_state_dict, to_numpy, unwrap_state_dict,
 )
 
 SOURCES = ("torchvision", "timm", "ultralytics", "mobile_sam")
@@ -340,10 +340,7 @@ def _check_ultralytics_kind(sd: Mapping[str, Any], where: str) -> None:
             f"{where} holds an ultralytics OBB model (its head's cv4 predicts one rotation "
             f"angle); {_SUPPORTED}")
     if "model.0.conv.bias" in sd and "model.0.bn.weight" not in sd:
-        raise ConversionError(
-            f"{where} holds a fused ultralytics model (model.fuse() merged each BatchNorm into "
-            "its conv: model.0.conv.bias, no model.0.bn.*); convert the training checkpoint "
-            "(runs/…/weights/best.pt), which is not fused")
+        raise ConversionError(f"{where} holds {FUSED_MODEL} (model.0.conv.bias, no model.0.bn.*)")
 
 
 def _kpt_shape(ckpt: Any, head: Any) -> Any:
