@@ -34,6 +34,7 @@ import numpy as np
 
 from candle_nn import CandleNNError, VarBuilder, WeightsFileError
 from candle_nn.atomic_write import atomic_write
+from candle_nn.checkpoint import BN_EPS_KEY, BN_MOMENTUM_KEY
 from candle_nn_models.resnet import infer_variant
 from candle_nn_models.yolo11 import Yolo11Spec
 from candle_nn_models.yolo_checkpoint import infer_spec
@@ -171,8 +172,8 @@ def convert_resnet(sd: Mapping[str, Any], *, source: str, variant: str | None = 
     _check_count(classes, num_classes, "classes")
     converted = Converted(_numpy(inner), WeightsMetadata(
         model="resnet", variant=found, task=TASKS["resnet"], num_classes=classes,
-        names=_check_names(names, classes, "--names"), source=source),
-        dropped=dropped + outside)
+        names=_check_names(names, classes, "--names"), source=source,
+        extra=_bn_metadata(*TORCH_BN)), dropped=dropped + outside)
     if prefix:
         converted.notes.append(f"stripped prefix '{prefix}'")
     if wrapped:
@@ -247,6 +248,45 @@ def _ultralytics_model(ckpt: Any, where: str) -> tuple[dict[str, Any], Any, Any]
     return dict(module_state_dict(model)), model.__dict__.get("names"), children or None
 
 
+def _ultralytics_module(ckpt: Any) -> Any:
+    """The pickled model object of an ultralytics file (as :func:`_ultralytics_model` picks
+    it), or ``None`` for a state_dict."""
+    model = ckpt.get("ema") or ckpt.get("model") if isinstance(ckpt, dict) else ckpt
+    return model if isinstance(model, StandIn) else None
+
+
+# BatchNorm settings of a source that holds only tensors: PyTorch's defaults (torchvision, timm,
+# MobileSAM, ultralytics' classifiers), and ultralytics' initialize_weights for its detectors.
+TORCH_BN = (1e-5, 0.1)
+ULTRALYTICS_DETECT_BN = (1e-3, 0.03)
+
+
+def _bn_metadata(eps: float, momentum: float) -> dict[str, str]:
+    return {BN_EPS_KEY: repr(float(eps)), BN_MOMENTUM_KEY: repr(float(momentum))}
+
+
+def _module_bn_settings(model: Any, where: str) -> tuple[float, float] | None:
+    """``(eps, momentum)`` shared by every BatchNorm of a pickled model (stand-ins), ``None``
+    without one; ConversionError when they differ (one file records one pair)."""
+    found: set[tuple[float, float]] = set()
+
+    def visit(module: Any) -> None:
+        state = getattr(module, "__dict__", {})
+        if getattr(module, "qualname", "").endswith(".BatchNorm2d"):
+            eps, momentum = state.get("eps"), state.get("momentum")
+            if isinstance(eps, float) and isinstance(momentum, float):
+                found.add((eps, momentum))
+        for child in (state.get("_modules") or {}).values():
+            visit(child)
+
+    visit(model)
+    if len(found) > 1:
+        raise ConversionError(
+            f"{where}: its BatchNorms use {len(found)} different (eps, momentum) settings "
+            f"({', '.join(map(str, sorted(found)[:3]))}); candle's models use one per file")
+    return found.pop() if found else None
+
+
 def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
                         num_classes: int | None = None,
                         names: list[str] | None = None) -> Converted:
@@ -282,10 +322,13 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
         names, where = names_from(ckpt_names, source), source
     family = "yolo11" if isinstance(spec, Yolo11Spec) else "yolo_v8"
     model = family + {"pose": "_pose", "segment": "_seg", "classify": "_cls"}.get(spec.task, "")
+    bn = _module_bn_settings(_ultralytics_module(ckpt), source) or (
+        TORCH_BN if spec.task == "classify" else ULTRALYTICS_DETECT_BN)
     meta = WeightsMetadata(
         model=model, variant=spec.variant, task=TASKS[model], num_classes=spec.num_classes,
         num_keypoints=spec.num_keypoints if spec.task == "pose" else None,
-        names=_check_names(names, spec.num_classes, where), source=source)
+        names=_check_names(names, spec.num_classes, where), source=source,
+        extra=_bn_metadata(*bn))
     return Converted(_numpy(tensors), meta, dropped=dropped)
 
 
@@ -382,8 +425,8 @@ def convert_mobile_sam(sd: Mapping[str, Any], *, source: str, variant: str | Non
         "MobileSAM (TinyViT)", source)
     inner, dropped = _drop_buffers(inner)
     converted = Converted(_numpy(inner), WeightsMetadata(
-        model="mobile_sam", variant="tiny", task=TASKS["mobile_sam"], source=source),
-        dropped=dropped + outside)
+        model="mobile_sam", variant="tiny", task=TASKS["mobile_sam"], source=source,
+        extra=_bn_metadata(*TORCH_BN)), dropped=dropped + outside)
     if prefix:
         converted.notes.append(f"stripped prefix '{prefix}'")
     return converted

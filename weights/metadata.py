@@ -12,6 +12,8 @@ the variant and the class labels by default (see weights/README.md for the table
 * ``candle_nn.num_keypoints``: decimal keypoint count (YOLOv8 pose)
 * ``candle_nn.names``: JSON list of class names in index order (``["person", "bicycle", …]``)
 * ``candle_nn.source``: what it was converted from (``ultralytics:best.pt``)
+* ``candle_nn.bn_eps``, ``candle_nn.bn_momentum``: the source's BatchNorm settings (read by
+  ``candle_nn.BatchNorm2d.load``; kept in ``extra``)
 * ``candle_nn.format``: ``1`` (bumped if the meaning of these keys ever changes)
 """
 

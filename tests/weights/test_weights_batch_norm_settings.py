@@ -1,0 +1,92 @@
+"""BatchNorm eps and momentum come from the source model: ``convert`` records them in the file
+(``candle_nn.bn_eps``, ``candle_nn.bn_momentum``), every model's BatchNorms load with them, and
+``save_safetensors`` writes them back. References: ultralytics' own models (seeded, from their
+YAML) whose BatchNorm statistics make eps matter — running variances of 1e-4..1e-3, where eps 1e-3
+instead of 1e-5 changes a layer's scale up to 3x — compared in the test, in float32, within the
+fixtures' float32 rule (10x ultralytics' own float32-vs-float64 error)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.ultralytics_models import seeded, tolerance
+from candle_nn_models.weights.cli import main
+from candle_nn_models.weights.metadata import read_metadata
+
+
+def _eps_matters(model, eps: float | None = None):
+    """Small running variances, BatchNorm weights that keep activations near unit scale, and
+    (``eps``) every BatchNorm's eps set as a source model could have it."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                var = torch.rand(m.running_var.shape, generator=gen) * 9e-4 + 1e-4
+                m.running_var.copy_(var)
+                m.weight.copy_((var + 1e-4).sqrt() * (0.5 + torch.rand(var.shape, generator=gen)))
+                if eps is not None:
+                    m.eps = eps
+    return model
+
+
+def _reference(ref, x: np.ndarray, dtype) -> np.ndarray:
+    with torch.no_grad():
+        out = ref.to(dtype)(torch.from_numpy(x).permute(0, 3, 1, 2).to(dtype))
+    ref.float()
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    return out.double().numpy()
+
+
+@pytest.mark.parametrize("kind, yaml, eps, want", [
+    # ultralytics' classifiers never run initialize_weights: PyTorch's 1e-5, momentum 0.1
+    ("ClassificationModel", "yolov8n-cls.yaml", None, (1e-5, 0.1)),
+    # detectors get 1e-3 / 0.03 from initialize_weights; a source model set otherwise is kept
+    ("DetectionModel", "yolov8n.yaml", None, (1e-3, 0.03)),
+    ("DetectionModel", "yolov8n.yaml", 1e-5, (1e-5, 0.03)),
+    ("DetectionModel", "yolo11n.yaml", 1e-5, (1e-5, 0.03)),
+])
+def test_converted_models_use_the_source_batch_norm_settings(tmp_path, kind, yaml, eps, want):
+    import candle_nn as cn
+    import mlx.core as mx
+
+    from candle_nn_models.yolo_checkpoint import load_model
+
+    ref = _eps_matters(seeded(kind, yaml, nc=5), eps)
+    src, out = tmp_path / "best.pt", tmp_path / "best.safetensors"
+    torch.save({"model": ref, "ema": None}, src)
+    assert main(["convert", "--from", "ultralytics", str(src), str(out)]) == 0
+    extra = read_metadata(out).extra
+    assert (float(extra["candle_nn.bn_eps"]), float(extra["candle_nn.bn_momentum"])) == want
+
+    x = np.random.default_rng(0).uniform(size=(1, 64, 96, 3)).astype(np.float32)
+    want32, want64 = _reference(ref, x, torch.float32), _reference(ref, x, torch.float64)
+    tol = tolerance(want32, want64)
+    saved = tmp_path / "saved.safetensors"
+    for path in (out, saved):  # the converted file, then the loaded model saved again
+        model = load_model(cn.VarBuilder.from_safetensors(str(path), device="cpu"))
+        got = np.array(model(mx.array(x)))
+        err = np.abs(got - want32).max() / np.abs(want64).max()
+        assert got.shape == want32.shape and err <= tol, (path.name, err, tol)
+        if path == out:
+            cn.save_safetensors(model, saved)
+    assert float(read_metadata(saved).extra["candle_nn.bn_eps"]) == want[0]
+
+
+def test_a_file_without_settings_keeps_the_model_defaults_and_bad_ones_are_refused(tmp_path):
+    import candle_nn as cn
+    from safetensors.numpy import save_file
+
+    tensors = {"bn.running_mean": np.zeros(2, np.float32), "bn.running_var": np.ones(2, np.float32),
+               "bn.weight": np.ones(2, np.float32), "bn.bias": np.zeros(2, np.float32)}
+    path = tmp_path / "bn.safetensors"
+    save_file(tensors, str(path))
+    bn = cn.BatchNorm2d.load(cn.VarBuilder.from_safetensors(str(path)).pp("bn"), 2, 1e-3, 0.03)
+    assert (bn.eps, bn.momentum) == (1e-3, 0.03)
+    save_file(tensors, str(path), metadata={"candle_nn.bn_eps": "1e-5"})
+    bn = cn.BatchNorm2d.load(cn.VarBuilder.from_safetensors(str(path)).pp("bn"), 2, 1e-3, 0.03)
+    assert (bn.eps, bn.momentum) == (1e-5, 0.03)
+    save_file(tensors, str(path), metadata={"candle_nn.bn_eps": "nan"})
+    with pytest.raises(cn.WeightsFileError, match="candle_nn.bn_eps = 'nan' is not a number"):
+        cn.BatchNorm2d.load(cn.VarBuilder.from_safetensors(str(path)).pp("bn"), 2)
