@@ -22,6 +22,7 @@ import mlx.core as mx
 import numpy as np
 import pyarrow as pa
 
+from candle_nn_models.classify_transforms import eval_resize
 from candle_nn_models.imagenet import preprocess as imagenet_preprocess
 from candle_nn_models.letterbox import Letterbox, letterbox
 from candle_nn_models.segment_anything import Sam, SamPredictor
@@ -45,7 +46,7 @@ class JobOptions:
     top_k: int = 5
     conf: float = 0.25
     iou: float = 0.7            # ultralytics' default
-    size: int = 640
+    size: int | None = None     # None: the size the weights were trained at (identify)
     weights_sha256: str | None = None
 
     @property
@@ -82,6 +83,10 @@ class BatchModel:
     @property
     def input_shape(self) -> tuple[int, ...]:
         raise NotImplementedError
+
+    def trained_size(self) -> int | None:
+        """Once loaded: the input size the weights were trained at, the job's default size."""
+        return None
 
     def schema(self) -> pa.Schema:
         """The Arrow (and Parquet) schema of an output row."""
@@ -126,10 +131,16 @@ class ResNetBatch(BatchModel):
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return (224, 224, 3)
+        return (self.options.size, self.options.size, 3)
 
     def preprocess(self, rgb):
-        return imagenet_preprocess(rgb), {}
+        size = self.options.size  # candle-resnet's transform at the training size
+        return imagenet_preprocess(rgb, eval_resize(size), size), {}
+
+    def trained_size(self):
+        from candle_nn_models.scripts.resnet import image_size
+
+        return image_size(self.weights_file)[1]
 
     def _load(self, device):
         from candle_nn_models.scripts.resnet import load_classifier
@@ -173,6 +184,9 @@ class YoloBatch(BatchModel):
         self.model, self.spec, self.names, path = load_detector(
             self.options.weights, self.task, self.options.variant, device)
         return path, self.spec.variant
+
+    def trained_size(self):
+        return self.model.imgsz
 
     def predict(self, inputs, extras, sizes_hw):
         boxes = [Letterbox(image, float(scale), (int(px), int(py)), (int(h), int(w)))
@@ -279,10 +293,12 @@ BATCH_MODELS: dict[str, type[BatchModel]] = {
 
 def identify(options: JobOptions) -> tuple[JobOptions, BatchModel]:
     """Load the model on the CPU (bad weights: one CandleNNError here, not in the actors) and
-    return ``options`` with the variant and the weights' SHA-256 filled in, and the model."""
+    return ``options`` with the variant, the weights' SHA-256 and (unless given) the size the
+    weights were trained at filled in, and the model."""
     model = batch_model(options)
     model.load(Device.cpu())
-    return replace(options, variant=model.variant, weights_sha256=model.weights_sha256), model
+    return replace(options, variant=model.variant, weights_sha256=model.weights_sha256,
+                   size=options.size or model.trained_size()), model
 
 
 def batch_model(options: JobOptions) -> BatchModel:

@@ -30,11 +30,10 @@ from candle_nn_models.resnet import VARIANTS, ResNet
 from candle_nn_models.scripts.common import (number_arg, parse_device, positive, resumable_parser,
                                              shown)
 from candle_nn_models.scripts.resnet_weights import open_resnet_weights
+from candle_nn_models.training_size import IMGSZ_KEY, MAX_IMGSZ, MIN_IMGSZ
 from candle_nn_models.weights.metadata import WeightsMetadata
 
 DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-3}
-IMGSZ_KEY = "candle_nn.imgsz"
-MIN_IMGSZ = 32
 # what a resumed run may change: where it runs, not what it computes
 RESUME_MAY_SET = {"resume", "out", "data", "device", "workers", "verbose", "no_progress"}
 
@@ -160,6 +159,10 @@ def main(argv: Sequence[str]) -> int:
         raise CandleNNError(f"--imgsz {run.imgsz} is below {MIN_IMGSZ}: a ResNet downsamples "
                             f"32x, so smaller images leave no spatial detail; pass --imgsz "
                             f"{MIN_IMGSZ} or more")
+    if run.imgsz > MAX_IMGSZ:
+        raise CandleNNError(f"--imgsz {run.imgsz} is above {MAX_IMGSZ}: memory grows with its "
+                            f"square (a ResNet at 3000 px needs 2.5 GB an image); pass --imgsz "
+                            f"{MAX_IMGSZ} or less")
     trains_bn = not (run.freeze_bn or run.freeze_backbone)
     if trains_bn and run.batch_size < 2 * group.size():
         raise CandleNNError(f"--batch-size {run.batch_size} gives a process fewer than 2 images "

@@ -5,15 +5,15 @@ Sources (``--from``):
 * ``torchvision`` / ``timm``: ResNet-18/34/50/101/152 ``state_dict``s. Their names already are
   candle's; a wrapping prefix (``module.``, ``backbone.``, ``model.`` …) is stripped, BatchNorm's
   ``num_batches_tracked`` dropped, any head size kept.
-* ``ultralytics``: YOLOv8 detection, pose, segmentation and classification and YOLO11 detection,
-  pose and segmentation ``.pt`` files (any class count), the version recognised from the layers
+* ``ultralytics``: YOLOv8 and YOLO11 detection, pose, segmentation and classification ``.pt``
+  files (any class count), the version recognised from the layers
   (C2f, or C3k2 + C2PSA). YOLOv8's layer ``model.N`` becomes candle's ``net.*`` / ``fpn.*`` /
   ``head`` (:data:`YOLO_LAYER_NAMES`; a classifier's: :data:`YOLO_CLS_LAYER_NAMES`), a C2f's
   ``m.K`` its ``bottleneck.K``; inside the head, whose segmentation and classification parts
   candle does not have, ultralytics' module names stay (``cv4``, ``proto``, ``conv``,
   ``linear``). YOLO11 (no candle names at all) keeps ultralytics' ``model.N.*``. The
-  checkpoint's class names are kept in the metadata; YOLOv5u, YOLO26, OBB and YOLO11-cls files
-  are named and refused.
+  checkpoint's class names are kept in the metadata; YOLOv5u, YOLO26 and OBB files are named and
+  refused.
 * ``mobile_sam``: MobileSAM's ``mobile_sam.pt`` ``state_dict``; names are candle's already,
   the ``attention_bias_idxs`` index buffers (candle recomputes them) are dropped.
 
@@ -36,12 +36,14 @@ from candle_nn import CandleNNError, VarBuilder, WeightsFileError
 from candle_nn.atomic_write import atomic_write
 from candle_nn.checkpoint import BN_EPS_KEY, BN_MOMENTUM_KEY
 from candle_nn_models.resnet import infer_variant
+from candle_nn_models.training_size import IMGSZ_KEY, PREPROCESS_KEY
 from candle_nn_models.yolo11 import Yolo11Spec
 from candle_nn_models.yolo_checkpoint import infer_spec
 from candle_nn_models.yolo_v8 import YoloV8Spec
 
 from .metadata import TASKS, WeightsMetadata
 from .spec import ModelUnavailableError
+from .ultralytics_inputs import classify_preprocess, training_imgsz
 from .torch_pickle import (
     EMA_KEYS, FUSED_MODEL, ConversionError, StandIn, load_state_dict, load_ultralytics,
     module_state_dict, to_numpy, unwrap_state_dict,
@@ -242,7 +244,7 @@ def _ultralytics_model(ckpt: Any, where: str) -> tuple[dict[str, Any], Any, Any]
     if cls not in YOLO_MODEL_CLASSES:
         raise ConversionError(
             f"{where} holds an ultralytics {cls}; only {', '.join(YOLO_MODEL_CLASSES)} (YOLOv8 "
-            "detect, pose, segment and classify; YOLO11 detect, pose and segment) are supported")
+            "and YOLO11 detect, pose, segment and classify) are supported")
     layers = (model.__dict__.get("_modules") or {}).get("model")
     children = list((getattr(layers, "__dict__", {}).get("_modules") or {}).values())
     return dict(module_state_dict(model)), model.__dict__.get("names"), children or None
@@ -293,7 +295,10 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
     """An unpickled ultralytics checkpoint (or a ``model.N.*`` state_dict) → candle names."""
     sd, ckpt_names, layers = _ultralytics_model(ckpt, source)
     sd, dropped = _drop_buffers(sd)
-    version = _ultralytics_version(sd, layers, source)
+    module = _ultralytics_module(ckpt)
+    yaml = module.__dict__.get("yaml") if module is not None else None
+    version = _ultralytics_version(sd, layers, source,
+                                   yaml.get("yaml_file") if isinstance(yaml, dict) else None)
     _check_ultralytics_kind(sd, source)
     if version == "11":  # candle has no YOLO11: ultralytics' names are ours
         tensors = {_model_n(k, source): v for k, v in sd.items()}
@@ -322,18 +327,23 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
         names, where = names_from(ckpt_names, source), source
     family = "yolo11" if isinstance(spec, Yolo11Spec) else "yolo_v8"
     model = family + {"pose": "_pose", "segment": "_seg", "classify": "_cls"}.get(spec.task, "")
-    bn = _module_bn_settings(_ultralytics_module(ckpt), source) or (
+    bn = _module_bn_settings(module, source) or (
         TORCH_BN if spec.task == "classify" else ULTRALYTICS_DETECT_BN)
+    extra = _bn_metadata(*bn)
+    imgsz = training_imgsz(ckpt, module, source)
+    if imgsz is not None:
+        extra[IMGSZ_KEY] = str(imgsz)
+    preprocess = classify_preprocess(module, source) if spec.task == "classify" else None
+    if preprocess is not None:
+        extra[PREPROCESS_KEY] = preprocess.to_json()
     meta = WeightsMetadata(
         model=model, variant=spec.variant, task=TASKS[model], num_classes=spec.num_classes,
         num_keypoints=spec.num_keypoints if spec.task == "pose" else None,
-        names=_check_names(names, spec.num_classes, where), source=source,
-        extra=_bn_metadata(*bn))
+        names=_check_names(names, spec.num_classes, where), source=source, extra=extra)
     return Converted(_numpy(tensors), meta, dropped=dropped)
 
 
-_SUPPORTED = ("only YOLOv8 (detect, pose, segment, classify) and YOLO11 (detect, pose, segment) "
-              "models are supported")
+_SUPPORTED = "only YOLOv8 and YOLO11 (detect, pose, segment, classify) models are supported"
 
 
 def _model_n(key: str, where: str) -> str:
@@ -344,20 +354,26 @@ def _model_n(key: str, where: str) -> str:
     return key
 
 
-def _ultralytics_version(sd: Mapping[str, Any], layers: list[Any] | None, where: str) -> str:
+def _ultralytics_version(sd: Mapping[str, Any], layers: list[Any] | None, where: str,
+                         yaml_file: str | None = None) -> str:
     """``"8"`` or ``"11"``: which YOLO a ``model.N.*`` state_dict holds, from its layer classes
     (``layers``: the pickled modules, when the file has them) or else its weights' names.
-    ConversionError naming YOLOv5u, YOLO26, other end-to-end models and YOLO11-cls, whose layers
-    are close but not the same."""
+    ConversionError naming YOLOv5u, YOLO26 (``yaml_file``: the pickled model's yaml, which alone
+    tells YOLO26-cls from YOLO11-cls) and other end-to-end models, whose layers are close but not
+    the same."""
     kinds = {getattr(layer, "qualname", "").rsplit(".", 1)[-1] for layer in layers or ()}
     if "C3" in kinds or "model.2.cv3.conv.weight" in sd:
         raise ConversionError(
             f"{where} holds an ultralytics YOLOv5u model (C3 blocks); {_SUPPORTED}")
     attention = "C2PSA" in kinds or any(".attn.qkv." in k for k in sd)
     if attention and ("Classify" in kinds or any(".linear." in k for k in sd)):
-        raise ConversionError(
-            f"{where} holds an ultralytics YOLO11 or YOLO26 classification model (C2PSA blocks "
-            f"and a Classify head); {_SUPPORTED}")
+        # yolo26-cls.yaml builds YOLO11-cls's layers; only the pickled model's yaml tells them
+        # apart, and YOLO26's recipe is not one candle_nn reproduces
+        if "yolo26" in str(yaml_file):
+            raise ConversionError(
+                f"{where} holds an ultralytics YOLO26 classification model ({yaml_file}); "
+                f"{_SUPPORTED}")
+        return "11"
     psa = "C2PSA" in kinds or "model.10.m.0.attn.qkv.conv.weight" in sd
     parts = [k.split(".") for k in sd]
     head = max((int(p[1]) for p in parts if len(p) > 1 and p[1].isdigit()), default=0)

@@ -109,7 +109,8 @@ def _getattr(owner: Any, name: Any) -> ClassAttribute:
         "is read")
 
 
-_STAND_IN_MODULES = ("ultralytics.", "torch.nn.modules.", "pathlib")
+# torchvision.transforms: the Compose ultralytics' classification trainer stores in model.transforms
+_STAND_IN_MODULES = ("ultralytics.", "torch.nn.modules.", "pathlib", "torchvision.transforms.")
 _STAND_INS: dict[str, type] = {}
 
 

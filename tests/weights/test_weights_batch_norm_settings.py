@@ -42,6 +42,7 @@ def _reference(ref, x: np.ndarray, dtype) -> np.ndarray:
 @pytest.mark.parametrize("kind, yaml, eps, want", [
     # ultralytics' classifiers never run initialize_weights: PyTorch's 1e-5, momentum 0.1
     ("ClassificationModel", "yolov8n-cls.yaml", None, (1e-5, 0.1)),
+    ("ClassificationModel", "yolo11n-cls.yaml", None, (1e-5, 0.1)),
     # detectors get 1e-3 / 0.03 from initialize_weights; a source model set otherwise is kept
     ("DetectionModel", "yolov8n.yaml", None, (1e-3, 0.03)),
     ("DetectionModel", "yolov8n.yaml", 1e-5, (1e-5, 0.03)),
