@@ -100,12 +100,15 @@ def classify_preprocess(metadata: Mapping[str, str], where: str) -> ClassifyPrep
 
 def with_training_input(model: Any, vb: VarBuilder, task: str) -> Any:
     """``model`` with the input it was trained at as every entry point's default (ultralytics'
-    predict default): ``model.imgsz`` (the file's training size, else :data:`DEFAULT_SIZE`, or
-    :data:`CLASSIFY_SIZE` for a classifier) and, for a classifier, ``model.preprocessing`` (the
-    transform its trainer stored, or ``None``)."""
+    predict default): ``model.imgsz`` (the file's training size — a detector's rounded up to a
+    multiple of 32 — else :data:`DEFAULT_SIZE`, or :data:`CLASSIFY_SIZE` for a classifier) and,
+    for a classifier, ``model.preprocessing`` (the transform its trainer stored, or ``None``)."""
     where = "the weights"
     default = CLASSIFY_SIZE if task == "classify" else DEFAULT_SIZE
-    model.imgsz = training_size(vb.metadata, where) or default
+    size = training_size(vb.metadata, where) or default
+    if task != "classify":  # ultralytics' check_imgsz: a detector's up to its stride 32
+        size = -(-size // 32) * 32
+    model.imgsz = size
     if task == "classify":
         model.preprocessing = classify_preprocess(vb.metadata, where)
     return model

@@ -125,7 +125,7 @@ class ResNetBatch(BatchModel):
     """ImageNet-style classification: ``top_k`` = [{index, label, probability}], best first."""
 
     name = "resnet"
-    row_options = ("top_k",)
+    row_options = ("top_k", "size")
     output_fields = [pa.field("top_k", pa.list_(pa.struct([
         ("index", pa.int32()), ("label", pa.string()), ("probability", pa.float32())])))]
 
