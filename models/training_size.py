@@ -104,11 +104,16 @@ def with_training_input(model: Any, vb: VarBuilder, task: str) -> Any:
     multiple of 32 — else :data:`DEFAULT_SIZE`, or :data:`CLASSIFY_SIZE` for a classifier) and,
     for a classifier, ``model.preprocessing`` (the transform its trainer stored, or ``None``)."""
     where = "the weights"
-    default = CLASSIFY_SIZE if task == "classify" else DEFAULT_SIZE
-    size = training_size(vb.metadata, where) or default
-    if task != "classify":  # ultralytics' check_imgsz: a detector's up to its stride 32
-        size = -(-size // 32) * 32
-    model.imgsz = size
+    model.imgsz = default_size(vb.metadata, task, where)
     if task == "classify":
         model.preprocessing = classify_preprocess(vb.metadata, where)
     return model
+
+
+def default_size(metadata: Mapping[str, str], task: str, where: str) -> int:
+    """A YOLO model's default input size: the training size ``metadata`` records (a detector's
+    rounded up to a multiple of 32, as ultralytics' ``check_imgsz``), else :data:`DEFAULT_SIZE`
+    (:data:`CLASSIFY_SIZE` for ``task`` ``"classify"``)."""
+    size = training_size(metadata, where) or (CLASSIFY_SIZE if task == "classify"
+                                               else DEFAULT_SIZE)
+    return size if task == "classify" else -(-size // 32) * 32

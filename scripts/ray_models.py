@@ -17,16 +17,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from candle_nn import CandleNNError, Device
+from candle_nn import CandleNNError, Device, VarBuilder
 import mlx.core as mx
 import numpy as np
 import pyarrow as pa
 
 from candle_nn_models.classify_transforms import eval_resize
-from candle_nn_models.imagenet import preprocess as imagenet_preprocess
+from candle_nn_models.imagenet import CROP, preprocess as imagenet_preprocess
 from candle_nn_models.letterbox import Letterbox, letterbox
 from candle_nn_models.segment_anything import Sam, SamPredictor
 from candle_nn_models.segment_anything.transforms import ResizeLongestSide
+from candle_nn_models.training_size import DEFAULT_SIZE, default_size
 from candle_nn_models.yolo_v8_post import postprocess
 
 BASE_FIELDS = [pa.field("path", pa.string(), nullable=False), pa.field("width", pa.int32()),
@@ -85,7 +86,8 @@ class BatchModel:
         raise NotImplementedError
 
     def trained_size(self) -> int | None:
-        """Once loaded: the input size the weights were trained at, the job's default size."""
+        """The input size the weights were trained at (read from the file's header, nothing
+        loaded): the job's default size."""
         return None
 
     def schema(self) -> pa.Schema:
@@ -140,7 +142,7 @@ class ResNetBatch(BatchModel):
     def trained_size(self):
         from candle_nn_models.scripts.resnet import image_size
 
-        return image_size(self.weights_file)[1]
+        return image_size(Path(self.options.weights))[1] if self.options.weights else CROP
 
     def _load(self, device):
         from candle_nn_models.scripts.resnet import load_classifier
@@ -186,7 +188,10 @@ class YoloBatch(BatchModel):
         return path, self.spec.variant
 
     def trained_size(self):
-        return self.model.imgsz
+        if self.options.weights is None:  # candle's published files record no size
+            return DEFAULT_SIZE
+        metadata = VarBuilder.from_safetensors(self.options.weights).metadata
+        return default_size(metadata, self.task, self.options.weights)
 
     def predict(self, inputs, extras, sizes_hw):
         boxes = [Letterbox(image, float(scale), (int(px), int(py)), (int(h), int(w)))
@@ -297,8 +302,15 @@ def identify(options: JobOptions) -> tuple[JobOptions, BatchModel]:
     weights were trained at filled in, and the model."""
     model = batch_model(options)
     model.load(Device.cpu())
-    return replace(options, variant=model.variant, weights_sha256=model.weights_sha256,
-                   size=options.size or model.trained_size()), model
+    return with_size(replace(options, variant=model.variant,
+                             weights_sha256=model.weights_sha256)), model
+
+
+def with_size(options: JobOptions) -> JobOptions:
+    """``options`` with ``size`` (unless given) the size the weights were trained at."""
+    if options.size is not None:
+        return options
+    return replace(options, size=batch_model(options).trained_size())
 
 
 def batch_model(options: JobOptions) -> BatchModel:

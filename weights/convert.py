@@ -43,11 +43,11 @@ from candle_nn_models.yolo_v8 import YoloV8Spec
 
 from .metadata import TASKS, WeightsMetadata
 from .spec import ModelUnavailableError
-from .ultralytics_inputs import classify_preprocess, training_imgsz
 from .torch_pickle import (
     EMA_KEYS, FUSED_MODEL, ConversionError, StandIn, load_state_dict, load_ultralytics,
     module_state_dict, to_numpy, unwrap_state_dict,
 )
+from .ultralytics_inputs import classify_preprocess, training_imgsz
 
 SOURCES = ("torchvision", "timm", "ultralytics", "mobile_sam")
 
