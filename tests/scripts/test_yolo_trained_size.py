@@ -146,7 +146,8 @@ def test_a_training_size_out_of_bounds_is_one_error(capsys, tmp_path):
 
 
 def test_resnet_batch_and_cli_use_a_fine_tuned_files_size(tmp_path):
-    """candle-nn-batch takes a fine-tuned ResNet's training size as candle-resnet does."""
+    """candle-nn-batch and ResNet.load (model.imgsz) take a fine-tuned ResNet's training size as
+    candle-resnet does."""
     from safetensors.numpy import load_file, save_file
 
     from candle_nn_models.scripts.ray_models import JobOptions, batch_model, identify
@@ -156,6 +157,11 @@ def test_resnet_batch_and_cli_use_a_fine_tuned_files_size(tmp_path):
     path = tmp_path / "tuned.safetensors"
     save_file(load_file(str(src)), str(path), metadata={"candle_nn.imgsz": "96"})
     assert image_size(path) == (109, 96)
+    import candle_nn as cn
+
+    from candle_nn_models.resnet import ResNet
+
+    assert ResNet.load(cn.VarBuilder.from_safetensors(str(path)), "resnet18").imgsz == 96
     options = identify(JobOptions(model="resnet", weights=str(path)))[0]
     model = batch_model(options)  # as each actor builds it
     rgb = np.asarray(Image.open(BIKE).convert("RGB"))
