@@ -95,3 +95,30 @@ def test_a_file_without_settings_keeps_the_model_defaults_and_bad_ones_are_refus
     save_file(tensors, str(path), metadata={"candle_nn.bn_eps": "nan"})
     with pytest.raises(cn.WeightsFileError, match="candle_nn.bn_eps = 'nan' is not a number"):
         cn.BatchNorm2d.load(cn.VarBuilder.from_safetensors(str(path)).pp("bn"), 2)
+
+
+def test_mobile_sam_encoder_uses_the_source_batch_norm_eps(tmp_path):
+    """TinyViT (MobileSAM's encoder, PyTorch's eps 1e-5) against MobileSAM's own model on the
+    fixture weights with eps-sensitive BatchNorm statistics, through --from mobile_sam."""
+    import candle_nn as cn
+    import mlx.core as mx
+    from benchmarks.mobile_sam_reference import build_reference_sam
+    from conftest import load_fixture
+
+    from candle_nn_models.segment_anything import Sam
+
+    ref = build_reference_sam(load_fixture("mobile_sam")[2] / "weights.safetensors")
+    _eps_matters(ref.image_encoder)
+    ref.eval()  # TinyViT re-gathers its attention-bias cache
+    src, out = tmp_path / "mobile_sam.pt", tmp_path / "mobile_sam.safetensors"
+    torch.save(ref.state_dict(), src)
+    assert main(["convert", "--from", "mobile_sam", str(src), str(out)]) == 0
+    assert float(read_metadata(out).extra["candle_nn.bn_eps"]) == 1e-5
+
+    x = np.random.default_rng(0).standard_normal((1, 1024, 1024, 3)).astype(np.float32)
+    want32 = _reference(ref.image_encoder, x, torch.float32).transpose(0, 2, 3, 1)
+    want64 = _reference(ref.image_encoder, x, torch.float64).transpose(0, 2, 3, 1)
+    sam = Sam.load(cn.VarBuilder.from_safetensors(str(out), device="cpu"))
+    got = np.array(sam.image_encoder(mx.array(x)))
+    err = np.abs(got - want32).max() / np.abs(want64).max()
+    assert got.shape == want32.shape and err <= tolerance(want32, want64), err
