@@ -122,3 +122,68 @@ def test_mobile_sam_encoder_uses_the_source_batch_norm_eps(tmp_path):
     got = np.array(sam.image_encoder(mx.array(x)))
     err = np.abs(got - want32).max() / np.abs(want64).max()
     assert got.shape == want32.shape and err <= tolerance(want32, want64), err
+
+
+class _TorchResNet18(torch.nn.Module):
+    """torchvision's ResNet-18 (its module names), written here: torchvision is not installed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        cin = 64
+        for index, width in enumerate((64, 128, 256, 512)):
+            blocks = []
+            for i in range(2):
+                stride = 2 if i == 0 and index > 0 else 1
+                block = nn.Module()
+                block.conv1 = nn.Conv2d(cin, width, 3, stride, 1, bias=False)
+                block.bn1 = nn.BatchNorm2d(width)
+                block.conv2 = nn.Conv2d(width, width, 3, 1, 1, bias=False)
+                block.bn2 = nn.BatchNorm2d(width)
+                if stride != 1 or cin != width:
+                    block.downsample = nn.Sequential(nn.Conv2d(cin, width, 1, stride, bias=False),
+                                                     nn.BatchNorm2d(width))
+                blocks.append(block)
+                cin = width
+            setattr(self, f"layer{index + 1}", nn.Sequential(*blocks))
+        self.fc = nn.Linear(512, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        relu = torch.relu
+        x = torch.nn.functional.max_pool2d(relu(self.bn1(self.conv1(x))), 3, 2, 1)
+        for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
+            for b in layer:
+                skip = b.downsample(x) if hasattr(b, "downsample") else x
+                x = relu(b.bn2(b.conv2(relu(b.bn1(b.conv1(x))))) + skip)
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+def test_resnet_uses_the_source_batch_norm_eps(tmp_path):
+    """ResNet-18 (torchvision's eps 1e-5) on the fixture weights with eps-sensitive statistics,
+    through --from torchvision, against the same network in torch."""
+    import candle_nn as cn
+    import mlx.core as mx
+    from conftest import load_fixture
+    from safetensors.numpy import load_file
+
+    from candle_nn_models.resnet import ResNet
+
+    ref = _TorchResNet18().eval()
+    weights = load_file(str(load_fixture("resnet18")[2] / "weights.safetensors"))
+    missing, unexpected = ref.load_state_dict(
+        {k: torch.from_numpy(v.astype(np.float32)) for k, v in weights.items()}, strict=False)
+    assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing), missing
+    _eps_matters(ref)
+    src, out = tmp_path / "resnet18.pth", tmp_path / "resnet18.safetensors"
+    torch.save(ref.state_dict(), src)
+    assert main(["convert", "--from", "torchvision", str(src), str(out)]) == 0
+    assert float(read_metadata(out).extra["candle_nn.bn_eps"]) == 1e-5
+
+    x = np.random.default_rng(0).standard_normal((2, 64, 64, 3)).astype(np.float32)
+    want32, want64 = _reference(ref, x, torch.float32), _reference(ref, x, torch.float64)
+    model = ResNet.load(cn.VarBuilder.from_safetensors(str(out), device="cpu"), "resnet18")
+    got = np.array(model(mx.array(x)))
+    err = np.abs(got - want32).max() / np.abs(want64).max()
+    assert got.shape == want32.shape and err <= tolerance(want32, want64), err
