@@ -5,11 +5,40 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+import math
+
 from . import ops
 from .device import Device
+from .checkpoint import BN_EPS_KEY as EPS_KEY, BN_MOMENTUM_KEY as MOMENTUM_KEY
+from .errors import WeightsFileError
 from .init import ONES, ZEROS
 from .module import Module
 from .var_builder import VarBuilder
+
+
+
+def batch_norm_settings(vb: VarBuilder, eps: float, momentum: float) -> tuple[float, float]:
+    """``(eps, momentum)`` as the weights behind ``vb`` record them (metadata
+    ``candle_nn.bn_eps``, ``candle_nn.bn_momentum``: a file's own settings, its source model's,
+    win over a model's defaults — ultralytics' detectors use eps 1e-3, its classifiers PyTorch's
+    1e-5, on the same blocks), else the given defaults. WeightsFileError for a
+    recorded value that is not a number in (0, 1)."""
+    meta = vb.metadata
+    return _setting(meta, EPS_KEY, eps), _setting(meta, MOMENTUM_KEY, momentum)
+
+
+def _setting(meta: dict[str, str], key: str, default: float) -> float:
+    if key not in meta:
+        return float(default)
+    try:
+        value = float(meta[key])
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value < 1.0:
+        raise WeightsFileError(
+            f"the weights' metadata {key} = {meta[key][:40]!r} is not a number in (0, 1); "
+            "re-convert the checkpoint with candle-nn-weights convert")
+    return value
 
 
 
@@ -59,7 +88,10 @@ class BatchNorm2d(Module):
     @classmethod
     def load(cls, vb: VarBuilder, num_features: int, eps: float = 1e-5,
              momentum: float = 0.1) -> "BatchNorm2d":
-        """Read ``running_mean``, ``running_var``, ``weight``, ``bias`` (each ``(C,)``)."""
+        """Read ``running_mean``, ``running_var``, ``weight``, ``bias`` (each ``(C,)``);
+        ``eps`` and ``momentum`` are the defaults for a file that does not record its own
+        (:func:`batch_norm_settings`)."""
+        eps, momentum = batch_norm_settings(vb, eps, momentum)
         shape = (num_features,)
         return cls(vb.get(shape, "running_mean", ZEROS), vb.get(shape, "running_var", ONES),
                    vb.get(shape, "weight", ONES), vb.get(shape, "bias", ZEROS), eps,

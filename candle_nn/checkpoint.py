@@ -33,6 +33,9 @@ from .errors import WeightsFileError
 
 LAYOUT_KEY = "candle_nn.layout"
 BATCH_NORM_KEY = "candle_nn.batch_norm"
+# The BatchNorms' eps and momentum (BatchNorm2d.load reads them; the converter writes them too)
+BN_EPS_KEY = "candle_nn.bn_eps"
+BN_MOMENTUM_KEY = "candle_nn.bn_momentum"
 _SAVE_CALL = "candle_nn.save_safetensors(model, path)"
 
 
@@ -104,6 +107,7 @@ def save_safetensors(module: nn.Module, path: "str | os.PathLike",
     meta = dict(metadata or {})
     if any(getattr(m, "_folded_bn", None) for _, m in module.named_modules()):
         meta[BATCH_NORM_KEY] = "folded"
+    meta.update(_batch_norm_metadata(module))
     mx.eval(tensors)
     write_safetensors(path, tensors, meta)
     return tensors
@@ -134,3 +138,19 @@ def check_conv_layout(vb: Any, name: str, candle_shape: tuple[int, ...],
 
 def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
+
+
+def _batch_norm_metadata(module: nn.Module) -> dict[str, str]:
+    """The BatchNorms' ``eps`` / ``momentum`` as metadata (``BatchNorm2d.load`` reads them back),
+    each when every BatchNorm (kept or folded) shares one value (models' loaders use one)."""
+    eps, momentum = set(), set()
+    for _, m in module.named_modules():
+        if hasattr(m, "running_var") and hasattr(m, "eps"):  # a BatchNorm2d (not imported here)
+            eps.add(m.eps)
+            momentum.add(m.momentum)
+        elif getattr(m, "_folded_bn", None):
+            eps.add(m._folded_bn[1])
+    meta = {BN_EPS_KEY: repr(eps.pop())} if len(eps) == 1 else {}
+    if len(momentum) == 1:
+        meta[BN_MOMENTUM_KEY] = repr(momentum.pop())
+    return meta

@@ -23,6 +23,8 @@ from candle_nn import (Conv2d, Conv2dConfig, ConvBn, Linear, Module, ShapeMismat
                        softmax)
 import mlx.core as mx
 
+from .training_size import CLASSIFY_SIZE, training_size
+
 
 @dataclass(frozen=True)
 class ResNetConfig:
@@ -123,7 +125,9 @@ class ResNet(Module):
 
         ``fold_bn=False`` keeps every BatchNorm as a layer (:class:`candle_nn.ConvBn`), to train:
         ``model.train()`` then uses batch statistics and updates the running ones. The model is
-        returned in eval mode either way."""
+        returned in eval mode either way. ``model.imgsz``: the crop it was trained at (a
+        fine-tuned file's ``candle_nn.imgsz``, else 224), evaluated as
+        ``imagenet.preprocess(rgb, eval_resize(model.imgsz), model.imgsz)``."""
         if variant not in VARIANTS:
             raise ValueError(f"unknown ResNet variant {variant!r}; choose one of {list(VARIANTS)}")
         if num_classes is not None and num_classes < 1:
@@ -146,7 +150,9 @@ class ResNet(Module):
         # A headless backbone may come from a classifier's file: its fc is left unread.
         vb.check_all_read(variant, unused=("fc.*",) if num_classes is None else (),
                           hint=lambda: _what_it_holds(vb))
-        return cls(variant, stem, stages, fc)
+        model = cls(variant, stem, stages, fc)
+        model.imgsz = training_size(vb.metadata, "the weights") or CLASSIFY_SIZE
+        return model
 
     @property
     def num_classes(self) -> int | None:

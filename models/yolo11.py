@@ -1,5 +1,5 @@
-"""YOLO11 object detection, pose estimation and instance segmentation (sizes n/s/m/l/x), NHWC,
-with ultralytics' names.
+"""YOLO11 object detection, pose estimation, instance segmentation and classification (sizes
+n/s/m/l/x), NHWC, with ultralytics' names.
 
 candle has no YOLO11, so tensor names are ultralytics' module names (``yolo11.yaml``'s layer
 indices), as in its ``.pt`` files and ``state_dict``::
@@ -13,6 +13,9 @@ indices), as in its ``.pt`` files and ``state_dict``::
     model.23                                Detect / Pose / Segment head (cv2, cv3 depthwise, dfl;
                                             pose: cv4 keypoints; segment: cv4 mask coefficients,
                                             proto)
+
+A classifier (``yolo11-cls.yaml``, :class:`Yolo11Cls`) has layers 0–8, a C2PSA at ``model.9``
+and ultralytics' ``Classify`` head at ``model.10`` (``conv``, ``linear``).
 
 Usage::
 
@@ -38,11 +41,13 @@ from .yolo11_blocks import C2PSA, C3k2
 from .yolo_pan_neck import pan_forward
 from .yolo_v8 import YoloV8Seg, YoloV8Spec, _YoloV8Base
 from .yolo_v8_blocks import ConvBlock, Sppf
+from .yolo_v8_classify import ClassifyBackbone, ClassifyHead, YoloV8Cls
 from .yolo_v8_head import DetectionHead, PoseHead
 from .yolo_v8_segment_head import SegmentHead, proto_channels
+from .training_size import with_training_input
 
 __all__ = ["SCALES", "Scale", "Yolo11Backbone", "Yolo11Neck", "Yolo11", "Yolo11Pose", "Yolo11Seg",
-           "Yolo11Spec", "infer_spec", "load_model", "STEM"]
+           "Yolo11Cls", "Yolo11Spec", "infer_spec", "load_model", "trunk", "STEM"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,23 @@ def scale(variant: str) -> Scale:
     return SCALES[variant]
 
 
+def trunk(vb: cn.VarBuilder, s: Scale, fold_bn: bool = True) -> list[cn.Module]:
+    """Layers 0–8, shared by every YOLO11 task: ``(N, H, W, 3)`` → ``(N, H/32, W/32,
+    c(1024))`` (``vb``: the model's ``model`` prefix)."""
+    c, n, f, k = s.channels, s.repeats(2), fold_bn, s.c3k
+    return [
+        ConvBlock.load(vb.pp(0), 3, c(64), 3, 2, f),
+        ConvBlock.load(vb.pp(1), c(64), c(128), 3, 2, f),
+        C3k2.load(vb.pp(2), c(128), c(256), n, k, 0.25, fold_bn=f),
+        ConvBlock.load(vb.pp(3), c(256), c(256), 3, 2, f),
+        C3k2.load(vb.pp(4), c(256), c(512), n, k, 0.25, fold_bn=f),
+        ConvBlock.load(vb.pp(5), c(512), c(512), 3, 2, f),
+        C3k2.load(vb.pp(6), c(512), c(512), n, True, fold_bn=f),
+        ConvBlock.load(vb.pp(7), c(512), c(1024), 3, 2, f),
+        C3k2.load(vb.pp(8), c(1024), c(1024), n, True, fold_bn=f),
+    ]
+
+
 class Yolo11Backbone(cn.Module):
     """Layers 0–10: ``(N, H, W, 3)`` → p3 ``(N, H/8, W/8, c(512))``, p4 ``(N, H/16, W/16,
     c(512))``, p5 ``(N, H/32, W/32, c(1024))`` (``c``: :meth:`Scale.channels`)."""
@@ -93,20 +115,9 @@ class Yolo11Backbone(cn.Module):
     @classmethod
     def load(cls, vb: cn.VarBuilder, s: Scale, fold_bn: bool = True) -> "Yolo11Backbone":
         """``vb``: the model's ``model`` prefix (layers ``0`` … ``10``)."""
-        c, n, f, k = s.channels, s.repeats(2), fold_bn, s.c3k
-        return cls([
-            ConvBlock.load(vb.pp(0), 3, c(64), 3, 2, f),
-            ConvBlock.load(vb.pp(1), c(64), c(128), 3, 2, f),
-            C3k2.load(vb.pp(2), c(128), c(256), n, k, 0.25, fold_bn=f),
-            ConvBlock.load(vb.pp(3), c(256), c(256), 3, 2, f),
-            C3k2.load(vb.pp(4), c(256), c(512), n, k, 0.25, fold_bn=f),
-            ConvBlock.load(vb.pp(5), c(512), c(512), 3, 2, f),
-            C3k2.load(vb.pp(6), c(512), c(512), n, True, fold_bn=f),
-            ConvBlock.load(vb.pp(7), c(512), c(1024), 3, 2, f),
-            C3k2.load(vb.pp(8), c(1024), c(1024), n, True, fold_bn=f),
-            Sppf.load(vb.pp(9), c(1024), c(1024), 5, f),
-            C2PSA.load(vb.pp(10), c(1024), n, fold_bn=f),
-        ])
+        c, n, f = s.channels, s.repeats(2), fold_bn
+        return cls([*trunk(vb, s, fold_bn), Sppf.load(vb.pp(9), c(1024), c(1024), 5, f),
+                    C2PSA.load(vb.pp(10), c(1024), n, fold_bn=f)])
 
     def forward(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         outs = []
@@ -208,6 +219,29 @@ class Yolo11Seg(YoloV8Seg):
         return model
 
 
+class Yolo11Cls(YoloV8Cls):
+    """YOLO11 classifier (``yolo11-cls.yaml``): layers 0–8 (:func:`trunk`), a C2PSA at
+    ``model.9`` and ultralytics' ``Classify`` head at ``model.10``; called as
+    :class:`~candle_nn_models.yolo_v8_classify.YoloV8Cls` (``(N, H, W, 3)`` in [0, 1] →
+    probabilities ``(N, num_classes)``; logits in ``train()``)."""
+
+    @classmethod
+    def load(cls, vb: cn.VarBuilder, variant: str = "n", num_classes: int = 1000, *,
+             fold_bn: bool = True) -> "Yolo11Cls":
+        """As :meth:`Yolo11.load`."""
+        spec = Yolo11Spec(variant, "classify", num_classes)
+        _check_weights(vb, spec)
+        s = scale(variant)
+        mvb = vb.pp("model")
+        net = ClassifyBackbone([*trunk(mvb, s, fold_bn),
+                                C2PSA.load(mvb.pp(9), s.channels(1024), s.repeats(2),
+                                           fold_bn=fold_bn)])
+        model = cls(net, ClassifyHead.load(mvb.pp(_CLS_HEAD), s.channels(1024), num_classes,
+                                           fold_bn), variant, num_classes)
+        vb.check_all_read(str(spec))
+        return model
+
+
 @dataclass(frozen=True)
 class Yolo11Spec(YoloV8Spec):
     """What a YOLO11 checkpoint holds (the fields of :class:`YoloV8Spec`)."""
@@ -218,25 +252,22 @@ class Yolo11Spec(YoloV8Spec):
 
 STEM = "model.0.conv.weight"
 _HEAD = "model.23."
+_CLS_HEAD = 10  # yolo11-cls.yaml: the Classify layer
 
 
 def infer_spec(vb: cn.VarBuilder, name: str = "the checkpoint") -> Yolo11Spec:
     """Variant, task and class/keypoint/mask counts of the YOLO11 checkpoint behind ``vb``
     (ultralytics' names), from tensor shapes. Raises WeightsFileError (its message starting with
     ``name``) when ``vb`` holds no YOLO11 detection, pose or segmentation model."""
+    if vb.contains(STEM) and vb.contains(f"model.{_CLS_HEAD}.linear.weight") \
+            and vb.contains("model.9.m.0.attn.qkv.conv.weight"):
+        return Yolo11Spec(_variant(vb, name), "classify",
+                          vb.shape(f"model.{_CLS_HEAD}.linear.weight")[0])
     if not vb.contains(STEM) or not vb.contains("model.10.m.0.attn.qkv.conv.weight"):
         raise cn.WeightsFileError(
             f"{name} is not a YOLO11 checkpoint in ultralytics' layout (it has no "
             f"'{vb.path(STEM)}' and C2PSA layer 'model.10')")
-    stem = vb.shape(STEM)[0]
-    prefix = vb.path("model.2.m.")
-    depth = len({n[len(prefix):].split(".")[0] for n in vb.names() if n.startswith(prefix)})
-    variant = next((v for v, s in SCALES.items()
-                    if s.channels(64) == stem and s.repeats(2) == depth), None)
-    if variant is None:
-        raise cn.WeightsFileError(
-            f"{name}: stem width {stem} with {depth} blocks in model.2 matches no YOLO11 size "
-            f"({', '.join(SCALES)})")
+    variant = _variant(vb, name)
     if not vb.contains(_HEAD + "cv3.0.2.weight"):
         raise cn.WeightsFileError(f"{name}: no YOLO11 detection head (model.23.cv3.0.2.weight)")
     num_classes = vb.shape(_HEAD + "cv3.0.2.weight")[0]
@@ -259,6 +290,20 @@ def infer_spec(vb: cn.VarBuilder, name: str = "the checkpoint") -> Yolo11Spec:
     return Yolo11Spec(variant, "pose", num_classes, nk // 3)
 
 
+def _variant(vb: cn.VarBuilder, name: str) -> str:
+    """The YOLO11 size whose stem width and model.2 depth the checkpoint has."""
+    stem = vb.shape(STEM)[0]
+    prefix = vb.path("model.2.m.")
+    depth = len({n[len(prefix):].split(".")[0] for n in vb.names() if n.startswith(prefix)})
+    variant = next((v for v, s in SCALES.items()
+                    if s.channels(64) == stem and s.repeats(2) == depth), None)
+    if variant is None:
+        raise cn.WeightsFileError(
+            f"{name}: stem width {stem} with {depth} blocks in model.2 matches no YOLO11 size "
+            f"({', '.join(SCALES)})")
+    return variant
+
+
 def _check_weights(vb: cn.VarBuilder, wanted: Yolo11Spec) -> None:
     """As YOLOv8's: both descriptions when a checkpoint is not the model being built; pose and
     segmentation checkpoints also load as plain detectors; a fresh source is not checked."""
@@ -276,9 +321,18 @@ def _check_weights(vb: cn.VarBuilder, wanted: Yolo11Spec) -> None:
 
 
 def load_model(vb: cn.VarBuilder, spec: Yolo11Spec | None = None, *,
-               fold_bn: bool = True) -> Yolo11 | Yolo11Pose | Yolo11Seg:
-    """The model ``spec`` describes (default: :func:`infer_spec` of ``vb``), loaded from ``vb``."""
+               fold_bn: bool = True) -> Yolo11 | Yolo11Pose | Yolo11Seg | Yolo11Cls:
+    """The model ``spec`` describes (default: :func:`infer_spec` of ``vb``), loaded from ``vb``,
+    with its training input size as ``model.imgsz``
+    (:func:`candle_nn_models.training_size.with_training_input`)."""
     spec = infer_spec(vb) if spec is None else spec
+    return with_training_input(_load(vb, spec, fold_bn), vb, spec.task)
+
+
+def _load(vb: cn.VarBuilder, spec: Yolo11Spec,
+          fold_bn: bool) -> Yolo11 | Yolo11Pose | Yolo11Seg | Yolo11Cls:
+    if spec.task == "classify":
+        return Yolo11Cls.load(vb, spec.variant, spec.num_classes, fold_bn=fold_bn)
     if spec.task == "segment":
         return Yolo11Seg.load(vb, spec.variant, spec.num_classes, spec.num_masks, fold_bn=fold_bn)
     if spec.task == "pose":

@@ -37,6 +37,7 @@ from .yolo_v8_head import STRIDES, DetectionHead, PoseHead
 from .yolo_pan_neck import pan_forward
 from .yolo_v8_multiples import MULTIPLES, Multiples, multiples, variant_of
 from .yolo_v8_segment_head import SegmentHead, proto_channels
+from .training_size import with_training_input
 
 __all__ = ["MULTIPLES", "Multiples", "DarkNet", "YoloV8Neck", "YoloV8", "YoloV8Pose", "YoloV8Seg",
            "YoloV8Cls", "YoloV8Spec", "infer_spec", "load_model", "num_anchors"]
@@ -355,8 +356,14 @@ def _check_weights(vb: cn.VarBuilder, wanted: YoloV8Spec) -> None:
 def load_model(vb: cn.VarBuilder, spec: YoloV8Spec | None = None, *,
                fold_bn: bool = True) -> YoloV8 | YoloV8Pose | YoloV8Seg | YoloV8Cls:
     """The model ``spec`` describes (default: :func:`infer_spec` of ``vb``), loaded from ``vb``
-    (``fold_bn``: as :meth:`YoloV8.load`)."""
+    (``fold_bn``: as :meth:`YoloV8.load`), with its training input size as ``model.imgsz``
+    (:func:`candle_nn_models.training_size.with_training_input`)."""
     spec = infer_spec(vb) if spec is None else spec
+    return with_training_input(_load(vb, spec, fold_bn), vb, spec.task)
+
+
+def _load(vb: cn.VarBuilder, spec: YoloV8Spec,
+          fold_bn: bool) -> YoloV8 | YoloV8Pose | YoloV8Seg | YoloV8Cls:
     if spec.task == "classify":
         return YoloV8Cls.load(vb, spec.variant, spec.num_classes, fold_bn=fold_bn)
     if spec.task == "segment":

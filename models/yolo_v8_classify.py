@@ -21,6 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from .imagenet import preprocess as _imagenet_preprocess
+from .training_size import CLASSIFY_SIZE, ClassifyPreprocess
 from .yolo_v8_blocks import C2f, ConvBlock
 from .yolo_v8_multiples import Multiples, multiples, variant_of
 
@@ -28,16 +29,22 @@ __all__ = ["CLASSIFY_CHANNELS", "IMAGE_SIZE", "ClassifyBackbone", "ClassifyHead"
            "preprocess"]
 
 CLASSIFY_CHANNELS = 1280  # ultralytics' Classify: "efficientnet_b0 size"
-IMAGE_SIZE = 224
+IMAGE_SIZE = CLASSIFY_SIZE
 _STEM = "net.b1.0.conv.weight"
 _LINEAR = "head.linear.weight"
 
 
-def preprocess(rgb: np.ndarray, size: int = IMAGE_SIZE) -> np.ndarray:
-    """uint8 ``(H, W, 3)`` RGB → float32 ``(size, size, 3)`` in [0, 1]: ultralytics'
-    ``classify_transforms(size)`` (torchvision ``Resize(size)``, ``CenterCrop(size)``,
-    ``ToTensor``, ``Normalize(0, 1)``), channels-last."""
-    return _imagenet_preprocess(rgb, resize=size, crop=size, mean=None, std=None)
+def preprocess(rgb: np.ndarray, size: int = IMAGE_SIZE,
+               recorded: ClassifyPreprocess | None = None) -> np.ndarray:
+    """uint8 ``(H, W, 3)`` RGB → float32 ``(size, size, 3)``, as ultralytics' classify predictor:
+    the transform the checkpoint's trainer stored (``recorded``: ``model.preprocessing``) when
+    it crops to ``size``, else ``classify_transforms(size)`` (torchvision ``Resize(size)``,
+    ``CenterCrop(size)``, ``ToTensor``, ``Normalize(0, 1)``: values in [0, 1]); channels-last."""
+    if recorded is None or recorded.crop != size:
+        recorded = ClassifyPreprocess(size, size)
+    mean, std = recorded.arrays()
+    return _imagenet_preprocess(rgb, resize=recorded.resize, crop=recorded.crop, mean=mean,
+                                std=std)
 
 
 class ClassifyBackbone(cn.Module):

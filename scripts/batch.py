@@ -74,8 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="yolo: minimum class score (default 0.25)")
     parser.add_argument("--iou", type=fraction, default=0.7,
                         help="yolo: NMS IoU threshold (default 0.7, as ultralytics' predict)")
-    parser.add_argument("--size", type=yolo_input_size, default=640,
-                        help="yolo: inputs are letterboxed to size x size (default 640)")
+    parser.add_argument("--size", type=yolo_input_size, default=None,
+                        help="yolo: inputs are letterboxed to size x size; resnet: the centre "
+                             "crop (default: the size the weights were trained at, else 640 "
+                             "for yolo, 224 for resnet)")
     parser.add_argument("--verbose", action="store_true",
                         help="show Ray's own log lines and Ray Data's progress (default: only "
                              "this program's messages, and a progress bar on a terminal)")

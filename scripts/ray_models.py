@@ -17,15 +17,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from candle_nn import CandleNNError, Device
+from candle_nn import CandleNNError, Device, VarBuilder
 import mlx.core as mx
 import numpy as np
 import pyarrow as pa
 
-from candle_nn_models.imagenet import preprocess as imagenet_preprocess
+from candle_nn_models.classify_transforms import eval_resize
+from candle_nn_models.imagenet import CROP, preprocess as imagenet_preprocess
 from candle_nn_models.letterbox import Letterbox, letterbox
 from candle_nn_models.segment_anything import Sam, SamPredictor
 from candle_nn_models.segment_anything.transforms import ResizeLongestSide
+from candle_nn_models.training_size import DEFAULT_SIZE, default_size
 from candle_nn_models.yolo_v8_post import postprocess
 
 BASE_FIELDS = [pa.field("path", pa.string(), nullable=False), pa.field("width", pa.int32()),
@@ -45,7 +47,7 @@ class JobOptions:
     top_k: int = 5
     conf: float = 0.25
     iou: float = 0.7            # ultralytics' default
-    size: int = 640
+    size: int | None = None     # None: the size the weights were trained at (identify)
     weights_sha256: str | None = None
 
     @property
@@ -82,6 +84,11 @@ class BatchModel:
     @property
     def input_shape(self) -> tuple[int, ...]:
         raise NotImplementedError
+
+    def trained_size(self) -> int | None:
+        """The input size the weights were trained at (read from the file's header, nothing
+        loaded): the job's default size."""
+        return None
 
     def schema(self) -> pa.Schema:
         """The Arrow (and Parquet) schema of an output row."""
@@ -120,16 +127,22 @@ class ResNetBatch(BatchModel):
     """ImageNet-style classification: ``top_k`` = [{index, label, probability}], best first."""
 
     name = "resnet"
-    row_options = ("top_k",)
+    row_options = ("top_k", "size")
     output_fields = [pa.field("top_k", pa.list_(pa.struct([
         ("index", pa.int32()), ("label", pa.string()), ("probability", pa.float32())])))]
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return (224, 224, 3)
+        return (self.options.size, self.options.size, 3)
 
     def preprocess(self, rgb):
-        return imagenet_preprocess(rgb), {}
+        size = self.options.size  # candle-resnet's transform at the training size
+        return imagenet_preprocess(rgb, eval_resize(size), size), {}
+
+    def trained_size(self):
+        from candle_nn_models.scripts.resnet import image_size
+
+        return image_size(Path(self.options.weights))[1] if self.options.weights else CROP
 
     def _load(self, device):
         from candle_nn_models.scripts.resnet import load_classifier
@@ -173,6 +186,12 @@ class YoloBatch(BatchModel):
         self.model, self.spec, self.names, path = load_detector(
             self.options.weights, self.task, self.options.variant, device)
         return path, self.spec.variant
+
+    def trained_size(self):
+        if self.options.weights is None:  # candle's published files record no size
+            return DEFAULT_SIZE
+        metadata = VarBuilder.from_safetensors(self.options.weights).metadata
+        return default_size(metadata, self.task, self.options.weights)
 
     def predict(self, inputs, extras, sizes_hw):
         boxes = [Letterbox(image, float(scale), (int(px), int(py)), (int(h), int(w)))
@@ -279,10 +298,19 @@ BATCH_MODELS: dict[str, type[BatchModel]] = {
 
 def identify(options: JobOptions) -> tuple[JobOptions, BatchModel]:
     """Load the model on the CPU (bad weights: one CandleNNError here, not in the actors) and
-    return ``options`` with the variant and the weights' SHA-256 filled in, and the model."""
+    return ``options`` with the variant, the weights' SHA-256 and (unless given) the size the
+    weights were trained at filled in, and the model."""
     model = batch_model(options)
     model.load(Device.cpu())
-    return replace(options, variant=model.variant, weights_sha256=model.weights_sha256), model
+    return with_size(replace(options, variant=model.variant,
+                             weights_sha256=model.weights_sha256)), model
+
+
+def with_size(options: JobOptions) -> JobOptions:
+    """``options`` with ``size`` (unless given) the size the weights were trained at."""
+    if options.size is not None:
+        return options
+    return replace(options, size=batch_model(options).trained_size())
 
 
 def batch_model(options: JobOptions) -> BatchModel:

@@ -36,7 +36,8 @@ import pyarrow.parquet as pq
 import ray
 
 from candle_nn import CandleNNError, Device, ImageError
-from candle_nn_models.scripts.ray_models import BatchModel, JobOptions, batch_model, identify
+from candle_nn_models.scripts.ray_models import (BatchModel, JobOptions, batch_model, identify,
+                                                 with_size)
 from candle_nn_models.scripts.ray_output import (MANIFEST, Manifest, OutputState, ShardSink,
                                                    claim, drop_superseded, job_digest,
                                                    new_run_id, scan)
@@ -225,6 +226,7 @@ def run_job(source: InputSource, output: Path, options: JobOptions, resources: R
     quiet_ray_data(verbose)
     if options.weights_sha256 is None:
         options = identify(options)[0]
+    options = with_size(options)
     model = batch_model(options)
     job, schema = model.identity(), model.schema()
     with claim(output):

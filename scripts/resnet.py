@@ -24,7 +24,8 @@ from candle_nn import CandleNNError, Device, VarBuilder
 import mlx.core as mx
 import numpy as np
 
-from candle_nn_models.imagenet import class_names, preprocess
+from candle_nn_models.classify_transforms import eval_resize
+from candle_nn_models.imagenet import CROP, RESIZE, class_names, preprocess
 from candle_nn_models.resnet import VARIANTS, ResNet, class_probabilities
 from candle_nn_models.scripts.resnet_weights import open_resnet_weights
 from candle_nn_models.scripts.image_loop import Batch
@@ -32,6 +33,7 @@ from candle_nn.cli import ArgumentParser, printable
 from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments, check_finite,
                                              compile_choice, load_rgb, number_arg, parse_device,
                                              run_main, shown)
+from candle_nn_models.training_size import training_size
 from candle_nn_models.weights.metadata import WeightsMetadata
 from candle_nn_models.weights.spec import build_model
 
@@ -95,13 +97,11 @@ def read_labels(path: str, num_classes: int, weights: Path) -> list[str]:
 
 
 def image_size(model_file: Path) -> tuple[int, int]:
-    """``(resize, crop)`` of the evaluation transform: 256/224, or a trained file's own size."""
-    extra = WeightsMetadata.from_dict(VarBuilder.from_safetensors(model_file).metadata).extra
-    try:
-        size = int(extra.get("candle_nn.imgsz", 224))
-    except ValueError:
-        size = 224
-    return (int(size * 256 / 224), size) if size > 0 else (256, 224)
+    """``(resize, crop)`` of the evaluation transform: 256/224, or a trained file's own size
+    (``candle_nn.imgsz``, bounded: WeightsFileError beyond ``MAX_IMGSZ``)."""
+    metadata = VarBuilder.from_safetensors(model_file).metadata
+    size = training_size(metadata, shown(model_file))
+    return (eval_resize(size), size) if size is not None else (RESIZE, CROP)
 
 
 def classify(model: ResNet, batch: Batch, paths: Sequence[Path], names: Sequence[str],

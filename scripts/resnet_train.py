@@ -38,12 +38,10 @@ from candle_nn_models.scripts.common import (number_arg, parse_device, positive,
 from candle_nn_models.scripts.resnet_weights import open_resnet_weights
 from candle_nn_models.scripts.train_run_folder import (check_run_unheld, hold_run,
                                                        refuse_existing_run)
+from candle_nn_models.training_size import IMGSZ_KEY, MAX_IMGSZ, MIN_IMGSZ
 from candle_nn_models.weights.metadata import WeightsMetadata
 
 DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-3}
-IMGSZ_KEY = "candle_nn.imgsz"
-MIN_IMGSZ = 32
-MAX_IMGSZ = 1024  # 4.6x ResNet's 224 on a side is 21x the work and memory of an image
 # what a resumed run may change: where it runs, not what it computes
 RESUME_MAY_SET = {"resume", "out", "data", "device", "workers", "verbose", "no_progress"}
 TOOL = "candle-resnet train"
@@ -178,9 +176,9 @@ def main(argv: Sequence[str]) -> int:
                             f"32x, so smaller images leave no spatial detail; pass --imgsz "
                             f"{MIN_IMGSZ} or more")
     if run.imgsz > MAX_IMGSZ:
-        raise CandleNNError(f"--imgsz {run.imgsz} is above {MAX_IMGSZ}: ResNets are trained at "
-                            f"224, and the work and memory grow with the square of the size; "
-                            f"pass --imgsz {MAX_IMGSZ} or less (224 is the usual)")
+        raise CandleNNError(f"--imgsz {run.imgsz} is above {MAX_IMGSZ}: memory grows with its "
+                            f"square (a ResNet at 3000 px needs 2.5 GB an image); pass --imgsz "
+                            f"{MAX_IMGSZ} or less")
     device = parse_device(run.device, run.verbose and main_rank)
     data = ImageFolder.read(run.data, run.val_fraction, run.seed, run.workers)
     if main_rank:

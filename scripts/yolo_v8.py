@@ -129,9 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--iou", type=fraction, default=0.7,
                         help="NMS IoU threshold: a box overlapping a better one by more than "
                              "this is dropped (default 0.7, as ultralytics' yolo predict)")
-    parser.add_argument("--size", type=yolo_input_size, default=640,
-                        help="longest side of the model input, a multiple of 32 up to "
-                             f"{MAX_YOLO_INPUT_SIZE} (default 640)")
+    parser.add_argument("--size", type=yolo_input_size, default=None,
+                        help="longest side of the model input (classify: the centre crop), a "
+                             f"multiple of 32 up to {MAX_YOLO_INPUT_SIZE}; default: the size "
+                             "the weights were trained at (as ultralytics' predict), else 640 "
+                             "(classify: 224)")
     parser.add_argument("--square", action="store_true",
                         help="pad every input to size x size "
                              "(default: pad only up to a multiple of 32)")
@@ -191,6 +193,8 @@ def load_for(args: argparse.Namespace, device: Device,
         if args.save_crop:
             raise CandleNNError(f"{path} holds {spec}, a classifier: --save-crop needs "
                                 "detections (a detect, pose or segment model)")
+    if args.size is None:  # the training size the file records, as ultralytics predicts
+        args.size = model.imgsz
     if args.classes and max(args.classes) >= spec.num_classes:
         raise CandleNNError(f"--classes {max(args.classes)}: the model has {spec.num_classes} "
                             f"classes (0..{spec.num_classes - 1})")

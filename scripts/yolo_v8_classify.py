@@ -28,13 +28,14 @@ def top_classes(probs: np.ndarray, k: int) -> list[tuple[int, float]]:
 
 def classify_images(args: argparse.Namespace, batch: Batch, paths: Sequence[Path],
                     model: YoloV8Cls, names: Sequence[str], weights: Path) -> None:
-    """Each image: ``preprocess`` → probabilities → top ``--top-k`` (``--save-txt``: labels)."""
+    """Each image: ``preprocess`` at ``--size`` (the file's transform when it crops to that
+    size) → probabilities → top ``--top-k`` (``--save-txt``: labels)."""
     output = batch.output = OutputFolder(args.out if args.out is not None
                                          else "runs/classify/predict", args.exist_ok)
     k = min(args.top_k, model.num_classes)
     for image in batch.progress(paths):
         with batch.image(image):
-            x = preprocess(load_rgb(image, args.max_pixels))[None]
+            x = preprocess(load_rgb(image, args.max_pixels), args.size, model.preprocessing)[None]
             probs = np.array(model(mx.array(x).astype(model_dtype(model))).astype(mx.float32))[0]
             check_finite(probs, weights)
             top = top_classes(probs, k)

@@ -43,13 +43,14 @@ def predict(args: argparse.Namespace, model, spec: YoloV8Spec, boxes: Sequence[L
 
 
 def detect_image(model, spec: YoloV8Spec, rgb: np.ndarray,
-                 weights: "str | Path", *, size: int = 640, square: bool = False,
+                 weights: "str | Path", *, size: int | None = None, square: bool = False,
                  conf: float = 0.25, iou: float = 0.7, max_det: int = 300, agnostic: bool = False,
                  classes: Sequence[int] | None = None) -> list[Detection]:
     """The detections in one ``(H, W, 3)`` uint8 RGB image, in its pixels: letterboxed to
-    ``size`` (``square``: padded to ``size x size``), the model's output checked finite (else an
-    error naming ``weights``), then confidence filter and NMS as ultralytics' ``yolo predict``."""
-    lb = letterbox(rgb, size, auto=not square)
+    ``size`` (default: the model's training size ``model.imgsz``; ``square``: padded to
+    ``size x size``), the model's output checked finite (else an error naming ``weights``), then
+    confidence filter and NMS as ultralytics' ``yolo predict``."""
+    lb = letterbox(rgb, size or model.imgsz, auto=not square)
     opts = argparse.Namespace(conf=conf, iou=iou, max_det=max_det, agnostic_nms=agnostic,
                               classes=classes, retina_masks=False)
     ((detections, _masks),) = predict(opts, model, spec, [lb], weights)

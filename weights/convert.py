@@ -5,15 +5,15 @@ Sources (``--from``):
 * ``torchvision`` / ``timm``: ResNet-18/34/50/101/152 ``state_dict``s. Their names already are
   candle's; a wrapping prefix (``module.``, ``backbone.``, ``model.`` …) is stripped, BatchNorm's
   ``num_batches_tracked`` dropped, any head size kept.
-* ``ultralytics``: YOLOv8 detection, pose, segmentation and classification and YOLO11 detection,
-  pose and segmentation ``.pt`` files (any class count), the version recognised from the layers
+* ``ultralytics``: YOLOv8 and YOLO11 detection, pose, segmentation and classification ``.pt``
+  files (any class count), the version recognised from the layers
   (C2f, or C3k2 + C2PSA). YOLOv8's layer ``model.N`` becomes candle's ``net.*`` / ``fpn.*`` /
   ``head`` (:data:`YOLO_LAYER_NAMES`; a classifier's: :data:`YOLO_CLS_LAYER_NAMES`), a C2f's
   ``m.K`` its ``bottleneck.K``; inside the head, whose segmentation and classification parts
   candle does not have, ultralytics' module names stay (``cv4``, ``proto``, ``conv``,
   ``linear``). YOLO11 (no candle names at all) keeps ultralytics' ``model.N.*``. The
-  checkpoint's class names are kept in the metadata; YOLOv5u, YOLO26, OBB and YOLO11-cls files
-  are named and refused.
+  checkpoint's class names are kept in the metadata; YOLOv5u, YOLO26 and OBB files are named and
+  refused.
 * ``mobile_sam``: MobileSAM's ``mobile_sam.pt`` ``state_dict``; names are candle's already,
   the ``attention_bias_idxs`` index buffers (candle recomputes them) are dropped.
 
@@ -34,7 +34,9 @@ import numpy as np
 
 from candle_nn import CandleNNError, VarBuilder, WeightsFileError
 from candle_nn.atomic_write import atomic_write
+from candle_nn.checkpoint import BN_EPS_KEY, BN_MOMENTUM_KEY
 from candle_nn_models.resnet import infer_variant
+from candle_nn_models.training_size import IMGSZ_KEY, PREPROCESS_KEY
 from candle_nn_models.yolo11 import Yolo11Spec
 from candle_nn_models.yolo_checkpoint import infer_spec
 from candle_nn_models.yolo_v8 import YoloV8Spec
@@ -42,9 +44,10 @@ from candle_nn_models.yolo_v8 import YoloV8Spec
 from .metadata import TASKS, WeightsMetadata
 from .spec import ModelUnavailableError
 from .torch_pickle import (
-    EMA_KEYS, ConversionError, StandIn, load_state_dict, load_ultralytics, module_state_dict,
-    to_numpy, unwrap_state_dict,
+    EMA_KEYS, FUSED_MODEL, ConversionError, StandIn, load_state_dict, load_ultralytics,
+    module_state_dict, to_numpy, unwrap_state_dict,
 )
+from .ultralytics_inputs import classify_preprocess, training_imgsz
 
 SOURCES = ("torchvision", "timm", "ultralytics", "mobile_sam")
 
@@ -104,7 +107,8 @@ def _check_count(found: int | None, wanted: int | None, what: str) -> None:
 def _check_names(names: list[str] | None, num_classes: int | None, where: str) -> list[str] | None:
     if names is not None and num_classes is not None and len(names) != num_classes:
         raise ConversionError(
-            f"{len(names)} class names from {where} for a head of {num_classes} classes")
+            f"{len(names)} class names from {where} for a head of {num_classes} classes: give "
+            "one name per class, in index order")
     return names
 
 
@@ -170,8 +174,8 @@ def convert_resnet(sd: Mapping[str, Any], *, source: str, variant: str | None = 
     _check_count(classes, num_classes, "classes")
     converted = Converted(_numpy(inner), WeightsMetadata(
         model="resnet", variant=found, task=TASKS["resnet"], num_classes=classes,
-        names=_check_names(names, classes, "--names"), source=source),
-        dropped=dropped + outside)
+        names=_check_names(names, classes, "--names"), source=source,
+        extra=_bn_metadata(*TORCH_BN)), dropped=dropped + outside)
     if prefix:
         converted.notes.append(f"stripped prefix '{prefix}'")
     if wrapped:
@@ -240,10 +244,49 @@ def _ultralytics_model(ckpt: Any, where: str) -> tuple[dict[str, Any], Any, Any]
     if cls not in YOLO_MODEL_CLASSES:
         raise ConversionError(
             f"{where} holds an ultralytics {cls}; only {', '.join(YOLO_MODEL_CLASSES)} (YOLOv8 "
-            "detect, pose, segment and classify; YOLO11 detect, pose and segment) are supported")
+            "and YOLO11 detect, pose, segment and classify) are supported")
     layers = (model.__dict__.get("_modules") or {}).get("model")
     children = list((getattr(layers, "__dict__", {}).get("_modules") or {}).values())
     return dict(module_state_dict(model)), model.__dict__.get("names"), children or None
+
+
+def _ultralytics_module(ckpt: Any) -> Any:
+    """The pickled model object of an ultralytics file (as :func:`_ultralytics_model` picks
+    it), or ``None`` for a state_dict."""
+    model = ckpt.get("ema") or ckpt.get("model") if isinstance(ckpt, dict) else ckpt
+    return model if isinstance(model, StandIn) else None
+
+
+# BatchNorm settings of a source that holds only tensors: PyTorch's defaults (torchvision, timm,
+# MobileSAM, ultralytics' classifiers), and ultralytics' initialize_weights for its detectors.
+TORCH_BN = (1e-5, 0.1)
+ULTRALYTICS_DETECT_BN = (1e-3, 0.03)
+
+
+def _bn_metadata(eps: float, momentum: float) -> dict[str, str]:
+    return {BN_EPS_KEY: repr(float(eps)), BN_MOMENTUM_KEY: repr(float(momentum))}
+
+
+def _module_bn_settings(model: Any, where: str) -> tuple[float, float] | None:
+    """``(eps, momentum)`` shared by every BatchNorm of a pickled model (stand-ins), ``None``
+    without one; ConversionError when they differ (one file records one pair)."""
+    found: set[tuple[float, float]] = set()
+
+    def visit(module: Any) -> None:
+        state = getattr(module, "__dict__", {})
+        if getattr(module, "qualname", "").endswith(".BatchNorm2d"):
+            eps, momentum = state.get("eps"), state.get("momentum")
+            if isinstance(eps, float) and isinstance(momentum, float):
+                found.add((eps, momentum))
+        for child in (state.get("_modules") or {}).values():
+            visit(child)
+
+    visit(model)
+    if len(found) > 1:
+        raise ConversionError(
+            f"{where}: its BatchNorms use {len(found)} different (eps, momentum) settings "
+            f"({', '.join(map(str, sorted(found)[:3]))}); candle's models use one per file")
+    return found.pop() if found else None
 
 
 def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
@@ -252,7 +295,10 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
     """An unpickled ultralytics checkpoint (or a ``model.N.*`` state_dict) → candle names."""
     sd, ckpt_names, layers = _ultralytics_model(ckpt, source)
     sd, dropped = _drop_buffers(sd)
-    version = _ultralytics_version(sd, layers, source)
+    module = _ultralytics_module(ckpt)
+    yaml = module.__dict__.get("yaml") if module is not None else None
+    version = _ultralytics_version(sd, layers, source,
+                                   yaml.get("yaml_file") if isinstance(yaml, dict) else None)
     _check_ultralytics_kind(sd, source)
     if version == "11":  # candle has no YOLO11: ultralytics' names are ours
         tensors = {_model_n(k, source): v for k, v in sd.items()}
@@ -275,19 +321,29 @@ def convert_ultralytics(ckpt: Any, *, source: str, variant: str | None = None,
     if variant is not None and variant != spec.variant:
         raise ConversionError(f"--variant {variant} given, but {source} holds {spec}")
     _check_count(spec.num_classes, num_classes, "classes")
+    # names given by the caller are --names', and a wrong count is theirs; else the file's own
+    where = "--names"
     if names is None and ckpt_names is not None:
-        names = names_from(ckpt_names, source)
+        names, where = names_from(ckpt_names, source), source
     family = "yolo11" if isinstance(spec, Yolo11Spec) else "yolo_v8"
     model = family + {"pose": "_pose", "segment": "_seg", "classify": "_cls"}.get(spec.task, "")
+    bn = _module_bn_settings(module, source) or (
+        TORCH_BN if spec.task == "classify" else ULTRALYTICS_DETECT_BN)
+    extra = _bn_metadata(*bn)
+    imgsz = training_imgsz(ckpt, module, source)
+    if imgsz is not None:
+        extra[IMGSZ_KEY] = str(imgsz)
+    preprocess = classify_preprocess(module, source) if spec.task == "classify" else None
+    if preprocess is not None:
+        extra[PREPROCESS_KEY] = preprocess.to_json()
     meta = WeightsMetadata(
         model=model, variant=spec.variant, task=TASKS[model], num_classes=spec.num_classes,
         num_keypoints=spec.num_keypoints if spec.task == "pose" else None,
-        names=_check_names(names, spec.num_classes, source), source=source)
+        names=_check_names(names, spec.num_classes, where), source=source, extra=extra)
     return Converted(_numpy(tensors), meta, dropped=dropped)
 
 
-_SUPPORTED = ("only YOLOv8 (detect, pose, segment, classify) and YOLO11 (detect, pose, segment) "
-              "models are supported")
+_SUPPORTED = "only YOLOv8 and YOLO11 (detect, pose, segment, classify) models are supported"
 
 
 def _model_n(key: str, where: str) -> str:
@@ -298,20 +354,26 @@ def _model_n(key: str, where: str) -> str:
     return key
 
 
-def _ultralytics_version(sd: Mapping[str, Any], layers: list[Any] | None, where: str) -> str:
+def _ultralytics_version(sd: Mapping[str, Any], layers: list[Any] | None, where: str,
+                         yaml_file: str | None = None) -> str:
     """``"8"`` or ``"11"``: which YOLO a ``model.N.*`` state_dict holds, from its layer classes
     (``layers``: the pickled modules, when the file has them) or else its weights' names.
-    ConversionError naming YOLOv5u, YOLO26, other end-to-end models and YOLO11-cls, whose layers
-    are close but not the same."""
+    ConversionError naming YOLOv5u, YOLO26 (``yaml_file``: the pickled model's yaml, which alone
+    tells YOLO26-cls from YOLO11-cls) and other end-to-end models, whose layers are close but not
+    the same."""
     kinds = {getattr(layer, "qualname", "").rsplit(".", 1)[-1] for layer in layers or ()}
     if "C3" in kinds or "model.2.cv3.conv.weight" in sd:
         raise ConversionError(
             f"{where} holds an ultralytics YOLOv5u model (C3 blocks); {_SUPPORTED}")
     attention = "C2PSA" in kinds or any(".attn.qkv." in k for k in sd)
     if attention and ("Classify" in kinds or any(".linear." in k for k in sd)):
-        raise ConversionError(
-            f"{where} holds an ultralytics YOLO11 or YOLO26 classification model (C2PSA blocks "
-            f"and a Classify head); {_SUPPORTED}")
+        # yolo26-cls.yaml builds YOLO11-cls's layers; only the pickled model's yaml tells them
+        # apart, and YOLO26's recipe is not one candle_nn reproduces
+        if "yolo26" in str(yaml_file):
+            raise ConversionError(
+                f"{where} holds an ultralytics YOLO26 classification model ({yaml_file}); "
+                f"{_SUPPORTED}")
+        return "11"
     psa = "C2PSA" in kinds or "model.10.m.0.attn.qkv.conv.weight" in sd
     parts = [k.split(".") for k in sd]
     head = max((int(p[1]) for p in parts if len(p) > 1 and p[1].isdigit()), default=0)
@@ -337,10 +399,7 @@ def _check_ultralytics_kind(sd: Mapping[str, Any], where: str) -> None:
             f"{where} holds an ultralytics OBB model (its head's cv4 predicts one rotation "
             f"angle); {_SUPPORTED}")
     if "model.0.conv.bias" in sd and "model.0.bn.weight" not in sd:
-        raise ConversionError(
-            f"{where} holds a fused ultralytics model (model.fuse() merged each BatchNorm into "
-            "its conv: model.0.conv.bias, no model.0.bn.*); convert the training checkpoint "
-            "(runs/…/weights/best.pt), which is not fused")
+        raise ConversionError(f"{where} holds {FUSED_MODEL} (model.0.conv.bias, no model.0.bn.*)")
 
 
 def _kpt_shape(ckpt: Any, head: Any) -> Any:
@@ -382,8 +441,8 @@ def convert_mobile_sam(sd: Mapping[str, Any], *, source: str, variant: str | Non
         "MobileSAM (TinyViT)", source)
     inner, dropped = _drop_buffers(inner)
     converted = Converted(_numpy(inner), WeightsMetadata(
-        model="mobile_sam", variant="tiny", task=TASKS["mobile_sam"], source=source),
-        dropped=dropped + outside)
+        model="mobile_sam", variant="tiny", task=TASKS["mobile_sam"], source=source,
+        extra=_bn_metadata(*TORCH_BN)), dropped=dropped + outside)
     if prefix:
         converted.notes.append(f"stripped prefix '{prefix}'")
     return converted

@@ -5,13 +5,18 @@ values are plain strings except ``candle_nn.names`` (a JSON list). The CLIs read
 the variant and the class labels by default (see weights/README.md for the table).
 
 * ``candle_nn.model``: ``resnet`` | ``yolo_v8`` | ``yolo_v8_pose`` | ``yolo_v8_seg`` |
-  ``yolo_v8_cls`` | ``yolo11`` | ``yolo11_pose`` | ``yolo11_seg`` | ``mobile_sam`` | ``sam``
+  ``yolo_v8_cls`` | ``yolo11`` | ``yolo11_pose`` | ``yolo11_seg`` | ``yolo11_cls`` |
+  ``mobile_sam`` | ``sam``
 * ``candle_nn.variant``: the registry variant (``resnet50``, ``n`` … ``x``, ``tiny``)
 * ``candle_nn.task``: ``classify`` | ``detect`` | ``pose`` | ``segment``
 * ``candle_nn.num_classes``: decimal class count (ResNet head, YOLOv8 classes)
 * ``candle_nn.num_keypoints``: decimal keypoint count (YOLOv8 pose)
 * ``candle_nn.names``: JSON list of class names in index order (``["person", "bicycle", …]``)
 * ``candle_nn.source``: what it was converted from (``ultralytics:best.pt``)
+* ``candle_nn.imgsz``, ``candle_nn.preprocess``: the training size and a classifier's stored
+  transform (:mod:`candle_nn_models.training_size` reads and bounds them; kept in ``extra``)
+* ``candle_nn.bn_eps``, ``candle_nn.bn_momentum``: the source's BatchNorm settings (read by
+  ``candle_nn.BatchNorm2d.load``; kept in ``extra``)
 * ``candle_nn.format``: ``1`` (bumped if the meaning of these keys ever changes)
 """
 
@@ -37,7 +42,8 @@ FORMAT_VERSION = "1"
 
 TASKS = {"resnet": "classify", "yolo_v8": "detect", "yolo_v8_pose": "pose",
          "yolo_v8_seg": "segment", "yolo_v8_cls": "classify", "yolo11": "detect",
-         "yolo11_pose": "pose", "yolo11_seg": "segment", "mobile_sam": "segment",
+         "yolo11_pose": "pose", "yolo11_seg": "segment", "yolo11_cls": "classify",
+         "mobile_sam": "segment",
          "sam": "segment"}
 
 

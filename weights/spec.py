@@ -27,7 +27,7 @@ from candle_nn_models.resnet import VARIANTS as RESNET_VARIANTS
 from candle_nn_models.resnet import ResNet
 from candle_nn_models.segment_anything import MOBILE_SAM_ENCODERS, VIT_CONFIGS, Sam
 from candle_nn_models.yolo11 import SCALES as YOLO11_SCALES
-from candle_nn_models.yolo11 import Yolo11, Yolo11Pose, Yolo11Seg
+from candle_nn_models.yolo11 import Yolo11, Yolo11Cls, Yolo11Pose, Yolo11Seg
 from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8, YoloV8Cls, YoloV8Pose, YoloV8Seg
 
 Shape = tuple[int, ...]
@@ -118,6 +118,10 @@ def _load_yolo11_seg(vb: VarBuilder, variant: str, num_classes: int, num_masks: 
     return Yolo11Seg.load(vb, variant, num_classes, num_masks)
 
 
+def _load_yolo11_cls(vb: VarBuilder, variant: str, num_classes: int) -> Module:
+    return Yolo11Cls.load(vb, variant, num_classes)
+
+
 def _load_sam(vb: VarBuilder, variant: str) -> Module:
     return Sam.load(vb, variant)
 
@@ -145,6 +149,8 @@ SPECS: dict[str, ModelSpec] = {s.model: s for s in (
     ModelSpec("yolo11_seg", tuple(YOLO11_SCALES), _load_yolo11_seg,
               (Count("num_classes", "model.23.cv3.0.2.weight", 1, 80),
                Count("num_masks", "model.23.cv4.0.2.weight", 1, 32))),
+    ModelSpec("yolo11_cls", tuple(YOLO11_SCALES), _load_yolo11_cls,
+              (Count("num_classes", "model.10.linear.weight", 1, 1000),)),
     ModelSpec("mobile_sam", tuple(MOBILE_SAM_ENCODERS), _load_sam),
     ModelSpec("sam", tuple(VIT_CONFIGS), _load_sam),
 )}

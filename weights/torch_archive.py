@@ -22,6 +22,7 @@ arrays (bfloat16 as its uint16 bit patterns). Malformed or foreign files raise
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import pickletools
 import re
@@ -43,6 +44,11 @@ STORAGE_DTYPES: dict[str, str] = {
     "LongStorage": "i8", "IntStorage": "i4", "ShortStorage": "i2", "CharStorage": "i1",
     "ByteStorage": "u1", "BoolStorage": "?", "UntypedStorage": "u1",
 }
+
+# What reading a zip may inflate beyond the file's own size: torch.save stores its records
+# uncompressed, so a real checkpoint reads about its size; a deflated entry claiming more (a zip
+# bomb: 1 MB inflating to GBs) is refused from the zip directory before anything is inflated.
+INFLATE_MARGIN = 64 << 20
 
 # Records of a plain torch.save zip, below its one folder.
 _PLAIN_RECORDS = re.compile(
@@ -153,11 +159,34 @@ def _storage_pid(pid: Any, fields: int) -> tuple[StorageType, str, int, Any]:
     return pid[1], key, pid[4], pid[5:]
 
 
+class _ReadBudget:
+    """The bytes a zip's entries may inflate to in all: the file's size plus
+    :data:`INFLATE_MARGIN`. Each entry's size is checked from the zip directory before it is
+    read, and zipfile never returns more than that size, so memory stays bounded whatever the
+    file claims."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.left = path, os.path.getsize(path) + INFLATE_MARGIN
+
+    def read(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int | None = None) -> bytes:
+        """``size`` bytes (all when ``None``) of the entry ``info``, within the budget."""
+        size = info.file_size if size is None else min(size, info.file_size)
+        if size > self.left:
+            raise WeightsFileError(
+                f"{self.path}: {info.filename} would inflate to {size} bytes, more than the "
+                f"{os.path.getsize(self.path)}-byte file can hold uncompressed (a zip bomb?); "
+                "refusing to inflate it. Re-save the checkpoint with torch.save")
+        self.left -= size
+        with zf.open(info) as fh:
+            return fh.read(size)
+
+
 def _load_zip(path: str, make_unpickler: MakeUnpickler) -> Any:
     folder = _zip_folder(path)
+    budget = _ReadBudget(path)
     with zipfile.ZipFile(path) as zf:
-        order = zf.read(f"{folder}/byteorder").strip() if f"{folder}/byteorder" in \
-            zf.namelist() else b"little"
+        order = budget.read(zf, zf.getinfo(f"{folder}/byteorder")).strip() \
+            if f"{folder}/byteorder" in zf.namelist() else b"little"
         endian = {b"little": "<", b"big": ">"}.get(order)
         if endian is None:
             raise WeightsFileError(f"{path}: unknown byte order {order[:20]!r}")
@@ -177,13 +206,12 @@ def _load_zip(path: str, make_unpickler: MakeUnpickler) -> Any:
                     raise WeightsFileError(
                         f"{path}: storage {name} holds {info.file_size} bytes, the pickle needs "
                         f"{nbytes} (truncated file?)")
-                with zf.open(info) as fh:
-                    raw = fh.read(nbytes)
-                storages[key] = (stype, _native(raw, dtype))
+                storages[key] = (stype, _native(budget.read(zf, info, nbytes), dtype))
             stored_type, array = storages[key]
             return stored_type, array
 
-        return make_unpickler(io.BytesIO(zf.read(f"{folder}/data.pkl")), persistent_load).load()
+        pickled = budget.read(zf, zf.getinfo(f"{folder}/data.pkl"))
+        return make_unpickler(io.BytesIO(pickled), persistent_load).load()
 
 
 def _load_legacy(path: str, make_unpickler: MakeUnpickler) -> Any:
@@ -197,7 +225,7 @@ def _load_legacy(path: str, make_unpickler: MakeUnpickler) -> Any:
         sys_info = make_unpickler(f, _no_storages).load()
         endian = "<" if not isinstance(sys_info, dict) or sys_info.get("little_endian", True) \
             else ">"
-        start = f.tell()
+        start, file_size = f.tell(), os.path.getsize(path)
         found: dict[str, tuple[StorageType, int]] = {}
         storages: dict[str, tuple[StorageType, np.ndarray]] = {}
 
@@ -210,6 +238,9 @@ def _load_legacy(path: str, make_unpickler: MakeUnpickler) -> Any:
                                        "supported; re-save the file with a current torch.save")
             if key in storages:
                 return storages[key]
+            if numel * stype.dtype.itemsize > file_size:  # its bytes must be in the file
+                raise WeightsFileError(f"{path}: storage {key} claims {numel} elements, more "
+                                       f"than the {file_size}-byte file holds")
             found.setdefault(key, (stype, numel))
             return stype, np.zeros(numel, stype.dtype)
 

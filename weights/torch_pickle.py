@@ -23,6 +23,7 @@ import _compat_pickle
 import os
 import pickle
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
 import numpy as np
@@ -74,7 +75,42 @@ class StandIn:
         return f"<stand-in {self.qualname}>"
 
 
-_STAND_IN_MODULES = ("ultralytics.", "torch.nn.modules.", "pathlib")
+@dataclass(frozen=True)
+class ClassAttribute:
+    """What ``builtins.getattr(<ultralytics class>, "forward")`` becomes: the attribute's name,
+    never looked up nor callable. ultralytics 8.0-8.3's Segment and Pose heads hold
+    ``self.detect = Detect.forward``, which pickle protocol 2 (torch.save's) writes that way."""
+
+    owner: str
+    name: str
+
+
+# The only attributes a checkpoint may read off a pickled ultralytics class.
+CLASS_ATTRIBUTES = ("forward",)
+FUSED_MODEL = (
+    "a fused ultralytics model (model.fuse() merged each BatchNorm into its conv and replaced "
+    "forward by forward_fuse); convert the training checkpoint (runs/…/weights/best.pt), "
+    "which is not fused")
+
+
+def _getattr(owner: Any, name: Any) -> ClassAttribute:
+    """``builtins.getattr`` in an ultralytics pickle: :class:`ClassAttribute` for an attribute of
+    :data:`CLASS_ATTRIBUTES` of a stand-in ultralytics class, ConversionError for anything else
+    (a bound method of a fused model's layers is named as such)."""
+    is_class = isinstance(owner, type) and issubclass(owner, StandIn)
+    if is_class and owner.qualname.startswith("ultralytics.") and name in CLASS_ATTRIBUTES:
+        return ClassAttribute(owner.qualname, name)
+    if isinstance(owner, StandIn) and isinstance(name, str) and name.startswith("forward"):
+        raise ConversionError(f"the checkpoint holds {FUSED_MODEL}")
+    what = owner.qualname if is_class else type(owner).__name__
+    raise ConversionError(
+        f"refusing to read getattr({what}, {str(name)[:40]!r}) from the checkpoint: only "
+        f"{', '.join(CLASS_ATTRIBUTES)} of an ultralytics class (ultralytics 8.0-8.3's heads) "
+        "is read")
+
+
+# torchvision.transforms: the Compose ultralytics' classification trainer stores in model.transforms
+_STAND_IN_MODULES = ("ultralytics.", "torch.nn.modules.", "pathlib", "torchvision.transforms.")
 _STAND_INS: dict[str, type] = {}
 
 
@@ -196,6 +232,8 @@ class RestrictedUnpickler(pickle.Unpickler):
             return real
         if module in ("torch", "torch.cuda") and (stype := storage_type(name)) is not None:
             return stype
+        if self._stand_ins and (module, name) == ("builtins", "getattr"):
+            return _getattr
         if self._stand_ins and module.startswith(_STAND_IN_MODULES) and name.isidentifier():
             return _stand_in(module, name)
         if self._stand_ins:

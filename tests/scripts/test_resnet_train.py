@@ -149,7 +149,7 @@ def small_run(data: Path, out: Path, *extra, weights: Path | None = None) -> lis
     (["--data", "{data}", "--batch-size", "1", "--imgsz", "32"],
      ["--batch-size 1", "--imgsz 32", "--freeze-bn"]),
     (["--data", "{data}", "--imgsz", "16"], ["--imgsz 16", "32"]),
-    (["--data", "{data}", "--imgsz", "100000"], ["--imgsz 100000", "1024"]),
+    (["--data", "{data}", "--imgsz", "100000"], ["--imgsz 100000", "2048"]),
     (["--data", "{data}", "--val-fraction", "1.5"], ["--val-fraction", "1.5"]),
     (["--data", "{data}", "--epochs", "0"], ["--epochs", "0"]),
     (["--data", "{data}", "--optimizer", "lion"], ["--optimizer", "lion"]),

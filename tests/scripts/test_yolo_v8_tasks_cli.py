@@ -137,7 +137,7 @@ def test_classify_cli_gives_ultralytics_probabilities(capsys, tmp_path):
     top = doc["images"][0]["top_k"]
     rgb = np.asarray(Image.open(BIKE).convert("RGB"))
     with torch.no_grad():
-        probs = ref(torch.from_numpy(preprocess(rgb)[None]).permute(0, 3, 1, 2))[0][0].numpy()
+        probs = ref(torch.from_numpy(preprocess(rgb, SIZE)[None]).permute(0, 3, 1, 2))[0][0].numpy()
     order = np.argsort(-probs, kind="stable")
     assert [t["index"] for t in top] == order[:3].tolist()
     assert [t["label"] for t in top] == [f"class{i}" for i in order[:3]]

@@ -214,3 +214,36 @@ def test_convert_never_imports_torch(tmp_path):
                           cwd=root, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert load_file(out).keys() == candle.keys()
+
+
+def test_compressed_entries_are_bounded_before_they_are_inflated(tmp_path, capsys):
+    """A zip entry's inflated size is checked against the file before it is read: a ~0.3 MB
+    file whose data.pkl inflates to 320 MB is refused with a peak allocation far below that
+    (on the old reader it was inflated whole, then converted)."""
+    import tracemalloc
+
+    plain = tmp_path / "plain.pt"
+    torch.save({"w": torch.ones(2)}, plain)
+    src = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(plain) as zin, \
+            zipfile.ZipFile(src, "w", compression=zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if not info.filename.endswith("data.pkl"):
+                zout.writestr(info, data)
+                continue
+            # the real pickle, then 320 MB of zeros after its STOP (ignored by an unpickler)
+            with zout.open(info.filename, "w", force_zip64=True) as entry:  # deflated
+                entry.write(data)
+                chunk = bytes(1 << 20)
+                for _ in range(320):
+                    entry.write(chunk)
+    assert src.stat().st_size < 2_000_000
+    tracemalloc.start()
+    try:
+        line = _refused(tmp_path, capsys, src, "torchvision")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "data.pkl" in line and "inflate" in line
+    assert peak < 64 << 20, peak

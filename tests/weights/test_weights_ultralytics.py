@@ -150,3 +150,16 @@ def test_missing_source_file(tmp_path, capsys):
     assert main(["convert", "--from", "ultralytics", str(tmp_path / "nope.pt"),
                  str(tmp_path / "o.safetensors")]) == 1
     assert "checkpoint not found" in one_error_line(capsys)
+
+
+def test_names_option_of_the_wrong_count_blames_names_not_the_checkpoint(
+        tmp_path, three_class_model, capsys):
+    _, ultra = three_class_model
+    names = tmp_path / "names.txt"
+    names.write_text("cat\ndog\n")
+    rc, out = _convert(tmp_path, lambda f: ultralytics_checkpoint(
+        ultra, pose=False, names=COCO3, factory=f), "--names", str(names))
+    line = one_error_line(capsys)
+    assert rc == 1 and not out.exists()
+    assert "2 class names from --names for a head of 3 classes" in line
+    assert "ultralytics:" not in line

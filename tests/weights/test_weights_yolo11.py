@@ -1,7 +1,7 @@
 """``candle-nn-weights convert --from ultralytics`` on YOLO11 files (ultralytics' models built from
 their YAML, no download): the version is read from the layers, ultralytics' names are kept, and
-the neighbours it is not — YOLOv5u, YOLO26, OBB, YOLO11-cls — are each one error naming them,
-whether the file holds the pickled model or only its state_dict."""
+the neighbours it is not — YOLOv5u, YOLO26, OBB — are each one error naming them, whether the
+file holds the pickled model or only its state_dict; YOLO11-cls converts and loads."""
 
 from __future__ import annotations
 
@@ -58,7 +58,6 @@ def test_yolo11_seg_converts(tmp_path, as_state_dict):
     ("DetectionModel", "yolov5nu.yaml", "YOLOv5u model"),
     ("DetectionModel", "yolo26n.yaml", "YOLO26 model"),
     ("OBBModel", "yolo11n-obb.yaml", "OBB"),
-    ("ClassificationModel", "yolo11n-cls.yaml", "YOLO11 or YOLO26 classification"),
 ])
 @pytest.mark.parametrize("as_state_dict", [False, True])
 def test_unsupported_neighbours_are_named(tmp_path, capsys, kind, yaml, fragment, as_state_dict):
@@ -69,3 +68,21 @@ def test_unsupported_neighbours_are_named(tmp_path, capsys, kind, yaml, fragment
     assert main(["convert", "--from", "ultralytics", str(src), str(out)]) == 1
     assert fragment in one_error_line(capsys)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("as_state_dict", [False, True])
+def test_yolo11_cls_converts_and_loads(tmp_path, as_state_dict):
+    import candle_nn as cn
+
+    from candle_nn_models.yolo_checkpoint import load_model
+    from candle_nn_models.yolo11 import Yolo11Cls
+
+    model = _model("ClassificationModel", "yolo11s-cls.yaml", nc=7)
+    src, out = tmp_path / "best.pt", tmp_path / "best.safetensors"
+    torch.save(model.state_dict() if as_state_dict else {"model": model}, src)
+    assert main(["convert", "--from", "ultralytics", str(src), str(out)]) == 0
+    meta = read_metadata(out)
+    assert (meta.model, meta.variant, meta.task, meta.num_classes) == ("yolo11_cls", "s",
+                                                                       "classify", 7)
+    loaded = load_model(cn.VarBuilder.from_safetensors(str(out)))
+    assert isinstance(loaded, Yolo11Cls) and str(loaded.variant) == "s"
