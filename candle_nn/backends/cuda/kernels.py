@@ -34,10 +34,10 @@ from __future__ import annotations
 import functools
 
 import mlx.core as mx
-import mlx.nn as mlx_nn
 
 from ... import config
 from ...custom_vjp import with_reference_vjp
+from ...ops.pooling import max_pool2d as max_pool2d_op
 
 _THREADS = 256
 
@@ -297,8 +297,8 @@ def max_pool2d(x: mx.array, kernel: tuple[int, int], stride: tuple[int, int],
             grid=(_round_up(total), 1, 1), threadgroup=(_THREADS, 1, 1),
             output_shapes=[(n, oh, ow, c)], output_dtypes=[x.dtype])[0]
 
-    def reference(x: mx.array) -> mx.array:  # MLX's pooling pads max pools with -inf
-        return mlx_nn.MaxPool2d(kernel, stride, padding)(x)
+    def reference(x: mx.array) -> mx.array:  # the op's: PyTorch's gradient for tied maxima
+        return max_pool2d_op.reference(x, kernel, stride, padding)
 
     return with_reference_vjp(run, reference)(x)
 
