@@ -9,6 +9,7 @@ from . import ops
 from .device import Device
 from .init import ONES, ZEROS
 from .module import Module
+from .ops.norm import channel_sum
 from .var_builder import VarBuilder
 
 
@@ -110,12 +111,9 @@ class BatchNorm2d(Module):
 
 
 def _channel_mean(x: mx.array) -> mx.array:
-    """Mean over every axis but the last, ``(..., C)`` → ``(C,)``, as a product with a ones
-    vector: the BLAS's blocked sums keep float32 exact to ~5e-7 over a ResNet stem's 50k values,
-    where MLX's strided reduction (one running sum per channel) loses ~1e-5, which train-mode
-    BatchNorm carries into every later layer."""
-    rows = x.reshape(-1, x.shape[-1])
-    return (mx.ones((1, rows.shape[0]), dtype=x.dtype) @ rows)[0] / rows.shape[0]
+    """Mean over every axis but the last, ``(..., C)`` → ``(C,)`` (``ops.norm.channel_sum``:
+    float32 sums accurate where MLX's one running sum per channel is not)."""
+    return channel_sum(x) / (x.size // x.shape[-1])
 
 
 def freeze_bn_stats(model: nn.Module, frozen: bool = True) -> nn.Module:

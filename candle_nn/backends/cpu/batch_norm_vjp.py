@@ -1,27 +1,23 @@
 """Train-mode BatchNorm's normalisation with its closed-form VJP, on the CPU.
 
 MLX limitation: autodiff of the reference (``(x - mean) / sqrt(var + eps) * weight + bias``
-with ``mean``, ``var`` BatchNorm2d's channel means of ``x``, taken as products with a ones
-vector for float32 accuracy) differentiates those sums as rank-1 matmuls and broadcasts: 4-6x
-the time of the closed form on the CPU. With ``x^ = (x - mean) / std`` and ``n`` values per
-channel: ``dx = weight / std * (dy - sum(dy) / n - x^ sum(dy x^) / n)``, ``dweight = sum(dy x^)``,
-``dbias = sum(dy)`` (channel sums as ones-vector products too). ``dx`` carries the dependence
-of ``mean`` and ``var`` on ``x``, so they get no gradient of their own. The forward is the
-reference's expression. ``candle_nn.ops.disable("batch_norm_vjp")`` turns it off.
+with ``mean``, ``var`` BatchNorm2d's channel means of ``x``, taken as ones-vector products for
+float32 accuracy by ``ops.norm.channel_sum``) differentiates those sums as rank-1 matmuls and
+broadcasts: 4-6x the time of the closed form on the CPU. With ``x^ = (x - mean) / std`` and
+``n`` values per channel: ``dx = weight / std * (dy - sum(dy) / n - x^ sum(dy x^) / n)``,
+``dweight = sum(dy x^)``, ``dbias = sum(dy)`` (channel sums by ``channel_sum`` too). ``dx``
+carries the dependence of ``mean`` and ``var`` on ``x``, so they get no gradient of their own.
+The forward is the reference's expression. ``candle_nn.ops.disable("batch_norm_vjp")`` turns it
+off.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
+from ...ops.norm import channel_sum
 from ...ops.registry import register
 from . import kernels
-
-
-def _channel_sum(x: mx.array) -> mx.array:
-    """Sum over every axis but the last, ``(..., C)`` → ``(C,)``, as a ones-vector product."""
-    rows = x.reshape(-1, x.shape[-1])
-    return (mx.ones((1, rows.shape[0]), dtype=x.dtype) @ rows)[0]
 
 
 @mx.custom_function
@@ -34,8 +30,8 @@ def _normalize_vjp(primals, dy, y):
     x, mean, var, weight, _, eps = primals
     rstd = mx.rsqrt(var + eps)
     xhat = (x - mean) * rstd
-    dbias = _channel_sum(dy)
-    dweight = _channel_sum(dy * xhat)
+    dbias = channel_sum(dy)
+    dweight = channel_sum(dy * xhat)
     n = x.size // x.shape[-1]
     dx = (weight * rstd) * (dy - dbias / n - xhat * (dweight / n))
     zero = mx.zeros_like(mean)
