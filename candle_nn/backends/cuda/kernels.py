@@ -4,9 +4,7 @@ registered as the ``cuda`` implementations of their ops (``__init__.py``).
 Each kernel is used only when the op runs on a CUDA GPU (:func:`on_cuda`); the CPU and Metal keep
 MLX's own ops, unchanged. Every kernel accumulates in float32 whatever the storage dtype, and is
 checked against the op's reference in tests/candle_nn/backends/test_cuda_kernels.py (on a CUDA
-machine; elsewhere those tests check that the reference is taken). They have no VJP yet
-(``grad="none"`` in the registry: they run under ``mx.compile``; train with
-``candle_nn.ops.disabled("cuda")``).
+machine; elsewhere those tests check that the reference is taken).
 
 Kernels:
 
