@@ -90,3 +90,31 @@ def test_cuda_max_pool_kernel_carries_torchs_gradient(compiled, monkeypatch) -> 
                               * mx.array(dy)).sum())
     got = np.array((mx.compile(grad) if compiled else grad)(mx.array(x)))
     np.testing.assert_allclose(got, _torch_pool_grad(x, dy, k, s, p), rtol=1e-6, atol=1e-6)
+
+
+KINKS = np.array([0.0, -0.0, 1e-30, -1e-30, 1e-7, -1e-7, 1.0, -1.0, 6.0, -6.0, 20.0, -20.0,
+                  88.0, -88.0, 1e4, -1e4], np.float32)
+TORCH_ACTIVATIONS = {
+    "relu": torch.relu, "silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+}
+
+
+@pytest.mark.parametrize("name", list(TORCH_ACTIVATIONS))
+def test_activation_gradients_at_kinks_and_extremes_are_torchs(name, device, op_paths) -> None:
+    """Each activation candle_nn exposes, alone, as a layer epilogue (``bias_act``) and fused in
+    a conv, at 0 (ReLU's kink: PyTorch's derivative there is 0), signed zeros, tiny and
+    saturating values; float64 torch on the same float32 values."""
+    x = np.broadcast_to(KINKS[:, None], (16, 8)).reshape(2, 2, 4, 8).copy()  # (N, H, W, C)
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    TORCH_ACTIVATIONS[name](tx).sum().backward()
+    want = tx.grad.numpy()
+    eye = mx.eye(8)[:, None, None, :]  # a 1x1 identity conv: its output is x exactly
+    forms = {"function": lambda a: cn.ACTIVATIONS[name](a),
+             "bias_act": lambda a: cn.ops.bias_act(a, mx.zeros(8), name),
+             "conv": lambda a: cn.ops.conv2d(a, eye, mx.zeros(8), activation=name)}
+    for form, f in forms.items():
+        with mx.stream(device.stream):
+            got = np.array(mx.grad(lambda a: f(a).sum())(mx.array(x)))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=form)
