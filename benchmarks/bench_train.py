@@ -195,8 +195,8 @@ def _torch_step(model: BenchModel, device: str, batch: int, hw: tuple[int, int],
 
 # -- A/B of the CPU training paths, in one process -------------------------------------------
 # What each setting switches off (candle_nn.ops.disable): "mlx" differentiates MLX's own ops
-# (MLX's conv, max-pool and BatchNorm VJPs), "ours" is the default.
-TRAIN_PATHS = ("conv_grad", "max_pool_grad", "batch_norm_vjp")
+# (MLX's conv and BatchNorm VJPs), "ours" is the default.
+TRAIN_PATHS = ("conv_grad", "batch_norm_vjp")
 SETTINGS: dict[str, tuple[str, ...]] = {"mlx": TRAIN_PATHS, "ours": ()}
 
 

@@ -28,8 +28,8 @@ from .device import Device
 from .dropout import Dropout
 from .embedding import Embedding
 from .errors import (
-    CandleNNError, DeviceMismatchError, DeviceUnavailableError, DTypeError, ImageError,
-    MissingTensorError, ShapeMismatchError, WeightsFileError,
+    CandleNNError, ConfigError, DeviceMismatchError, DeviceUnavailableError, DTypeError, ImageError,
+    MissingTensorError, ModuleInitError, OutOfRangeError, ShapeMismatchError, WeightsFileError,
 )
 from .group_norm import GroupNorm
 from .init import Init
@@ -48,12 +48,14 @@ from .var_map import VarMap
 from .version import __version__  # noqa: F401  (re-exported)
 
 __all__ = [
-    "ACTIVATIONS", "Activation", "AvgPool2d", "BatchNorm2d", "CandleNNError", "Conv1d",
+    "ACTIVATIONS", "Activation", "AvgPool2d", "BatchNorm2d", "CandleNNError", "ConfigError",
+    "Conv1d",
     "Conv1dConfig", "Conv2d", "Conv2dConfig", "ConvBn", "ConvTranspose1d", "ConvTranspose1dConfig",
     "ConvTranspose2d", "ConvTranspose2dConfig", "DTypeError", "Device", "DeviceMismatchError",
     "DeviceUnavailableError", "Dropout", "Embedding", "GroupNorm", "ImageError", "Init",
     "LayerNorm", "LayerNorm2d", "LayerNormConfig", "Linear", "MaxPool2d", "MissingTensorError",
-    "Module", "Sequential", "ShapeMismatchError", "TensorSource", "VarBuilder", "VarMap",
+    "Module", "ModuleInitError", "OutOfRangeError", "Sequential", "ShapeMismatchError",
+    "TensorSource", "VarBuilder", "VarMap",
     "WeightsFileError",
     "avg_pool2d", "check_image_batch", "check_same_device", "check_weights_path",
     "freeze_bn_stats",

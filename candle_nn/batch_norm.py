@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import math
+from typing import Callable
+
 import mlx.core as mx
 import mlx.nn as nn
 
-import math
-
 from . import ops
-from .device import Device
 from .checkpoint import BN_EPS_KEY as EPS_KEY, BN_MOMENTUM_KEY as MOMENTUM_KEY
-from .errors import WeightsFileError
+from .device import Device
+from .errors import ConfigError, WeightsFileError
 from .init import ONES, ZEROS
+from .inputs import check_layer_input
 from .module import Module
 from .var_builder import VarBuilder
-
 
 
 def batch_norm_settings(vb: VarBuilder, eps: float, momentum: float) -> tuple[float, float]:
@@ -75,6 +76,10 @@ class BatchNorm2d(Module):
                  bias: mx.array, eps: float = 1e-5, *, momentum: float = 0.1,
                  device: Device) -> None:
         super().__init__(device)
+        _check_hyper("eps", eps, "a small positive number such as 1e-5",
+                     lambda v: 0 <= v < math.inf)
+        _check_hyper("momentum", momentum, "in [0, 1], PyTorch's (0.1 by default)",
+                     lambda v: 0 <= v <= 1)
         self.running_mean = running_mean
         self.running_var = running_var
         self.weight = weight
@@ -121,6 +126,7 @@ class BatchNorm2d(Module):
         return scale, shift
 
     def forward(self, x: mx.array) -> mx.array:
+        check_layer_input(x, "BatchNorm2d", spatial=True, channels=self.weight.shape[0])
         if not self.training or self._stats_frozen:
             scale, shift = self.scale_shift()
             return x * scale.astype(x.dtype) + shift.astype(x.dtype)
@@ -139,6 +145,16 @@ class BatchNorm2d(Module):
         self.running_mean = ((1 - m) * self.running_mean + m * batch_mean).astype(stats_dtype)
         self.running_var = ((1 - m) * self.running_var + m * batch_var).astype(stats_dtype)
         return y.astype(x.dtype)
+
+
+def _check_hyper(name: str, value: float, want: str, ok: Callable[[float], bool]) -> None:
+    try:
+        good = ok(float(value))  # NaN fails every comparison
+    except (TypeError, ValueError):
+        good = False
+    if not good:
+        raise ConfigError(f"BatchNorm2d: {name}={value!r} is not a valid {name}: pass "
+                                 f"{want}")
 
 
 def freeze_bn_stats(model: nn.Module, frozen: bool = True) -> nn.Module:

@@ -21,6 +21,7 @@ from .checkpoint import check_conv_layout
 from .device import Device
 from .errors import ShapeMismatchError
 from .init import DEFAULT_KAIMING_NORMAL, Init
+from .inputs import check_layer_input
 from .module import Module, check_same_device
 from .pairs import pair as _pair
 from .var_builder import VarBuilder
@@ -141,6 +142,7 @@ class Conv2d(_Conv):
         ``candle_nn.ACTIVATIONS`` or ``None``, ``residual`` has the output's shape. On the CPU in
         float32 the epilogue is one fused multithreaded pass (``candle_nn.ops.conv2d``)."""
         c = self.config
+        check_layer_input(x, "Conv2d", spatial=True, channels=self.weight.shape[-1] * c.groups)
         args = (x, self.weight, self.get("bias"), _pair(c.stride), _pair(c.padding),
                 _pair(c.dilation))
         epilogue = dict(activation=activation, residual=residual,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from . import ops
 from .device import Device
+from .errors import DTypeError, OutOfRangeError
 from .init import Init
 from .module import Module
 from .var_builder import VarBuilder
@@ -32,4 +34,17 @@ class Embedding(Module):
         return self.weight
 
     def forward(self, ids: mx.array) -> mx.array:
+        """``ids`` ``(...)`` integers in ``[0, num_embeddings)`` → ``(..., dim)``. An id outside
+        the table is an error (as candle's and PyTorch's), checked on concrete ids; inside
+        ``mx.compile`` the ids have no values yet and the lookup runs unchecked."""
+        n = self.weight.shape[0]
+        if not mx.issubdtype(ids.dtype, mx.integer):
+            raise DTypeError(f"Embedding takes integer ids, got {ids.dtype}: "
+                             "ids.astype(mx.int32)")
+        if ids.size and not ops.registry.is_tracer(ids):
+            outside = (ids < 0) | (ids >= n)
+            if outside.any().item():
+                bad = int(ids.reshape(-1)[mx.argmax(outside.reshape(-1))].item())
+                raise OutOfRangeError(f"Embedding of {n} rows got id {bad}: ids must be in "
+                                      f"[0, {n})")
         return mx.take(self.weight, ids, axis=0)

@@ -20,6 +20,18 @@ class DeviceMismatchError(CandleNNError):
     """Modules, tensors or VarBuilders of two different devices were combined."""
 
 
+class ModuleInitError(CandleNNError, AttributeError):
+    """A Module subclass used without ``Module.__init__`` having run (``super().__init__``)."""
+
+
+class ConfigError(CandleNNError, ValueError):
+    """A layer or model was built with a setting it cannot take (a NaN BatchNorm momentum)."""
+
+
+class OutOfRangeError(CandleNNError, IndexError):
+    """An index outside what it indexes (an embedding id past its table)."""
+
+
 class MissingTensorError(CandleNNError, KeyError):
     """A VarBuilder was asked for a tensor that its source does not hold."""
 

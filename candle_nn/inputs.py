@@ -103,3 +103,20 @@ def check_rgb_image(image: Any, *, where: str,
 
 def _name(dtype: mx.Dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]  # "mlx.core.float16" -> "float16"
+
+
+def check_layer_input(x: Any, layer: str, *, spatial: bool, channels: int | None) -> None:
+    """Refuse what a layer cannot take before any kernel sees it, so the message is the same on
+    every path (CPU kernels, CUDA kernels, MLX): ``x`` must be an ``mx.array``, NHWC
+    ``(N, H, W, channels)`` when ``spatial``, else ``(..., channels)``; ``channels=None``: any.
+    Raises ShapeMismatchError (DTypeError for a non-array) naming ``layer`` and the shape."""
+    want = (f"(N, H, W, {'C' if channels is None else channels})" if spatial
+            else f"(..., {channels})")
+    if not isinstance(x, mx.array):
+        raise DTypeError(f"{layer} expects an mx.array {want}, got a {type(x).__name__}: "
+                         "wrap it with mx.array(x)")
+    shape = tuple(x.shape)
+    if (x.ndim != 4 if spatial else x.ndim < 1) or (channels is not None
+                                                     and shape[-1:] != (channels,)):
+        hint = " (NHWC: x.transpose(0, 2, 3, 1) for NCHW)" if spatial and x.ndim == 4 else ""
+        raise ShapeMismatchError(f"{layer} expects {want} input, got {shape}{hint}")

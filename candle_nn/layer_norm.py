@@ -9,6 +9,7 @@ import mlx.core as mx
 from . import ops
 from .device import Device
 from .init import ONES, ZEROS
+from .inputs import check_layer_input
 from .module import Module
 from .var_builder import VarBuilder
 
@@ -56,6 +57,8 @@ class LayerNorm(Module):
 
     def forward(self, x: mx.array) -> mx.array:
         w = self.get("weight")
+        check_layer_input(x, type(self).__name__, spatial=False,
+                          channels=None if w is None else w.shape[0])
         if self.config.remove_mean:
             return ops.layer_norm(x, w, self.get("bias"), self.config.eps)
         return mx.fast.rms_norm(x, w, self.config.eps)

@@ -9,6 +9,7 @@ import mlx.core as mx
 from . import ops
 from .device import Device
 from .init import DEFAULT_KAIMING_NORMAL, Init
+from .inputs import check_layer_input
 from .module import Module
 from .var_builder import VarBuilder
 
@@ -61,4 +62,5 @@ class Linear(Module):
         """``activation(x @ W.T + b) [+ residual]`` (``activation``: a name in
         ``candle_nn.ACTIVATIONS`` or ``None``; ``residual``: the output's shape, added last); on
         the CPU in float32 bias, activation and residual are fused into the product's pass."""
+        check_layer_input(x, "Linear", spatial=False, channels=self.in_features)
         return ops.linear(x, self.weight, self.get("bias"), activation, residual)

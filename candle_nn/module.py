@@ -24,7 +24,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .device import Device
-from .errors import DeviceMismatchError
+from .errors import DeviceMismatchError, ModuleInitError
 
 
 def check_same_device(op: str, first: Device | None, second: Device | None,
@@ -54,6 +54,7 @@ def _device_of(value: Any) -> Device | None:
 
 
 _building = threading.local()
+_SET_BY_INIT = ("_device", "_weights_prefix")  # what Module.__init__ sets on every module
 
 
 class _EvaluatedWhenBuilt(type(nn.Module)):  # type: ignore[misc]
@@ -77,14 +78,26 @@ class Module(nn.Module, metaclass=_EvaluatedWhenBuilt):
     """Base class of candle_nn layers and models.
 
     Args:
-        device: the device this module's weights live on and its forward runs on; ``None`` for
-            stateless modules, which run on their caller's stream.
+        device: the device this module's weights live on and its forward runs on (a
+            :class:`Device` or a name for :meth:`Device.parse`: ``"cpu"``, ``"gpu:0"``);
+            ``None`` for stateless modules, which run on their caller's stream.
     """
 
-    def __init__(self, device: Device | None = None) -> None:
+    def __init__(self, device: "Device | str | None" = None) -> None:
+        if isinstance(device, str):
+            device = Device.parse(device)
         object.__setattr__(self, "_device", device)
         object.__setattr__(self, "_weights_prefix", None)
         super().__init__()
+
+    def __getattr__(self, key: str) -> Any:
+        if key in _SET_BY_INIT and key not in self.__dict__:  # Module.__init__ never ran
+            name = type(self).__name__
+            raise ModuleInitError(
+                f"{name} was not initialised as a candle_nn Module: {name}.__init__ must call "
+                "super().__init__(device) (None for a stateless module) before setting "
+                "attributes or being called")
+        return super().__getattr__(key)
 
     @property
     def device(self) -> Device | None:

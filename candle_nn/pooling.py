@@ -12,14 +12,31 @@ import mlx.nn as nn
 
 from . import ops
 from .device import Device
+from .errors import ConfigError, ShapeMismatchError
+from .inputs import check_layer_input
 from .module import Module
 from .ops.pooling import mlx_pool as _mlx_pool
 from .pairs import pair
 
 
-def _args(kernel_size, stride, padding) -> tuple[tuple[int, int], ...]:
+def _args(x: mx.array, layer: str, kernel_size, stride,
+          padding) -> tuple[tuple[int, int], ...]:
+    """``(kernel, stride, padding)`` as pairs, after checking ``x`` and that the window fits the
+    padded input (one message on every path)."""
     kernel = pair(kernel_size)
-    return kernel, pair(stride if stride is not None else kernel), pair(padding)
+    stride, padding = pair(stride if stride is not None else kernel), pair(padding)
+    check_layer_input(x, layer, spatial=True, channels=None)
+    for side, size, k, p in (("height", x.shape[1], kernel[0], padding[0]),
+                             ("width", x.shape[2], kernel[1], padding[1])):
+        if 2 * p > k:
+            raise ConfigError(f"{layer}: padding {padding} is more than half the {kernel[0]}x"
+                              f"{kernel[1]} window (PyTorch's limit); pass at most k // 2")
+        if size + 2 * p < k:
+            raise ShapeMismatchError(
+                f"{layer}: a {kernel[0]}x{kernel[1]} window (padding {padding}) does not fit the "
+                f"{x.shape[2]}x{x.shape[1]} input {tuple(x.shape)} ({side} {size}): pass a larger "
+                "image or a smaller window")
+    return kernel, stride, padding
 
 
 def max_pool2d(x: mx.array, kernel_size: int | tuple[int, int],
@@ -28,7 +45,7 @@ def max_pool2d(x: mx.array, kernel_size: int | tuple[int, int],
     """Max pooling (padding counts as -inf, as PyTorch). ``(N, H, W, C)`` → ``(N, H', W', C)``
     with ``H' = (H + 2 * pad_h - k_h) // stride_h + 1`` (likewise ``W'``); ``stride`` defaults to
     ``kernel_size``."""
-    return ops.max_pool2d(x, *_args(kernel_size, stride, padding))
+    return ops.max_pool2d(x, *_args(x, "max_pool2d", kernel_size, stride, padding))
 
 
 def avg_pool2d(x: mx.array, kernel_size: int | tuple[int, int],
@@ -36,7 +53,7 @@ def avg_pool2d(x: mx.array, kernel_size: int | tuple[int, int],
                padding: int | tuple[int, int] = 0) -> mx.array:
     """Average pooling; zero padding is counted (PyTorch's ``count_include_pad=True``). Shapes as
     :func:`max_pool2d`."""
-    return _mlx_pool(nn.AvgPool2d, *_args(kernel_size, stride, padding))(x)
+    return _mlx_pool(nn.AvgPool2d, *_args(x, "avg_pool2d", kernel_size, stride, padding))(x)
 
 
 class _Pool2d(Module):
@@ -54,6 +71,7 @@ class MaxPool2d(_Pool2d):
     defaults to ``kernel_size``."""
 
     def forward(self, x: mx.array) -> mx.array:
+        _args(x, "MaxPool2d", self.kernel_size, self.stride, self.padding)
         return max_pool2d(x, self.kernel_size, self.stride, self.padding)
 
 
@@ -63,4 +81,5 @@ class AvgPool2d(_Pool2d):
     defaults to ``kernel_size``."""
 
     def forward(self, x: mx.array) -> mx.array:
+        _args(x, "AvgPool2d", self.kernel_size, self.stride, self.padding)
         return avg_pool2d(x, self.kernel_size, self.stride, self.padding)

@@ -191,6 +191,40 @@ class _VarMapSource(TensorSource):
         return f"the VarMap (seed {self.seed})"
 
 
+class _ReadLog:
+    """The tensors read through a builder and its ``pp`` children, each with the step of its
+    last read, and where the load in progress began: a tensor read again after a
+    ``check_all_read`` covering it starts a new load (another model built from the same
+    builder), whose check counts only its own reads. So a builder that loaded a larger variant
+    cannot vouch for a smaller one, while the parts of one load (a head checked, then the model
+    around it) still add up."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.start = 0  # the first step of the load in progress
+        self.last: dict[str, int] = {}  # full name -> step of its last read
+        self._checked: dict[str, int] = {}  # prefix -> step of its last check
+
+    def read(self, name: str) -> None:
+        self.step += 1
+        before, covered = self.last.get(name), self._covered(name)
+        if before is not None and before < covered and covered > self.start:
+            self.start = self.step  # the first re-read since that check
+        self.last[name] = self.step
+
+    def checked(self, prefix: str) -> None:
+        self.step += 1
+        self._checked[prefix] = self.step
+
+    def read_in_this_load(self, name: str) -> bool:
+        return self.last.get(name, -1) >= self.start
+
+    def _covered(self, name: str) -> int:
+        """The step of the last check whose prefix covers ``name`` (0: none)."""
+        return max((step for p, step in self._checked.items()
+                    if not p or name.startswith(p + ".")), default=0)
+
+
 class VarBuilder:
     """Named-tensor access with a prefix, a dtype and a device. See the module docstring.
 
@@ -199,13 +233,13 @@ class VarBuilder:
     """
 
     def __init__(self, source: TensorSource, *, dtype: mx.Dtype, device: Device,
-                 prefix: tuple[str, ...] = (), accessed: set[str] | None = None,
+                 prefix: tuple[str, ...] = (), reads: "_ReadLog | None" = None,
                  checks: list[tuple[str, tuple[str, ...]]] | None = None) -> None:
         self._source = source
         self._dtype = dtype
         self._device = device
         self._prefix = prefix
-        self._accessed = set() if accessed is None else accessed
+        self._reads = _ReadLog() if reads is None else reads  # shared with pp children
         # (prefix, unused patterns) of every check_all_read so far
         self._checks = [] if checks is None else checks
 
@@ -238,7 +272,7 @@ class VarBuilder:
     def pp(self, name: "str | int") -> "VarBuilder":
         """A VarBuilder whose names are prefixed by ``name`` (``vb.pp("layer1").pp(0)``)."""
         return VarBuilder(self._source, dtype=self._dtype, device=self._device,
-                          prefix=self._prefix + (str(name),), accessed=self._accessed,
+                          prefix=self._prefix + (str(name),), reads=self._reads,
                           checks=self._checks)
 
     push_prefix = pp
@@ -246,7 +280,7 @@ class VarBuilder:
     def with_dtype(self, dtype: "mx.Dtype | str") -> "VarBuilder":
         """The same source and prefix, another dtype."""
         return VarBuilder(self._source, dtype=as_dtype(dtype), device=self._device,
-                          prefix=self._prefix, accessed=self._accessed, checks=self._checks)
+                          prefix=self._prefix, reads=self._reads, checks=self._checks)
 
     def path(self, name: str) -> str:
         """The full name of ``name`` under this prefix."""
@@ -296,14 +330,16 @@ class VarBuilder:
 
     def accessed(self) -> set[str]:
         """Full names of every tensor read so far through this builder or its ``pp`` children."""
-        return set(self._accessed)
+        return set(self._reads.last)
 
     def unread(self, unused: Iterable[str] = ()) -> list[str]:
-        """Full names of the source's tensors under this prefix that nothing has read through this
-        builder (or its ``pp`` children), except those matching an ``fnmatch`` pattern of
-        ``unused`` (relative to this prefix) or :data:`NEVER_READ`."""
+        """Full names of the source's tensors under this prefix that the load in progress has not
+        read through this builder (or its ``pp`` children), except those matching an ``fnmatch``
+        pattern of ``unused`` (relative to this prefix) or :data:`NEVER_READ`. A tensor read
+        again after a :meth:`check_all_read` covering it starts a new load: another model built
+        from the same builder counts only its own reads."""
         patterns = self._patterns(unused)
-        return sorted(n for n in self.names() if n not in self._accessed
+        return sorted(n for n in self.names() if not self._reads.read_in_this_load(n)
                       and not any(fnmatch.fnmatchcase(n, p) for p in patterns))
 
     def _patterns(self, unused: Iterable[str]) -> tuple[str, ...]:
@@ -332,6 +368,7 @@ class VarBuilder:
         unused = tuple(unused)
         self._checks.append((self.prefix + "." if self._prefix else "", self._patterns(unused)))
         left = self.unread(unused)
+        self._reads.checked(self.prefix)
         if not left:
             return
         shown = ", ".join(left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
@@ -371,7 +408,7 @@ class VarBuilder:
                 f"tensor '{path}' in {self._source.describe()} is {_dtype_name(value.dtype)}, not "
                 "floating point: model weights must be float32, float16 or bfloat16 (an integer "
                 "or quantized checkpoint cannot be loaded; convert the weights to float)")
-        self._accessed.add(path)
+        self._reads.read(path)
         if floating and value.dtype != self._dtype:
             # MLX has float64 on the CPU only (Metal has none, CUDA lacks most kernels): narrow a
             # float64 source (an F64 file, a NumPy default array) there; the rest on the device.

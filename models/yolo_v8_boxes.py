@@ -56,15 +56,33 @@ def bbox_ciou(box1: mx.array, box2: mx.array, eps: float = 1e-7) -> mx.array:
     b2_x1, b2_y1, b2_x2, b2_y2 = (box2[..., i] for i in range(4))
     w1, h1 = b1_x2 - b1_x1, b1_y2 - b1_y1 + eps
     w2, h2 = b2_x2 - b2_x1, b2_y2 - b2_y1 + eps
-    inter = (mx.maximum(mx.minimum(b1_x2, b2_x2) - mx.maximum(b1_x1, b2_x1), 0)
-             * mx.maximum(mx.minimum(b1_y2, b2_y2) - mx.maximum(b1_y1, b2_y1), 0))
+    inter = (_clamp_min0(_minimum(b1_x2, b2_x2) - _maximum(b1_x1, b2_x1))
+             * _clamp_min0(_minimum(b1_y2, b2_y2) - _maximum(b1_y1, b2_y1)))
     union = w1 * h1 + w2 * h2 - inter + eps
     iou = inter / union
-    cw = mx.maximum(b1_x2, b2_x2) - mx.minimum(b1_x1, b2_x1)  # smallest enclosing box
-    ch = mx.maximum(b1_y2, b2_y2) - mx.minimum(b1_y1, b2_y1)
+    cw = _maximum(b1_x2, b2_x2) - _minimum(b1_x1, b2_x1)  # smallest enclosing box
+    ch = _maximum(b1_y2, b2_y2) - _minimum(b1_y1, b2_y1)
     c2 = mx.square(cw) + mx.square(ch) + eps  # its diagonal, squared
     rho2 = (mx.square(b2_x1 + b2_x2 - b1_x1 - b1_x2)
             + mx.square(b2_y1 + b2_y2 - b1_y1 - b1_y2)) / 4  # centre distance, squared
     v = (4 / math.pi ** 2) * mx.square(mx.arctan(w2 / h2) - mx.arctan(w1 / h1))
     alpha = mx.stop_gradient(v / (1 - iou + v + eps))
     return iou - (rho2 / c2 + v * alpha)
+
+
+# PyTorch's subgradients, which ultralytics' CIoU takes where boxes share an edge or touch: MLX's
+# ``minimum`` / ``maximum`` give a tie's whole gradient to one side, PyTorch's split it in half;
+# MLX's ``maximum(x, 0)`` passes none at 0, PyTorch's ``clamp(min=0)`` passes all of it. The
+# values are the same (a tie's mean is either side, NaN stays NaN).
+
+
+def _minimum(a: mx.array, b: mx.array) -> mx.array:
+    return mx.where(a < b, a, mx.where(b < a, b, (a + b) / 2))
+
+
+def _maximum(a: mx.array, b: mx.array) -> mx.array:
+    return mx.where(a > b, a, mx.where(b > a, b, (a + b) / 2))
+
+
+def _clamp_min0(x: mx.array) -> mx.array:
+    return mx.where(x < 0, 0, x)

@@ -149,7 +149,8 @@ class DetectionLoss(cn.Module):
         num_classes: the head's class count. strides: of the three maps.
         reg_max: DFL bins per box side. box, cls, dfl: the gains of the three parts.
         topk, alpha, beta: the :class:`TaskAlignedAssigner`'s (ultralytics' 10, 0.5, 6).
-        device: where the loss runs; ``None`` (default): on the caller's stream.
+        device: where the loss runs (a Device or ``"cpu"``, ``"gpu:0"``); ``None`` (default): on
+            the caller's stream.
         group: an ``mx.distributed`` group whose processes each hold part of one batch (data
             parallelism): the total target score that divides the three sums is the whole
             batch's (an all-reduce), so the processes' items add up to the whole batch's and
@@ -168,7 +169,7 @@ class DetectionLoss(cn.Module):
 
     def __init__(self, num_classes: int, strides: Sequence[int] = (8, 16, 32), reg_max: int = 16,
                  box: float = 7.5, cls: float = 0.5, dfl: float = 1.5, *, topk: int = 10,
-                 alpha: float = 0.5, beta: float = 6.0, device: cn.Device | None = None,
+                 alpha: float = 0.5, beta: float = 6.0, device: "cn.Device | str | None" = None,
                  group: "mx.distributed.Group | None" = None) -> None:
         super().__init__(device)
         self.group = group if group is not None and group.size() > 1 else None

@@ -161,6 +161,10 @@ def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
         classes: keep only anchors whose best class is one of these (ultralytics' ``classes``:
             filtered after the ``conf`` test, before NMS).
     """
+    if isinstance(pred, (list, tuple)):
+        raise ShapeMismatchError(
+            f"pred is a list of {len(pred)} arrays, a train-mode model's raw per-level maps: "
+            "call model.eval() to get its (N, channels, anchors) prediction")
     pred = np.asarray(pred, dtype=np.float32)
     if pred.ndim != 3 or len(pred) != len(letterboxes):
         raise ShapeMismatchError(

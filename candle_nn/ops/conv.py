@@ -74,3 +74,15 @@ def blocks_to_image(y: mx.array, kernel: tuple[int, int]) -> mx.array:
     (kh, kw), (n, h, w, c) = kernel, y.shape
     y = y.reshape(n, h, w, kh, kw, c // (kh * kw)).transpose(0, 1, 3, 2, 4, 5)
     return y.reshape(n, h * kh, w * kw, -1)
+
+
+def dilate(y: mx.array, stride: tuple[int, int]) -> mx.array:
+    """``(N, H', W', O)`` with ``stride - 1`` zero rows / columns between its rows / columns:
+    ``(N, (H' - 1) sh + 1, (W' - 1) sw + 1, O)`` (a strided window's gradient, placed back)."""
+    sh, sw = stride
+    if (sh, sw) == (1, 1):
+        return y
+    n, oh, ow, o = y.shape
+    y = mx.pad(y[:, :, None, :, None, :], [(0, 0), (0, 0), (0, sh - 1), (0, 0), (0, sw - 1),
+                                           (0, 0)])
+    return y.reshape(n, oh * sh, ow * sw, o)[:, :(oh - 1) * sh + 1, :(ow - 1) * sw + 1]

@@ -80,6 +80,12 @@ def set_tracer_check(fn: Callable[[mx.array], bool]) -> None:
     _is_tracer = fn
 
 
+def is_tracer(x: mx.array) -> bool:
+    """Whether ``x`` is a tracer of a transformation (``mx.compile``'s trace, ``mx.vmap``,
+    ``mx.grad``): it may have no values to read. False where no check is installed."""
+    return _is_tracer is not None and _is_tracer(x)
+
+
 def _traced(args: tuple, kwargs: dict) -> bool:
     check = _is_tracer
     if check is None:

@@ -145,3 +145,24 @@ def test_sam_predictor_valid_prompts_still_run(predictor):
 def test_sam_set_image_refuses_an_empty_image(predictor):
     with pytest.raises(cn.ImageError, match="empty image"):
         predictor.set_image(np.zeros((0, 0, 3), np.uint8))
+
+
+def test_postprocess_of_a_train_mode_output_names_eval() -> None:
+    """A model in train() mode returns its raw per-level maps, a list: postprocess says to call
+    eval() instead of failing inside NumPy."""
+    from candle_nn_models.letterbox import letterbox
+    from candle_nn_models.yolo_v8_post import postprocess
+
+    model = YoloV8.load(cn.VarBuilder.from_varmap(cn.VarMap(), seed=0, device="cpu"), "n", 3,
+                        fold_bn=False).train()
+    lb = letterbox(np.full((64, 64, 3), 114, np.uint8), 64)
+    raw = model(mx.array(lb.as_input()))
+    with pytest.raises(cn.ShapeMismatchError, match=r"a list of 3 arrays.* model\.eval\(\)"):
+        postprocess(raw, [lb], num_classes=3)
+    assert len(postprocess(model.eval()(mx.array(lb.as_input())), [lb], num_classes=3)) == 1
+
+
+def test_detection_loss_takes_a_device_string() -> None:
+    from candle_nn_models.yolo_v8_loss import DetectionLoss
+
+    assert DetectionLoss(3, device="cpu").device is cn.Device.cpu()

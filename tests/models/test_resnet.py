@@ -119,6 +119,23 @@ def test_every_depth_reads_torchvision_names_runs_and_is_recognised(variant):
     assert infer_variant(cn.VarBuilder.from_tensors(varmap.all_vars())) == (variant, 7)
 
 
+def test_a_builder_that_loaded_a_deeper_variant_refuses_a_shallower_one():
+    """The tensors a load reads are counted per load: after ``resnet34`` read every tensor of
+    the file, ``resnet18`` (and ``build_model``) from the same builder still leave layer3.2 and
+    others unread, which refuses the file as a truncated model would be."""
+    from candle_nn_models.weights.spec import build_model
+
+    varmap = cn.VarMap()
+    ResNet.load(cn.VarBuilder.from_varmap(varmap, seed=0), "resnet34", num_classes=3)
+    vb = cn.VarBuilder.from_tensors(varmap.all_vars(), device="cpu")
+    ResNet.load(vb, "resnet34", num_classes=3)
+    with pytest.raises(cn.ShapeMismatchError, match="resnet18 does not read .*layer1.2"):
+        ResNet.load(vb, "resnet18", num_classes=3)
+    with pytest.raises(cn.ShapeMismatchError, match="resnet18 does not read"):
+        build_model("resnet", "resnet18", vb, num_classes=3)
+    assert ResNet.load(vb, "resnet34", num_classes=3).num_classes == 3  # still loads
+
+
 def test_headless_model_returns_pooled_features():
     vb = cn.VarBuilder.from_varmap(cn.VarMap(), seed=2, device="cpu")
     model = ResNet.load(vb, "resnet50", num_classes=None)

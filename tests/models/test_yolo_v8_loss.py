@@ -144,6 +144,25 @@ def test_ciou_matches_the_formula() -> None:
     assert np.allclose(np.array(bbox_ciou(mx.array(boxes[0]), mx.array(boxes[0]))), 1, atol=1e-6)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_ciou_gradient_at_touching_and_equal_edges_is_torchs(compiled) -> None:
+    """Where boxes share an edge or just touch, ultralytics' ``minimum``/``maximum`` split the
+    gradient of a tie in half and ``clamp(0)`` passes it at 0; MLX's own ops give a tie's whole
+    gradient to one side and none at 0. Identical, edge-sharing, touching, nested boxes."""
+    b1 = np.array([[0, 0, 2, 2], [0, 0, 2, 2], [0, 0, 1, 1], [1, 1, 3, 4], [2, 3, 5, 7],
+                   [0, 0, 4, 4]], np.float32)
+    b2 = np.array([[0, 0, 2, 2], [2, 0, 4, 2], [0, 0, 2, 1], [1, 0.5, 3, 4], [5, 3, 6, 7],
+                   [1, 1, 4, 3]], np.float32)
+    grad = mx.grad(lambda a, b: bbox_ciou(a, b).sum(), argnums=(0, 1))
+    got = (mx.compile(grad) if compiled else grad)(mx.array(b1), mx.array(b2))
+    t1, t2 = (torch.tensor(b, dtype=torch.float64, requires_grad=True) for b in (b1, b2))
+    torch_ciou(t1, t2).sum().backward()
+    for g, t in zip(got, (t1, t2)):
+        np.testing.assert_allclose(np.array(g), t.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.array(bbox_ciou(mx.array(b1), mx.array(b2))),
+                               torch_ciou(t1, t2).detach().numpy(), rtol=1e-6, atol=1e-6)
+
+
 def test_gradient_matches_torch_autograd(fixture, device) -> None:
     io, meta = fixture
     boxes = torch.from_numpy(io["output.boxes"]).double().requires_grad_()

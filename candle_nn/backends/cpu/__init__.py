@@ -13,7 +13,7 @@ from ...ops.registry import disable
 from . import (  # noqa: F401  (imported to register; the order is the dispatch order)
     elementwise, silu_poly, gelu_poly, winograd, linear_rows, packed_gemm, im2col, depthwise,
     attention, point_attention, mask_upscale, mask_postprocess, layer_norm, linear_epilogue,
-    max_pool, concat, conv_grad, max_pool_grad, batch_norm_vjp,
+    max_pool, concat, conv_grad, batch_norm_vjp,
 )
 
 if not config.flag("CANDLE_NN_CPU_FAST"):

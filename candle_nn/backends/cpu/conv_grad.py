@@ -39,6 +39,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ...ops.activation import bias_act
+from ...ops.conv import dilate
 from ...ops.registry import register
 from . import kernels, packed_gemm
 from .conv_common import conv_applies
@@ -90,18 +91,6 @@ def fast_conv(x: mx.array, w: mx.array, stride: tuple[int, int],
         return m.conv2d_packed(x, wp, None, None, (kh, kw), o, stride, padding, m.Act.identity,
                                m.Residual.none, traced_ok=True)
     return mx.conv2d(x, w, stride=stride, padding=padding)
-
-
-def dilate(y: mx.array, stride: tuple[int, int]) -> mx.array:
-    """``(N, H', W', O)`` with ``stride - 1`` zero rows / columns between its rows / columns:
-    ``(N, (H' - 1) sh + 1, (W' - 1) sw + 1, O)``."""
-    sh, sw = stride
-    if (sh, sw) == (1, 1):
-        return y
-    n, oh, ow, o = y.shape
-    y = mx.pad(y[:, :, None, :, None, :], [(0, 0), (0, 0), (0, sh - 1), (0, 0), (0, sw - 1),
-                                           (0, 0)])
-    return y.reshape(n, oh * sh, ow * sw, o)[:, :(oh - 1) * sh + 1, :(ow - 1) * sw + 1]
 
 
 def input_grad(dy: mx.array, weight: mx.array, x_shape: tuple[int, ...],

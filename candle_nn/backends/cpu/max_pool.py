@@ -5,7 +5,7 @@ MLX limitation: ``nn.MaxPool2d`` pads the input with -inf (a copy), then reduces
 0.4 ms for each of YOLOv8n's 20x20x128 5x5 SPPF pools at 640, against ~0.2 ms in ONNX Runtime.
 Here each output pixel is the maximum of its taps inside the image, kept in registers (NaN
 kept, as MLX's max), output rows over the thread pool: the same values, bit for bit. Traced
-calls (``mx.grad``) take ``max_pool_grad`` or the reference (no VJP here).
+calls (``mx.grad``) take the reference, whose VJP is PyTorch's (ops/pooling.py).
 """
 
 from __future__ import annotations

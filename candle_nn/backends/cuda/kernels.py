@@ -4,9 +4,7 @@ registered as the ``cuda`` implementations of their ops (``__init__.py``).
 Each kernel is used only when the op runs on a CUDA GPU (:func:`on_cuda`); the CPU and Metal keep
 MLX's own ops, unchanged. Every kernel accumulates in float32 whatever the storage dtype, and is
 checked against the op's reference in tests/candle_nn/backends/test_cuda_kernels.py (on a CUDA
-machine; elsewhere those tests check that the reference is taken). They have no VJP yet
-(``grad="none"`` in the registry: they run under ``mx.compile``; train with
-``candle_nn.ops.disabled("cuda")``).
+machine; elsewhere those tests check that the reference is taken).
 
 Kernels:
 
@@ -34,10 +32,10 @@ from __future__ import annotations
 import functools
 
 import mlx.core as mx
-import mlx.nn as mlx_nn
 
 from ... import config
 from ...custom_vjp import with_reference_vjp
+from ...ops.pooling import max_pool2d as max_pool2d_op
 
 _THREADS = 256
 
@@ -297,8 +295,8 @@ def max_pool2d(x: mx.array, kernel: tuple[int, int], stride: tuple[int, int],
             grid=(_round_up(total), 1, 1), threadgroup=(_THREADS, 1, 1),
             output_shapes=[(n, oh, ow, c)], output_dtypes=[x.dtype])[0]
 
-    def reference(x: mx.array) -> mx.array:  # MLX's pooling pads max pools with -inf
-        return mlx_nn.MaxPool2d(kernel, stride, padding)(x)
+    def reference(x: mx.array) -> mx.array:  # the op's: PyTorch's gradient for tied maxima
+        return max_pool2d_op.reference(x, kernel, stride, padding)
 
     return with_reference_vjp(run, reference)(x)
 

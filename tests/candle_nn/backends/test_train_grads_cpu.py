@@ -1,7 +1,7 @@
-"""The CPU training paths with a VJP of their own (candle_nn/backends/cpu/conv_grad.py,
-max_pool_grad.py) and BatchNorm's closed-form VJP (candle_nn/batch_norm.py): gradients against
-float64 PyTorch autograd, eagerly and under ``mx.compile``, and non-finite values propagated as
-MLX's own VJPs do. Small shapes (CI: 2 cores)."""
+"""The CPU training path with a VJP of its own (candle_nn/backends/cpu/conv_grad.py) and
+BatchNorm's closed-form VJP (candle_nn/batch_norm.py): gradients against float64 PyTorch
+autograd, eagerly and under ``mx.compile``, and non-finite values propagated as MLX's own VJPs
+do (max pooling's VJP: tests/candle_nn/test_subgradients.py). Small shapes (CI: 2 cores)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import candle_nn as cn
-from candle_nn.backends.cpu import conv_grad, max_pool_grad
+from candle_nn.backends.cpu import conv_grad
 
 RNG = np.random.default_rng(23)
 # float32 sums of a few hundred products against float64: max error / max |reference|
@@ -96,33 +96,6 @@ def test_conv2d_gradient_propagates_nan_as_mlx_does(stride) -> None:
         np.testing.assert_allclose(a[finite], b[finite], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("case", [((2, 9, 9, 3), 3, 2, 1), ((2, 8, 7, 2), 2, 2, 0),
-                                  ((1, 10, 10, 2), 3, 1, 1)])
-def test_max_pool_gradient_matches_mlx_and_torch(case) -> None:
-    shape, k, s, p = case
-    ties = np.round(np.maximum(RNG.standard_normal(shape), 0) * 2) / 2  # ReLU'd: ties at 0
-    distinct = RNG.permutation(np.prod(shape)).reshape(shape) / np.prod(shape)  # no ties
-    for data in (ties, distinct):
-        x = mx.array(data.astype(np.float32))
-        y = cn.ops.max_pool2d(x, (k, k), (s, s), (p, p))
-        dy = mx.array(RNG.standard_normal(y.shape).astype(np.float32))
-
-        def grad():
-            return mx.grad(lambda x: (cn.ops.max_pool2d(x, (k, k), (s, s), (p, p)) * dy).sum())
-
-        max_pool_grad._POOLS.clear()
-        ours, compiled = grad()(x), mx.compile(grad())(x)
-        assert ((k, k), (s, s), (p, p)) in max_pool_grad._POOLS
-        with cn.ops.disabled("max_pool_grad"):
-            reference = grad()(x)  # MLX's VJP: a tie shares the gradient equally
-        np.testing.assert_allclose(np.array(ours), np.array(reference), atol=1e-6)
-        np.testing.assert_allclose(np.array(compiled), np.array(reference), atol=1e-6)
-    tx = torch.tensor(distinct).permute(0, 3, 1, 2).requires_grad_()
-    ty = torch.nn.functional.max_pool2d(tx, k, s, p)
-    (ty * torch.tensor(np.array(dy), dtype=torch.float64).permute(0, 3, 1, 2)).sum().backward()
-    assert _rel(ours, _nhwc(tx.grad)) < 1e-6
-
-
 @pytest.mark.parametrize("compiled", [False, True])
 def test_batch_norm_train_gradient_matches_float64_torch(compiled) -> None:
     c = 5
@@ -148,28 +121,6 @@ def test_batch_norm_train_gradient_matches_float64_torch(compiled) -> None:
     assert _rel(gx, _nhwc(tx.grad)) < TOL
     assert _rel(gw, ref.weight.grad.numpy()) < TOL
     assert _rel(gb, ref.bias.grad.numpy()) < TOL
-
-
-@pytest.mark.parametrize("compiled", [False, True])
-@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_max_pool_gradient_propagates_non_finite_as_mlx_does(bad, compiled) -> None:
-    """A window whose maximum is NaN makes every input of it NaN in MLX's VJP; ±Inf is an
-    ordinary maximum (or not one). Our VJP gives the same NaN positions and the same values."""
-    x = RNG.standard_normal((2, 7, 6, 3)).astype(np.float32)
-    x[0, 2, 3, 1] = x[1, 5, 0, 2] = bad
-    x = mx.array(x)
-    y = cn.ops.max_pool2d(x, (3, 3), (2, 2), (1, 1))
-    dy = mx.array(RNG.standard_normal(y.shape).astype(np.float32))
-    grad = mx.grad(lambda x: (cn.ops.max_pool2d(x, (3, 3), (2, 2), (1, 1)) * dy).sum())
-    max_pool_grad._POOLS.clear()
-    ours = np.array((mx.compile(grad) if compiled else grad)(x))
-    assert max_pool_grad._POOLS  # this path ran, not MLX's VJP
-    with cn.ops.disabled("max_pool_grad"):
-        reference = np.array(grad(x))
-    assert np.isnan(reference).any() == bool(np.isnan(bad))
-    np.testing.assert_array_equal(np.isnan(ours), np.isnan(reference))
-    finite = ~np.isnan(reference)
-    np.testing.assert_allclose(ours[finite], reference[finite], atol=1e-6)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])

@@ -24,14 +24,14 @@ def test_every_implementation_declares_what_it_works_around() -> None:
         assert row["grad"] in ("reference", "mlx", "own", "none"), row
         # own: the CUDA kernels, and the CPU's training paths (a VJP of their own)
         assert (row["grad"] == "own") is (row["backend"] == "cuda" or row["name"] in
-                                          ("conv_grad", "max_pool_grad", "batch_norm_vjp")), row
+                                          ("conv_grad", "batch_norm_vjp")), row
         assert row["works_around"] and row["mlx"] == mx.__version__, row
     names = {(r["op"], r["name"], r["backend"]) for r in rows}
     assert len(names) == len(rows)
     assert ("conv_transpose2d_blocks", "packed_gemm", "cpu") in names
     assert {"winograd", "packed_gemm", "im2col", "depthwise", "linear_rows", "layer_norm",
             "attention_packed", "attention_heads", "softmax", "bias_act", "dfl",
-            "max_pool", "conv_grad", "max_pool_grad", "batch_norm_vjp"} <= {r["name"] for r in rows}
+            "max_pool", "conv_grad", "batch_norm_vjp"} <= {r["name"] for r in rows}
     assert str(cn.info()).count("[cpu]") == sum(r["backend"] == "cpu" for r in rows)
 
 
