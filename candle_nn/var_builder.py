@@ -337,9 +337,14 @@ class VarBuilder:
         read through this builder (or its ``pp`` children), except those matching an ``fnmatch``
         pattern of ``unused`` (relative to this prefix) or :data:`NEVER_READ`. A tensor read
         again after a :meth:`check_all_read` covering it starts a new load: another model built
-        from the same builder counts only its own reads."""
+        from the same builder counts only its own reads (from a VarMap, the variables earlier
+        models made count as read)."""
         patterns = self._patterns(unused)
+        # A VarMap's variables were made by the models built from it: one read by an earlier
+        # load is another model's, not a sign of the wrong variant. A file vouches per load.
+        earlier_ok = isinstance(self._source, _VarMapSource)
         return sorted(n for n in self.names() if not self._reads.read_in_this_load(n)
+                      and not (earlier_ok and n in self._reads.last)
                       and not any(fnmatch.fnmatchcase(n, p) for p in patterns))
 
     def _patterns(self, unused: Iterable[str]) -> tuple[str, ...]:

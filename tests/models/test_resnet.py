@@ -136,6 +136,19 @@ def test_a_builder_that_loaded_a_deeper_variant_refuses_a_shallower_one():
     assert ResNet.load(vb, "resnet34", num_classes=3).num_classes == 3  # still loads
 
 
+def test_models_built_one_after_another_from_one_varmap_load():
+    """A VarMap holds the variables of every model built from it (the README builds ResNet,
+    YOLOv8 and SAM from one ``vb``): after a second load of the same model started a new load,
+    the first's variables are not taken for a wrong variant's."""
+    from candle_nn_models.yolo_v8 import YoloV8
+
+    vb = cn.VarBuilder.from_varmap(cn.VarMap(), seed=0, device="cpu")
+    ResNet.load(vb, "resnet18", num_classes=3)
+    YoloV8.load(vb, "n", num_classes=2)
+    YoloV8.load(vb, "n", num_classes=2)  # re-reads: a new load
+    assert ResNet.load(vb, "resnet18", num_classes=3).num_classes == 3
+
+
 def test_headless_model_returns_pooled_features():
     vb = cn.VarBuilder.from_varmap(cn.VarMap(), seed=2, device="cpu")
     model = ResNet.load(vb, "resnet50", num_classes=None)
