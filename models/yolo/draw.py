@@ -1,4 +1,5 @@
-"""Drawing YOLOv8 detections: masks, boxes, labels with scores, and pose skeletons.
+"""Drawing YOLO detections: masks, boxes, labels with scores, and pose skeletons (what
+``Result.plot`` returns and ``candle-yolo-v8`` saves).
 
 Line width, label font and keypoint size scale with the image (as ultralytics' ``Annotator``), so
 the annotation reads the same on a thumbnail and on a 4000-pixel photo.
