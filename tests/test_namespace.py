@@ -226,8 +226,10 @@ def test_the_wheel_beside_a_user_folder_with_its_own_models(wheel, tmp_path) -> 
     runner = [PRELUDE]
     for i, snippet in enumerate(snippets):
         # as written, except the automatic mask generator's point grid: 4x4 instead of 32x32 runs
-        # the same code with 64x fewer prompts (random weights: the masks themselves mean nothing)
+        # the same code with 64x fewer prompts (random weights: the masks themselves mean nothing),
+        # and the fixtures' paths where the fixtures are
         snippet = re.sub(r"points_per_side=\d+", "points_per_side=4", snippet)
+        snippet = snippet.replace("../shared/fixtures/", f"{FIXTURES}/")
         runner.append(f"exec(compile({snippet!r}, 'README snippet {i}', 'exec'), {{**globals()}})")
     runner.append(textwrap.dedent("""
         import sys, json, candle_nn, candle_nn_models, candle_nn_models.weights
