@@ -22,6 +22,7 @@ from candle_nn import CandleNNError, Device
 from candle_nn.blas import warn_if_slow_cpu
 from candle_nn.cli import run_main  # noqa: F401  (re-exported: every CLI's entry wrapper)
 from candle_nn_models.image_decode import DEFAULT_MAX_PIXELS
+from candle_nn_models.training_size import MAX_YOLO_INPUT_SIZE
 # re-exported: the non-finite output check, the per-image error and the safe image reading
 # that every CLI uses (the task APIs use them too)
 from candle_nn_models.finite import check_finite  # noqa: F401
@@ -114,7 +115,6 @@ def fraction(text: str) -> float:
     return value
 
 
-MAX_YOLO_INPUT_SIZE = 4096  # 6.5x YOLOv8's 640 on a side is 41x the work; beyond, memory runs out
 
 
 def yolo_input_size(text: str) -> int:

@@ -39,6 +39,10 @@ polygon normalised to [0, 1]); ``--json`` gives each detection a COCO RLE ``segm
 ``retina_masks``). ``--task classify`` (a YOLOv8-cls file) prints the ``--top-k`` classes per image
 (``scripts/yolo_v8_classify.py``). See ``docs/yolo_v8_tasks.md``.
 
+Images go through the YOLO task API (``candle_nn_models.yolo``: ``load``, ``predict``, whose
+options are the ones above); this program writes each ``Result``'s drawing, labels, crops and
+record.
+
 ``--video`` takes video files and folders of images (image sequences): each gives an annotated MP4
 and per-frame JSON lines (see ``scripts/yolo_v8_video.py``); labels and crops are named
 ``<stem>_<frame>``, as ultralytics does for videos.

@@ -14,10 +14,9 @@ from typing import Any, Sequence
 from candle_nn import CandleNNError
 
 from candle_nn_models.image_decode import DEFAULT_MAX_PIXELS
+from candle_nn_models.training_size import MAX_YOLO_INPUT_SIZE
 
-__all__ = ["MAX_YOLO_INPUT_SIZE", "PredictOptions"]
-
-MAX_YOLO_INPUT_SIZE = 4096  # 6.5x YOLOv8's 640 on a side is 41x the work; beyond, memory runs out
+__all__ = ["PredictOptions"]
 
 MAIN, ULTRALYTICS = "main", "ultralytics"  # the CLI help groups
 

@@ -132,6 +132,23 @@ def test_every_kind_of_source_gives_the_same_result(weights, tmp_path):
     assert model.predict(rgb, imgsz=SIZE)[0].to_json()["image"] is None
 
 
+def test_the_cli_options_are_the_predict_options():
+    """candle-yolo-v8's predict options are PredictOptions' fields: its defaults are theirs, and
+    each field's flag parses into that field."""
+    import dataclasses
+
+    from candle_nn_models.scripts.yolo_v8 import build_parser
+    from candle_nn_models.scripts.yolo_v8_predict import predict_options
+
+    parser = build_parser()
+    defaults = yolo.PredictOptions()
+    assert predict_options(parser.parse_args(["--image", "x.jpg"])) == dataclasses.asdict(defaults)
+    args = parser.parse_args(["--image", "x.jpg", "--conf", "0.5", "--size", "320", "--classes",
+                              "1", "2", "--half", "--top-k", "2", "--max-pixels", "1000"])
+    assert yolo.PredictOptions(**predict_options(args)) == dataclasses.replace(
+        defaults, conf=0.5, imgsz=320, classes=[1, 2], half=True, top_k=2, max_pixels=1000)
+
+
 def test_the_default_iou_is_ultralytics_07(weights, monkeypatch):
     from candle_nn_models.yolo import predict as pipeline
 
