@@ -30,6 +30,7 @@ MIN_IMGSZ = 32  # the models downsample 32x
 MAX_IMGSZ = 2048  # ultralytics trains at 640 (1280 at most); beyond, memory grows with its square
 DEFAULT_SIZE = 640  # ultralytics' predict default for a file that records no training size
 CLASSIFY_SIZE = 224  # a classifier's
+MAX_YOLO_INPUT_SIZE = 4096  # a predict input's side: 6.5x 640 is 41x the work; more runs out
 
 
 def check_imgsz(value: object, where: str) -> int:

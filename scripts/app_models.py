@@ -12,15 +12,12 @@ import io
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from PIL import Image
 
 from candle_nn import CandleNNError
-from candle_nn_models.coco import COCO_SKELETON
 from candle_nn_models.imagenet import preprocess
 from candle_nn_models.segment_anything import SamAutomaticMaskGenerator, SamPredictor
 from candle_nn_models.scripts.app_sessions import Embedding, Sessions
@@ -30,22 +27,13 @@ from candle_nn_models.scripts.resnet import image_size, load_classifier, top_k_p
 from candle_nn_models.scripts.sam_everything import KNOBS, knob_type
 from candle_nn_models.scripts.sam_outputs import mask_json, palette
 from candle_nn_models.scripts.segment_anything import PromptError, check_sam_shape, load_sam
-from candle_nn_models.scripts.yolo_v8_predict import detect_image
-from candle_nn_models.scripts.yolo_v8_draw import draw_detections
-from candle_nn_models.scripts.yolo_v8_weights import load_detector
+from candle_nn_models.scripts.yolo_v8_weights import load_yolo
+from candle_nn_models.yolo import YOLO
 
 MAX_POINTS = 64  # prompts per request: SAM was trained with a handful; more is a mistake or abuse
 # "segment everything" knobs the page may set, and the largest values the server accepts (the
 # work grows with points_per_side² and 4**crop_n_layers)
 EVERYTHING_LIMITS = {"points_per_side": 64, "points_per_batch": 256, "crop_n_layers": 2}
-
-
-@dataclass
-class Detector:
-    model: Any
-    spec: Any
-    names: list[str]
-    weights: Path
 
 
 class AppModels:
@@ -61,12 +49,11 @@ class AppModels:
                                                                     args.sam_weights, device)
         self.sam.image_encoder.set_compiled(compiled)
         self.predictor = SamPredictor(self.sam)
-        self.detectors: dict[str, Detector] = {}
+        self.detectors: dict[str, YOLO] = {}  # the YOLO task API, as candle-yolo-v8 uses it
         for task, weights in (("detect", args.detect_weights), ("pose", args.pose_weights)):
             with _option(f"--{task}-weights"):
-                model, spec, names, path = load_detector(weights, task, None, device)
-            model.set_compiled(compiled)
-            self.detectors[task] = Detector(model, spec, names, path)
+                self.detectors[task] = load_yolo(weights, task, None, device)
+            self.detectors[task].model.set_compiled(compiled)
         with _option("--classify-weights"):
             self.classifier, self.labels, self.classify_weights = load_classifier(
                 args.classify_weights, None, device)
@@ -163,13 +150,11 @@ class AppModels:
         conf = _fraction(request.get("conf", 0.25), "confidence")
         iou = _fraction(request.get("iou", 0.7), "IoU")
         classes = _classes(request.get("classes"), d.spec.num_classes)
-        detections = detect_image(d.model, d.spec, rgb, d.weights, conf=conf, iou=iou,
-                                  classes=classes)
-        skeleton = COCO_SKELETON if task == "pose" and d.spec.num_keypoints == 17 else ()
-        drawing = draw_detections(rgb, detections, d.names, skeleton)
+        (result,) = d.predict(rgb, conf=conf, iou=iou, classes=classes)
+        drawing = Image.fromarray(result.plot())
         return {"task": task, "model": str(d.spec), "conf": conf, "iou": iou, "classes": classes,
                 "width": rgb.shape[1], "height": rgb.shape[0],
-                "detections": [x.to_dict(d.names) for x in detections],
+                "detections": result.to_json()["detections"],
                 "image": _jpeg(drawing), "ms": _ms(start)}
 
     def classify(self, session: str, image: str, request: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""Pieces every model CLI shares: the input options, the argparse number checks, safe image
-loading, device parsing, the non-finite output check, :func:`environment_restored`, and
-(re-exported from :mod:`candle_nn.cli`) the one-clear-line error
+"""Pieces every model CLI shares: the input options, the argparse number checks, device parsing,
+:func:`environment_restored`, and (re-exported from :mod:`candle_nn_models.image_file`,
+:mod:`candle_nn_models.finite` and :mod:`candle_nn.cli`) safe image loading, the non-finite
+output check and the one-clear-line error
 handling (``error: …`` on stderr, exit status 1; 130 on Ctrl-C). Inputs are listed by
 :mod:`candle_nn_models.scripts.input_paths`, runs over many images are driven by
 :mod:`candle_nn_models.scripts.image_loop`, and output files are written by
@@ -13,34 +14,19 @@ import argparse
 import contextlib
 import math
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
-
-from candle_nn import CandleNNError, Device, ImageError
+from candle_nn import CandleNNError, Device
 from candle_nn.blas import warn_if_slow_cpu
 from candle_nn.cli import run_main  # noqa: F401  (re-exported: every CLI's entry wrapper)
 from candle_nn_models.image_decode import DEFAULT_MAX_PIXELS
-from candle_nn_models.scripts.input_paths import not_regular
-
-
-
-class ImageInputError(ImageError):
-    """One input image that cannot be used: ``path`` and the ``reason`` (shown as
-    ``path: reason``)."""
-
-    def __init__(self, path: "str | os.PathLike", reason: str) -> None:
-        self.path, self.reason = Path(path), reason
-        super().__init__(f"{shown(path)}: {reason}")
-
-
-def shown(path: "str | os.PathLike") -> str:
-    """``path`` as text that any stream can print: bytes of a file name that are not UTF-8 appear
-    as ``\\xNN`` escapes (they would otherwise be lone surrogates, which cannot be encoded)."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
+from candle_nn_models.training_size import MAX_YOLO_INPUT_SIZE
+# re-exported: the non-finite output check, the per-image error and the safe image reading
+# that every CLI uses (the task APIs use them too)
+from candle_nn_models.finite import check_finite  # noqa: F401
+from candle_nn_models.image_file import ImageInputError, load_rgb, shown  # noqa: F401
 
 
 def add_input_arguments(parser: argparse.ArgumentParser, *, what: str = "results",
@@ -129,7 +115,6 @@ def fraction(text: str) -> float:
     return value
 
 
-MAX_YOLO_INPUT_SIZE = 4096  # 6.5x YOLOv8's 640 on a side is 41x the work; beyond, memory runs out
 
 
 def yolo_input_size(text: str) -> int:
@@ -153,41 +138,6 @@ def pixel_count(text: str) -> int:
     return int(value)
 
 
-def load_rgb(path: "str | os.PathLike", max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """Read an image file as ``(H, W, 3)`` uint8 RGB (EXIF orientation applied).
-
-    Any Pillow mode is accepted: alpha is dropped, palette/CMYK/1-bit/grey are converted, 16-bit
-    (``I;16``, ``I``) is scaled to 8 bits, float (``F``) in ``[0, 1]`` is scaled by 255 (else
-    clipped). Raises :class:`ImageInputError` for anything that is not a readable regular image
-    file, and for images of more than ``max_pixels`` pixels (checked from the header, before
-    decoding: a 69-byte PNG can claim gigapixels).
-    """
-    from candle_nn_models.image_decode import PixelLimitError, decode_rgb, unreadable_reason
-
-    try:  # O_NONBLOCK: opening a FIFO never waits for a writer; fstat then refuses it
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise ImageInputError(path, "image not found") from None
-    except OSError as exc:
-        raise ImageInputError(path, f"cannot read: {exc.strerror or exc}") from None
-    info = os.fstat(fd)
-    if stat.S_ISDIR(info.st_mode):  # os.fdopen would raise IsADirectoryError
-        os.close(fd)
-        raise ImageInputError(path, "a folder, not an image file")
-    with os.fdopen(fd, "rb") as fh:
-        empty = "an empty file (0 bytes)" if not info.st_size else None
-        problem = not_regular(info.st_mode) or empty
-        if problem:
-            raise ImageInputError(path, problem)
-        try:
-            return decode_rgb(fh, max_pixels)
-        except PixelLimitError as exc:
-            raise ImageInputError(path, f"{exc}; pass --max-pixels {exc.width * exc.height} to "
-                                        "read it anyway") from None
-        except Exception as exc:  # Pillow's decoders raise many types on corrupt data
-            raise ImageInputError(path, unreadable_reason(exc)) from None
-
-
 def prepare_out_dir(path: "str | os.PathLike") -> Path:
     """Create ``path`` if needed and check it is a writable folder (CandleNNError otherwise)."""
     out = Path(path)
@@ -198,14 +148,6 @@ def prepare_out_dir(path: "str | os.PathLike") -> Path:
     if not out.is_dir() or not os.access(out, os.W_OK | os.X_OK):
         raise CandleNNError(f"output folder {out} is not writable; pass another --out DIR")
     return out
-
-
-def check_finite(values: np.ndarray, weights: "str | os.PathLike") -> None:
-    """Refuse model outputs with NaN or infinity: inputs are finite, so the weights are at fault."""
-    if not np.isfinite(values).all():
-        raise CandleNNError(f"the model produced non-finite outputs (NaN or infinity): the weights "
-                            f"in {shown(weights)} are corrupt (e.g. NaN values) or overflow their "
-                            "dtype; check the file or convert it again")
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:

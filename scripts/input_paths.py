@@ -21,10 +21,8 @@ from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator, Sequence
 
 from candle_nn.atomic_write import is_staging
+from candle_nn_models.image_file import IMAGE_SUFFIXES, not_regular
 from candle_nn_models.scripts.run_manifest import MANIFEST, read_manifest
-
-IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp")
-
 
 @dataclass(frozen=True)
 class ImageInput:
@@ -137,14 +135,3 @@ def _written_here(folder: Path) -> set[str]:
                 if head == (prefix if prefix != "." else ""):
                     written.add(name)
     return written
-
-
-def not_regular(mode: int) -> str | None:
-    """``None`` for a regular file, else what it is (never opened: reading a FIFO blocks)."""
-    if stat.S_ISREG(mode):
-        return None
-    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
-             (stat.S_ISDIR, "a folder"))
-    what = next((name for test, name in kinds if test(mode)), "a special file")
-    return f"{what}, not a regular file: skipped"

@@ -39,6 +39,10 @@ polygon normalised to [0, 1]); ``--json`` gives each detection a COCO RLE ``segm
 ``retina_masks``). ``--task classify`` (a YOLOv8-cls file) prints the ``--top-k`` classes per image
 (``scripts/yolo_v8_classify.py``). See ``docs/yolo_v8_tasks.md``.
 
+Images go through the YOLO task API (``candle_nn_models.yolo``: ``load``, ``predict``, whose
+options are the ones above); this program writes each ``Result``'s drawing, labels, crops and
+record.
+
 ``--video`` takes video files and folders of images (image sequences): each gives an annotated MP4
 and per-frame JSON lines (see ``scripts/yolo_v8_video.py``); labels and crops are named
 ``<stem>_<frame>``, as ultralytics does for videos.
@@ -48,55 +52,28 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from candle_nn import CandleNNError, Device, Module
+from candle_nn import CandleNNError, Device
 
-from candle_nn_models.coco import COCO_SKELETON
-from candle_nn_models.letterbox import letterbox
-from candle_nn_models.yolo_v8 import MULTIPLES, YoloV8Spec
+from candle_nn_models.yolo import YOLO, Result
+from candle_nn_models.yolo.draw import draw_detections
+from candle_nn_models.yolo_v8 import MULTIPLES
 from candle_nn_models.yolo_v8_masks import InstanceMasks
-from candle_nn_models.yolo_v8_post import (Detection, crop_box, segment_label_lines,
-                                           yolo_label_lines)
+from candle_nn_models.yolo_v8_post import Detection, crop_box, segment_label_lines, yolo_label_lines
 from candle_nn_models.scripts.image_loop import Batch
 from candle_nn.cli import ArgumentParser, print_json_document, printable
 from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments,
-                                             add_output_arguments, compile_choice, fraction,
-                                             load_rgb, MAX_YOLO_INPUT_SIZE, number_arg,
-                                             parse_device, positive, run_main, shown,
-                                             yolo_input_size)
+                                             add_output_arguments, compile_choice, parse_device,
+                                             positive, run_main, shown)
 from candle_nn_models.scripts.outputs import OutputFolder, fit_name
 from candle_nn_models.scripts.yolo_v8_classify import classify_images
-from candle_nn_models.scripts.yolo_v8_draw import draw_detections
-from candle_nn_models.scripts.yolo_v8_predict import predict
+from candle_nn_models.scripts.yolo_v8_predict import add_predict_arguments, predict_options
 from candle_nn_models.scripts.yolo_v8_video import check_sources, detect_video, print_video_result
-from candle_nn_models.scripts.yolo_v8_weights import load_detector
+from candle_nn_models.scripts.yolo_v8_weights import load_detector, load_yolo  # noqa: F401
 
 SAVE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}  # others are written as PNG
-
-
-@dataclass
-class ImageResult:
-    """What the CLI found in one image and where it wrote the drawing."""
-
-    image: Path
-    output: Path
-    size_hw: tuple[int, int]
-    detections: list[Detection]
-
-    def to_dict(self, names: Sequence[str]) -> dict:
-        return {"image": shown(self.image), "output": shown(self.output),
-                "height": self.size_hw[0], "width": self.size_hw[1],
-                "detections": [d.to_dict(names) for d in self.detections]}
-
-
-def _class_id(text: str) -> int:
-    value = number_arg(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a class id (0, 1, 2, ...)")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,28 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "converted by candle-nn-weights convert --from ultralytics (default: "
                              "candle's yolov8{variant}[-pose].safetensors from the Hugging Face "
                              "hub)")
-    parser.add_argument("--conf", type=fraction, default=0.25,
-                        help="minimum class score (default 0.25)")
-    parser.add_argument("--iou", type=fraction, default=0.7,
-                        help="NMS IoU threshold: a box overlapping a better one by more than "
-                             "this is dropped (default 0.7, as ultralytics' yolo predict)")
-    parser.add_argument("--size", type=yolo_input_size, default=None,
-                        help="longest side of the model input (classify: the centre crop), a "
-                             f"multiple of 32 up to {MAX_YOLO_INPUT_SIZE}; default: the size "
-                             "the weights were trained at (as ultralytics' predict), else 640 "
-                             "(classify: 224)")
-    parser.add_argument("--square", action="store_true",
-                        help="pad every input to size x size "
-                             "(default: pad only up to a multiple of 32)")
-    parser.add_argument("--top-k", type=positive(int), default=5,
-                        help="--task classify: classes printed per image (default 5)")
+    add_predict_arguments(parser, "main")  # --conf, --iou, --size, --square, --top-k
     add_device_argument(parser)
     add_output_arguments(parser, "runs/<task>/predict, e.g. runs/detect/predict")
     yolo = parser.add_argument_group("ultralytics-style options (same meanings as yolo predict)")
-    yolo.add_argument("--classes", type=_class_id, nargs="+", metavar="N", default=None,
-                      help="keep only these class ids, e.g. --classes 0 2 3")
-    yolo.add_argument("--max-det", type=positive(int), default=300,
-                      help="maximum detections per image (default 300)")
+    add_predict_arguments(yolo, "ultralytics")  # --classes, --max-det, --agnostic-nms, ...
     for flag, text in ULTRALYTICS_SWITCHES.items():
         yolo.add_argument(flag, action="store_true", help=text)
     yolo.add_argument("--line-width", type=positive(int), default=None, metavar="PX",
@@ -155,14 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 TASKS = ("detect", "pose", "segment", "classify")
 
-# yolo predict's on/off options: flag -> help.
+# yolo predict's on/off options of the output files and drawing: flag -> help (those of the
+# prediction itself are PredictOptions')
 ULTRALYTICS_SWITCHES = {
-    "--agnostic-nms": "class-agnostic NMS: boxes of different classes suppress each other",
-    "--half": "run the model in float16",
     "--save-txt": "write YOLO labels, class cx cy w h (normalised), to OUT/labels/",
     "--save-conf": "with --save-txt: append each detection's score",
     "--save-crop": "write each detection's crop to OUT/crops/<class name>/",
-    "--retina-masks": "--task segment: masks at the original image's resolution",
     "--hide-labels": "draw boxes without labels",
     "--hide-conf": "labels without scores",
 }
@@ -178,28 +136,23 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error("--video runs detect, pose and segment models; classify images with --image")
 
 
-def load_for(args: argparse.Namespace, device: Device,
-             ) -> tuple[Module, YoloV8Spec, list[str], Path]:
-    """:func:`load_detector` with the command line's weights, task, variant and ``--half``;
-    ``--classes`` checked against the model's class count; ``--compile`` applied. Also returns
-    the weights file."""
-    model, spec, names, path = load_detector(args.weights, args.task, args.variant, device,
-                                          "float16" if args.half else "float32")
+def load_for(args: argparse.Namespace, device: Device) -> YOLO:
+    """:func:`load_yolo` with the command line's weights, task, variant and ``--half``; the
+    predict options checked against the model (``--classes`` against its class count);
+    ``--compile`` applied."""
+    model = load_yolo(args.weights, args.task, args.variant, device,
+                      "float16" if args.half else "float32")
+    spec, path = model.spec, model.path
     if spec.task == "classify":
-        names = list(names) + [str(i) for i in range(len(names), spec.num_classes)]
         if args.video:
             raise CandleNNError(f"{path} holds {spec}, a classifier: --video runs detect, pose "
                                 "and segment models; classify images with --image")
         if args.save_crop:
             raise CandleNNError(f"{path} holds {spec}, a classifier: --save-crop needs "
                                 "detections (a detect, pose or segment model)")
-    if args.size is None:  # the training size the file records, as ultralytics predicts
-        args.size = model.imgsz
-    if args.classes and max(args.classes) >= spec.num_classes:
-        raise CandleNNError(f"--classes {max(args.classes)}: the model has {spec.num_classes} "
-                            f"classes (0..{spec.num_classes - 1})")
-    model.set_compiled(compile_choice(args.compile))
-    return model, spec, names, path
+    model.options(**predict_options(args))
+    model.model.set_compiled(compile_choice(args.compile))
+    return model
 
 
 def output_name(stem: str, image: Path, task: str) -> str:
@@ -215,32 +168,31 @@ def run_folder(args: argparse.Namespace, task: str) -> str:
 
 
 def detect(args: argparse.Namespace, batch: Batch) -> None:
-    """Run the CLI's work for parsed ``args``: each image's detections into ``batch``."""
+    """Run the CLI's work for parsed ``args``: each image's results (``model.predict``) into
+    ``batch``, its drawing, labels and crops into the run folder."""
     paths = batch.start()
     if not paths:
         return
     device = parse_device(args.device, args.verbose)
-    model, spec, names, weights = load_for(args, device)
-    batch.doc.update({"model": str(spec), "task": spec.task})
-    if spec.task == "classify":
-        classify_images(args, batch, paths, model, names, weights)
+    model = load_for(args, device)
+    batch.doc.update({"model": str(model.spec), "task": model.task})
+    options = predict_options(args)
+    if model.task == "classify":
+        classify_images(args, batch, paths, model, options)
         return
     # after the weights: a failed load makes no folder
-    output = batch.output = OutputFolder(run_folder(args, spec.task), args.exist_ok)
-    skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()
+    output = batch.output = OutputFolder(run_folder(args, model.task), args.exist_ok)
     for image in batch.progress(paths):
         with batch.image(image):
-            rgb = load_rgb(image, args.max_pixels)
-            lb = letterbox(rgb, args.size, auto=not args.square)
-            ((detections, masks),) = predict(args, model, spec, [lb], weights)
-            drawing = draw_detections(rgb, detections, names, skeleton,
-                                      line_width=args.line_width, labels=not args.hide_labels,
-                                      scores=not args.hide_conf)
+            (result,) = model.predict(image, **options)
+            drawing = draw_detections(result.orig_img, result.detections, result.names,
+                                      result.skeleton, line_width=args.line_width,
+                                      labels=not args.hide_labels, scores=not args.hide_conf)
             stem = output.claim_stem(image)
-            out = output.save_image(drawing, output_name(stem, image, spec.task), image)
-            save_labels_and_crops(args, output, stem, rgb, detections, names, image, masks)
-            result = ImageResult(image, out, rgb.shape[:2], detections)
-            batch.done(result.to_dict(names), _result_lines(result, names))
+            out = output.save_image(drawing, output_name(stem, image, model.task), image)
+            save_labels_and_crops(args, output, stem, result.orig_img, result.detections,
+                                  result.names, image, result.masks)
+            batch.done(result.to_json(output=out), _result_lines(result, out))
 
 
 def save_labels_and_crops(args: argparse.Namespace, output: OutputFolder, stem: str, rgb,
@@ -274,14 +226,14 @@ def _safe_name(name: str) -> str:
     return fit_name(name.replace("/", "_").replace("\\", "_").strip(". ")) or "unnamed"
 
 
-def _result_lines(result: ImageResult, names: Sequence[str]) -> list[str]:
-    h, w = result.size_hw
+def _result_lines(result: Result, output: Path) -> list[str]:
+    h, w = result.orig_shape
     count = len(result.detections)
     plural = "s" if count != 1 else ""
-    lines = [f"{shown(result.image)}: {w}x{h}, {count} detection{plural} -> {shown(result.output)}"]
+    lines = [f"{shown(result.path)}: {w}x{h}, {count} detection{plural} -> {shown(output)}"]
     for det in result.detections:
         box = ", ".join(f"{v:.1f}" for v in det.box_xyxy)
-        lines.append(f"  {printable(names[det.class_id]):<15} {det.score:.3f}  [{box}]")
+        lines.append(f"  {printable(result.names[det.class_id]):<15} {det.score:.3f}  [{box}]")
     return lines
 
 
@@ -289,10 +241,12 @@ def detect_videos(args: argparse.Namespace) -> list:
     """``--video``: each source through the model frame by frame (``scripts/yolo_v8_video.py``)."""
     sources = check_sources(args.video)
     device = parse_device(args.device, args.verbose)
-    model, spec, names, _ = load_for(args, device)
+    yolo = load_for(args, device)
+    model, spec, names, skeleton = yolo.model, yolo.spec, yolo.names, yolo.skeleton
+    if args.size is None:  # the training size the file records, as ultralytics predicts
+        args.size = yolo.imgsz
     extras = OutputFolder(run_folder(args, spec.task), args.exist_ok)  # videos commit their own
     out_dir = extras.create()
-    skeleton = COCO_SKELETON if spec.task == "pose" and spec.num_keypoints == 17 else ()
 
     def annotate(rgb, detections):
         return draw_detections(rgb, detections, names, skeleton, line_width=args.line_width,

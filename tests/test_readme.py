@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import runpy
 
-from conftest import ROOT
+from conftest import FIXTURES, ROOT
 
 README = (ROOT / "README.md").read_text()
 
@@ -152,6 +152,19 @@ def test_readme_training_snippet_runs(tmp_path, monkeypatch, capsys) -> None:
 def test_readme_fast_path_snippet_runs(tmp_path, capsys) -> None:
     runpy.run_path(_write(tmp_path, _snippet("cn.ops.disabled")), run_name="__main__")
     assert "winograd" in capsys.readouterr().out
+
+
+def test_readme_yolo_api_snippet_runs(tmp_path, monkeypatch, capsys) -> None:
+    """The YOLO task API snippet, its ``../shared/fixtures/`` paths (the README's first command's)
+    where the fixtures are: a path and an array give two Results, the path's record names it and
+    its drawing has the image's size."""
+    snippet = _snippet("from candle_nn_models import yolo")
+    monkeypatch.chdir(tmp_path)
+    scope = runpy.run_path(_write(tmp_path, snippet.replace("../shared/fixtures/",
+                                                            f"{FIXTURES}/")), run_name="__main__")
+    assert len(scope["results"]) == 2 and scope["record"]["image"].endswith("bike.jpg")
+    assert scope["record"]["detections"] and scope["drawing"].shape == (556, 800, 3)
+    assert "[[" in capsys.readouterr().out  # the boxes printed
 
 
 def _write(tmp_path, snippet: str) -> str:

@@ -318,16 +318,16 @@ def test_iou_defaults_to_ultralytics_07(capsys, weights, tmp_path, monkeypatch):
     parser = yolo_cli.build_parser()
     assert parser.parse_args(["--image", "x.jpg"]).iou == 0.7
     assert "default 0.7" in " ".join(parser.format_help().split())
-    from candle_nn_models.scripts import yolo_v8_predict
+    from candle_nn_models.yolo import predict as pipeline  # where the CLI's NMS runs
 
     seen = []
-    real = yolo_v8_predict.postprocess
+    real = pipeline.postprocess
 
     def spy(*args, **kwargs):
         seen.append(kwargs["iou"])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(yolo_v8_predict, "postprocess", spy)
+    monkeypatch.setattr(pipeline, "postprocess", spy)
     code, _, _ = yolo(capsys, weights, "--image", BIKE, "--out", tmp_path / "out")
     assert code == 0 and seen == [0.7]
 
