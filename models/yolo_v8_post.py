@@ -141,7 +141,7 @@ def validation_detections(pred: np.ndarray, num_classes: int, conf: float = 0.00
 
 
 def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
-                num_keypoints: int = 0, num_masks: int = 0, conf: float = 0.25, iou: float = 0.45,
+                num_keypoints: int = 0, num_masks: int = 0, conf: float = 0.25, iou: float = 0.7,
                 max_det: int = 300, max_nms: int = 30000, agnostic: bool = False,
                 classes: Sequence[int] | None = None) -> list[list[Detection]]:
     """Detections per image from a raw prediction.
@@ -155,7 +155,7 @@ def postprocess(pred, letterboxes: Sequence[Letterbox], *, num_classes: int,
             (``candle_nn_models.yolo_v8_masks.segment_postprocess`` makes the masks).
             They must account for every channel of ``pred``: an 80-class prediction read with
             ``num_classes=2`` is refused, not split into 2 classes and 26 "keypoints".
-        conf: minimum class score (strictly above). iou: NMS IoU threshold.
+        conf: minimum class score (strictly above). iou: NMS IoU threshold (ultralytics' 0.7).
         max_det: detections kept per image. max_nms: best candidates entering NMS.
         agnostic: boxes of different classes suppress each other too.
         classes: keep only anchors whose best class is one of these (ultralytics' ``classes``:

@@ -69,8 +69,9 @@ from .yolo_v8 import YoloV8
 from .yolo_v8_dataset import DetectionDataset, collate
 from .yolo_v8_head import STRIDES
 from .yolo_v8_loss import DetectionLoss, check_targets
-from .yolo_v8_metrics import DetectionMetrics, DetectionResults
-from .yolo_v8_post import validation_detections, xywh_to_xyxy
+from .yolo.val import Validator
+from .yolo_v8_metrics import DetectionResults
+from .yolo_v8_post import xywh_to_xyxy
 
 __all__ = ["TrainConfig", "DetectionTrainer", "clip_grad_norm", "new_class_head",
            "resolve_optimizer", "RESULTS_COLUMNS"]
@@ -382,9 +383,10 @@ class DetectionTrainer:
         return total / max(seen, 1)
 
     def validate(self, pool: ThreadPoolExecutor) -> tuple[DetectionResults, np.ndarray]:
-        """The EMA's metrics and mean loss items on the validation set (conf 0.001, IoU 0.7, 300
-        detections an image: ultralytics' validation)."""
-        ema, metrics = self.ema, DetectionMetrics(self.train_set.names)
+        """The EMA's metrics and mean loss items on the validation set: its letterboxed samples
+        through the one :class:`~candle_nn_models.yolo.val.Validator` (conf 0.001, IoU 0.7,
+        300 detections an image: ultralytics' validation)."""
+        ema, validator = self.ema, Validator(self.train_set.names)
         ema.eval()
         total, seen = np.zeros(3), 0
         b = self.config.batch
@@ -399,13 +401,10 @@ class DetectionTrainer:
             _, items = self.val_criterion(raw, targets)
             total += np.asarray(items, dtype=np.float64)
             seen += 1
-            pred = np.asarray(pred)
-            for j, p in enumerate(pred):
-                boxes, scores, classes = validation_detections(p, self.nc)
-                mine = targets[targets[:, 0] == j]
-                gt = xywh_to_xyxy(mine[:, 2:6] * s)
-                metrics.update(boxes, scores, classes, gt, mine[:, 1].astype(np.int64))
-        return metrics.results(), total / max(seen, 1)
+            labels = [targets[targets[:, 0] == j] for j in range(len(x))]
+            validator.update(np.asarray(pred), [(xywh_to_xyxy(mine[:, 2:6] * s),
+                                                 mine[:, 1].astype(np.int64)) for mine in labels])
+        return validator.results(), total / max(seen, 1)
 
     def fit(self, stop_after: int | None = None) -> list[dict[str, float]]:
         """Train from the current epoch to ``config.epochs`` (or ``stop_after`` more epochs).

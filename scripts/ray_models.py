@@ -4,10 +4,10 @@ its output columns.
 
 Every job's rows start with ``path`` (absolute), ``width``, ``height`` and ``error`` (null unless
 the image failed; then the model columns are null). Preprocessing and postprocessing are the plain
-CLIs' own (``candle_nn_models.imagenet.preprocess``, ``candle_nn_models.letterbox``,
-``candle_nn_models.yolo_v8_post``, ``SamPredictor``), and models load through the CLIs' loaders, so
+CLIs' own (``candle_nn_models.imagenet.preprocess``, the YOLO task API's ``model_input`` and
+``YOLO.predict_letterboxed``, ``SamPredictor``), and models load through the CLIs' loaders, so
 a batch job gives the same numbers as ``candle-resnet`` / ``candle-yolo-v8 --square`` /
-``SamPredictor`` on the same image.
+``SamPredictor`` on the same image (YOLO: each row's ``detections`` are ``Result.to_json()``'s).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import pyarrow as pa
 
 from candle_nn_models.classify_transforms import eval_resize
 from candle_nn_models.imagenet import CROP, preprocess as imagenet_preprocess
-from candle_nn_models.letterbox import Letterbox, letterbox
+from candle_nn_models.letterbox import Letterbox
 from candle_nn_models.segment_anything import Sam, SamPredictor
 from candle_nn_models.segment_anything.transforms import ResizeLongestSide
 from candle_nn_models.training_size import DEFAULT_SIZE, default_size
-from candle_nn_models.yolo_v8_post import postprocess
+from candle_nn_models.yolo.predict import model_input
 
 BASE_FIELDS = [pa.field("path", pa.string(), nullable=False), pa.field("width", pa.int32()),
                pa.field("height", pa.int32()), pa.field("error", pa.string())]
@@ -161,7 +161,9 @@ class ResNetBatch(BatchModel):
 
 class YoloBatch(BatchModel):
     """Detection (and pose): ``detections`` = [{class_id, class_name, score, box_xyxy[4],
-    keypoints[K][3]}] in original-image pixels, letterboxed to a ``size``² square."""
+    keypoints[K][3]}] in original-image pixels, letterboxed to a ``size``² square: the
+    ``detections`` of the image's ``Result.to_json()`` (``YOLO.predict(image, square=True)``),
+    the prediction checked finite."""
 
     name = "yolo_v8"
     task = "detect"
@@ -177,15 +179,15 @@ class YoloBatch(BatchModel):
         return (self.options.size, self.options.size, 3)
 
     def preprocess(self, rgb):
-        lb = letterbox(rgb, self.options.size)  # square: every input of a batch has one shape
+        # square: every input of a batch has one shape
+        lb = model_input(rgb, self.options.size, square=True)
         return lb.image, {"scale": lb.scale, "pad_x": lb.pad[0], "pad_y": lb.pad[1]}
 
     def _load(self, device):
-        from candle_nn_models.scripts.yolo_v8_weights import load_detector
+        from candle_nn_models.scripts.yolo_v8_weights import load_yolo
 
-        self.model, self.spec, self.names, path = load_detector(
-            self.options.weights, self.task, self.options.variant, device)
-        return path, self.spec.variant
+        self.model = load_yolo(self.options.weights, self.task, self.options.variant, device)
+        return self.model.path, self.model.spec.variant
 
     def trained_size(self):
         if self.options.weights is None:  # candle's published files record no size
@@ -197,18 +199,10 @@ class YoloBatch(BatchModel):
         boxes = [Letterbox(image, float(scale), (int(px), int(py)), (int(h), int(w)))
                  for image, scale, px, py, (h, w) in zip(
                      inputs, extras["scale"], extras["pad_x"], extras["pad_y"], sizes_hw)]
-        pred = self.model(mx.array(np.concatenate([lb.as_input() for lb in boxes])))
-        per_image = postprocess(pred, boxes, num_classes=self.spec.num_classes,
-                                num_keypoints=self.spec.num_keypoints,
-                                conf=self.options.conf, iou=self.options.iou)
-        return [{"detections": [self._row(d) for d in dets]} for dets in per_image]
-
-    def _row(self, det) -> dict[str, Any]:
-        row = {"class_id": det.class_id, "class_name": self.names[det.class_id],
-               "score": det.score, "box_xyxy": det.box_xyxy.tolist()}
-        if det.keypoints is not None:
-            row["keypoints"] = det.keypoints.tolist()
-        return row
+        results = self.model.predict_letterboxed(boxes, conf=self.options.conf,
+                                                 iou=self.options.iou, imgsz=self.options.size,
+                                                 square=True)
+        return [{"detections": r.to_json()["detections"]} for r in results]
 
 
 class YoloPoseBatch(YoloBatch):

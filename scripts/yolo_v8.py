@@ -242,30 +242,28 @@ def detect_videos(args: argparse.Namespace) -> list:
     sources = check_sources(args.video)
     device = parse_device(args.device, args.verbose)
     yolo = load_for(args, device)
-    model, spec, names, skeleton = yolo.model, yolo.spec, yolo.names, yolo.skeleton
-    if args.size is None:  # the training size the file records, as ultralytics predicts
-        args.size = yolo.imgsz
+    spec = yolo.spec
     extras = OutputFolder(run_folder(args, spec.task), args.exist_ok)  # videos commit their own
     out_dir = extras.create()
 
-    def annotate(rgb, detections):
-        return draw_detections(rgb, detections, names, skeleton, line_width=args.line_width,
-                               labels=not args.hide_labels, scores=not args.hide_conf)
+    def annotate(result: Result):
+        return result.plot(line_width=args.line_width, labels=not args.hide_labels,
+                           conf=not args.hide_conf)
 
     results = []
     for source in sources:
         stem = extras.claim_stem(source)
         output = out_dir / f"{stem}_{spec.task}.mp4"
 
-        def save_extras(index, rgb, detections, masks, stem=stem, source=source):
-            save_labels_and_crops(args, extras, f"{stem}_{index}", rgb, detections, names, source,
-                                  masks)
+        def save_extras(index, result, stem=stem, source=source):
+            save_labels_and_crops(args, extras, f"{stem}_{index}", result.orig_img,
+                                  result.detections, result.names, source, result.masks)
 
         try:
             for written in (output, output.with_suffix(".jsonl")):
                 extras.check_replaceable(written)
-            result = detect_video(args, source, model, spec, names, output,
-                                  annotate, save_extras)
+            result = detect_video(yolo, predict_options(args), source, output,
+                                  args.batch_size, annotate, save_extras)
         except BaseException:
             extras.abort()
             raise

@@ -13,6 +13,9 @@ images holding it, its boxes, P, R, mAP50 and mAP50-95, and ``all`` over the cla
 ``--json`` prints the same as one JSON document. Unreadable images and malformed label lines are
 skipped with one warning each on stderr.
 
+The validation is the YOLO task API's (``YOLO.val``, ``models/yolo/val.py``), which the trainer's
+validation shares; this program parses the options and prints the result.
+
 ultralytics' ``yolo val`` letterboxes each batch to its own rectangle and downsizes with
 area interpolation; here every image is letterboxed as ``candle-yolo-v8`` predicts, so the
 detections, and the metrics by a little, can differ from ``yolo val``'s. The same detections give
@@ -23,22 +26,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Sequence
 
-from candle_nn import CandleNNError, model_dtype
-import mlx.core as mx
 import numpy as np
 
-from candle_nn_models.letterbox import Letterbox, letterbox
+from candle_nn_models.yolo.val import (VAL_BATCH, VAL_CONF, VAL_IMGSZ, VAL_IOU, VAL_MAX_DET,
+                                       ground_truth_in_input, read_split)
 from candle_nn_models.yolo_v8 import MULTIPLES
-from candle_nn_models.yolo_v8_data import DataConfig, DataError, label_path, read_labels
-from candle_nn_models.yolo_v8_metrics import DetectionMetrics
+from candle_nn_models.yolo_v8_metrics import DetectionResults
 from candle_nn_models.yolo_v8_post import validation_detections
-from candle_nn_models.scripts.common import (add_device_argument, check_finite, compile_choice,
-                                             fraction, ImageInputError, load_rgb, parse_device,
-                                             positive, run_main, shown, yolo_input_size)
+from candle_nn_models.scripts.common import (add_device_argument, compile_choice, fraction,
+                                             parse_device, positive, run_main, yolo_input_size)
+
+__all__ = ["build_parser", "detections", "ground_truth_in_input", "main", "validate"]
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -54,17 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "yolov8{variant})")
     parser.add_argument("--variant", choices=tuple(MULTIPLES), default=None,
                         help="model size when --weights is not given (default: n)")
-    parser.add_argument("--imgsz", type=yolo_input_size, default=640, metavar="PX",
-                        help="square input side, a multiple of 32 (default 640)")
-    parser.add_argument("--batch", type=positive(int), default=16, metavar="N",
-                        help="images per model call (default 16)")
-    parser.add_argument("--conf", type=fraction, default=0.001,
-                        help="minimum class score of a detection (default 0.001, ultralytics' "
-                             "for validation)")
-    parser.add_argument("--iou", type=fraction, default=0.7,
-                        help="NMS IoU threshold (default 0.7, ultralytics' for validation)")
-    parser.add_argument("--max-det", type=positive(int), default=300, metavar="N",
-                        help="detections kept per image (default 300)")
+    parser.add_argument("--imgsz", type=yolo_input_size, default=VAL_IMGSZ, metavar="PX",
+                        help=f"square input side, a multiple of 32 (default {VAL_IMGSZ})")
+    parser.add_argument("--batch", type=positive(int), default=VAL_BATCH, metavar="N",
+                        help=f"images per model call (default {VAL_BATCH})")
+    parser.add_argument("--conf", type=fraction, default=VAL_CONF,
+                        help=f"minimum class score of a detection (default {VAL_CONF}, "
+                             "ultralytics' for validation)")
+    parser.add_argument("--iou", type=fraction, default=VAL_IOU,
+                        help=f"NMS IoU threshold (default {VAL_IOU}, ultralytics' for "
+                             "validation)")
+    parser.add_argument("--max-det", type=positive(int), default=VAL_MAX_DET, metavar="N",
+                        help=f"detections kept per image (default {VAL_MAX_DET})")
     parser.add_argument("--half", action="store_true", help="run the model in float16")
     parser.add_argument("--json", action="store_true",
                         help="print the metrics as one JSON document on stdout")
@@ -79,63 +82,23 @@ def detections(pred: np.ndarray, num_classes: int, conf: float, iou: float,
     return validation_detections(pred, num_classes, conf, iou, max_det)
 
 
-def ground_truth_in_input(lb: Letterbox, boxes_xyxy: np.ndarray) -> np.ndarray:
-    """Original-image pixel boxes → the letterboxed input's pixels (as ultralytics moves the
-    labels with the image)."""
-    h, w = lb.orig_hw
-    unpad_w, unpad_h = max(1, int(round(w * lb.scale))), max(1, int(round(h * lb.scale)))
-    gain = np.float32([unpad_w / w, unpad_h / h] * 2)
-    return boxes_xyxy * gain + np.float32([lb.pad[0], lb.pad[1]] * 2)
+def validate(args: argparse.Namespace) -> DetectionResults:
+    """``YOLO.val`` of the detector the command line names, with its options; warnings go to
+    stderr."""
+    from candle_nn_models.scripts.yolo_v8_weights import load_yolo
 
-
-def validate(args: argparse.Namespace) -> DetectionMetrics:
-    """Score the model on the split; warnings go to stderr."""
-    from candle_nn_models.scripts.yolo_v8_weights import load_detector
-
-    data = DataConfig.load(args.data)
-    images = data.images(args.split)
+    read_split(args.data, args.split)  # a bad data.yaml is named before any weights load
     device = parse_device(args.device, args.verbose)
-    model, spec, _, weights = load_detector(args.weights, "detect", args.variant, device,
-                                            "float16" if args.half else "float32")
-    if spec.num_classes != len(data.names):
-        raise CandleNNError(f"{data.path} names {len(data.names)} classes but {shown(weights)} "
-                            f"predicts {spec.num_classes}: pass the weights trained on this data")
-    model.set_compiled(compile_choice(args.compile))
-    metrics = DetectionMetrics(data.names)
-    for start in range(0, len(images), args.batch):
-        batch = []
-        for image in images[start:start + args.batch]:
-            try:
-                rgb = load_rgb(image)
-            except ImageInputError as exc:
-                print(f"warning: {exc}; image skipped", file=sys.stderr)
-                continue
-            labels, problems = read_labels(label_path(image), len(data.names))
-            for problem in problems:
-                print(f"warning: {problem}", file=sys.stderr)
-            lb = letterbox(rgb, args.imgsz)
-            batch.append((lb, labels))
-        if not batch:
-            continue
-        x = mx.array(np.concatenate([lb.as_input() for lb, _ in batch]))
-        pred = np.array(model(x.astype(model_dtype(model))).astype(mx.float32))
-        check_finite(pred, weights)
-        for p, (lb, labels) in zip(pred, batch):
-            boxes, scores, classes = detections(p, spec.num_classes, args.conf, args.iou,
-                                                args.max_det)
-            h, w = lb.orig_hw
-            gt = ground_truth_in_input(lb, labels.xyxy(w, h))
-            metrics.update(boxes, scores, classes, gt, labels.classes)
-    return metrics
+    model = load_yolo(args.weights, "detect", args.variant, device,
+                      "float16" if args.half else "float32")
+    model.model.set_compiled(compile_choice(args.compile))
+    return model.val(args.data, split=args.split, imgsz=args.imgsz, batch=args.batch,
+                     conf=args.conf, iou=args.iou, max_det=args.max_det, half=args.half)
 
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        metrics = validate(args)
-    except DataError as exc:
-        raise CandleNNError(str(exc)) from None
-    results = metrics.results()
+    results = validate(args)
     if args.json:
         print(json.dumps({"data": str(Path(args.data)), "split": args.split,
                           **results.to_dict()}, indent=2))

@@ -4,9 +4,11 @@ Each source — a video file, or a folder of images read in name order as a sequ
 annotated H.264 MP4 ``<out>/<stem>_<task>.mp4`` (the source's frame rate; 25 fps for image
 sequences) and ``<out>/<stem>_<task>.jsonl``, one JSON line per frame: ``{"frame": i,
 "time": seconds, "detections": [...]}``, or ``{"frame": i, "skipped": reason}`` for a frame that
-could not be decoded. Such frames are skipped and counted, not fatal. Frames go through the model
-in batches of ``--batch-size``. Both files are written to temporary names and renamed at the
-end, so a failed run leaves neither.
+could not be decoded. Such frames are skipped and counted, not fatal. Frames go through the YOLO
+task API in batches of ``--batch-size`` (``YOLO.predict_batch``: one forward pass each), and
+each frame's ``Result`` gives its drawing and its line's ``detections`` (``Result.to_json``).
+Both files are written to temporary names and renamed at the end, so a failed run leaves
+neither.
 
 Decoding and encoding use PyAV: FFmpeg's libraries in-process (its wheels bundle FFmpeg with
 libx264, so nothing else needs installing), packet by packet, so one corrupt packet costs its
@@ -16,23 +18,20 @@ where a decode error ends the pipe.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from candle_nn import ImageError
 import numpy as np
 
 from candle_nn.atomic_write import remove_quietly, temp_beside
-from candle_nn_models.letterbox import letterbox
-from candle_nn_models.yolo_v8_post import Detection
+from candle_nn_models.yolo import YOLO, Result
 from candle_nn_models.scripts.common import load_rgb
-from candle_nn_models.scripts.yolo_v8_predict import predict
 from candle_nn_models.scripts.input_paths import IMAGE_SUFFIXES
 
 VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".wmv",
@@ -174,13 +173,13 @@ class VideoWriter:
             remove_quietly(self.tmp)
 
 
-def detect_video(args: argparse.Namespace, source: Path, model, spec,
-                 names: Sequence[str], output: Path,
-                 annotate, save_extras) -> VideoResult:
-    """Run the model over every frame of ``source`` in batches of ``args.batch_size``; write the
-    annotated video ``output`` and its JSON lines beside it (both or neither).
-    ``annotate(rgb, detections)`` draws a frame; ``save_extras(frame index, rgb, detections,
-    masks)`` writes --save-txt/--save-crop outputs."""
+def detect_video(model: YOLO, options: dict[str, Any], source: Path, output: Path,
+                 batch_size: int, annotate: Callable[[Result], np.ndarray],
+                 save_extras: Callable[[int, Result], None]) -> VideoResult:
+    """Run ``model`` (``YOLO.predict_batch`` with ``options``) over every frame of ``source``
+    in batches of ``batch_size``; write the annotated video ``output`` and its JSON lines
+    beside it (both or neither). ``annotate(result)`` draws a frame; ``save_extras(frame index,
+    result)`` writes --save-txt/--save-crop outputs."""
     from tqdm import tqdm
 
     reader = FrameReader(source)
@@ -198,16 +197,15 @@ def detect_video(args: argparse.Namespace, source: Path, model, spec,
                 nonlocal writer
                 if not batch:
                     return
-                boxes = [letterbox(rgb, args.size, auto=not args.square) for _, rgb in batch]
-                found = predict(args, model, spec, boxes)
-                for (index, rgb), (detections, masks) in zip(batch, found):
+                found = model.predict_batch([rgb for _, rgb in batch], **options)
+                for (index, rgb), result in zip(batch, found):
                     if writer is None:
                         writer = VideoWriter(output, rgb.shape[:2], reader.fps)
-                    writer.write(np.asarray(annotate(rgb, detections)))
-                    save_extras(index, rgb, detections, masks)
-                    lines.write(_frame_line(index, index / reader.fps, detections, names))
+                    writer.write(np.asarray(annotate(result)))
+                    save_extras(index, result)
+                    lines.write(_frame_line(index, index / reader.fps, result))
                     counts["frames"] += 1
-                    counts["detections"] += len(detections)
+                    counts["detections"] += len(result.detections)
                 progress.update(len(batch))
                 batch.clear()
 
@@ -221,7 +219,7 @@ def detect_video(args: argparse.Namespace, source: Path, model, spec,
                 if batch and frame.shape != batch[0][1].shape:
                     flush()  # one batch, one input shape
                 batch.append((index, frame))
-                if len(batch) == args.batch_size:
+                if len(batch) == batch_size:
                     flush()
             flush()
         if writer is None:
@@ -241,10 +239,9 @@ def detect_video(args: argparse.Namespace, source: Path, model, spec,
                        counts["detections"], size_hw, round(reader.fps, 3))
 
 
-def _frame_line(index: int, time: float, detections: Sequence[Detection],
-                names: Sequence[str]) -> str:
+def _frame_line(index: int, time: float, result: Result) -> str:
     return json.dumps({"frame": index, "time": round(time, 4),
-                       "detections": [d.to_dict(names) for d in detections]}) + "\n"
+                       "detections": result.to_json()["detections"]}) + "\n"
 
 
 def print_video_result(result: VideoResult) -> None:

@@ -1,26 +1,31 @@
 """``YOLO``: a loaded YOLOv8 or YOLO11 model (detect, pose, segment or classify) as a task, as
 ultralytics' ``YOLO(...)``: ``yolo.load(weights).predict(source)`` → one :class:`Result` per
-image."""
+image; ``.val(data="data.yaml")`` → a detector's validation metrics."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from candle_nn import CandleNNError, Device, check_weights_path, model_dtype
 import mlx.core as mx
+import numpy as np
+
+from candle_nn.inputs import check_rgb_image
 
 from candle_nn_models.coco import COCO_SKELETON
-from candle_nn_models.letterbox import letterbox
+from candle_nn_models.letterbox import Letterbox
 from candle_nn_models.yolo_checkpoint import YoloModel
 from candle_nn_models.yolo_v8 import YoloV8Spec
+from candle_nn_models.yolo_v8_metrics import DetectionResults
 
 from candle_nn_models.weights.registry import resolve_weights
 
 from .load import load_file, published_weights
 from .options import PredictOptions
-from .predict import Source, classify_probs, detect_batch, images_of
+from .predict import Source, classify_probs, detect_batch, images_of, model_input
 from .result import Result
+from .val import VAL_BATCH, VAL_CONF, VAL_IMGSZ, VAL_IOU, VAL_MAX_DET, validate
 
 __all__ = ["YOLO", "load"]
 
@@ -79,11 +84,61 @@ class YOLO:
                 probs = classify_probs(model, rgb, size, self.path)
                 results.append(Result(rgb, path, self.names, probs=probs, top_k=opts.top_k))
                 continue
-            lb = letterbox(rgb, size, auto=not opts.square)
-            ((detections, masks),) = detect_batch(model, self.spec, [lb], opts, self.path)
-            results.append(Result(rgb, path, self.names, detections, masks,
-                                  skeleton=self.skeleton))
+            results += self._detect([model_input(rgb, size, opts.square)], opts, [rgb], [path])
         return results
+
+    def predict_batch(self, images: Sequence[np.ndarray], **options: Any) -> list[Result]:
+        """One :class:`Result` per image of ``images``, ``(H, W, 3)`` uint8 RGB arrays of one
+        shape (a video's frames), in one forward pass; detect, pose and segment models;
+        ``options`` as :meth:`predict`'s."""
+        opts = self._detect_options(options)
+        size = opts.imgsz or self.imgsz
+        rgbs = [check_rgb_image(rgb, where="predict_batch") for rgb in images]
+        return self._detect([model_input(rgb, size, opts.square) for rgb in rgbs], opts, rgbs,
+                            [None] * len(rgbs))
+
+    def predict_letterboxed(self, boxes: Sequence[Letterbox], **options: Any) -> list[Result]:
+        """:meth:`predict_batch` for images letterboxed already, by
+        :func:`~candle_nn_models.yolo.predict.model_input` with this ``imgsz`` and ``square``
+        (candle-nn-batch's Ray tasks do it away from the model): one Result per letterbox, with
+        the original's size (``orig_shape``) and no image to plot."""
+        return self._detect(list(boxes), self._detect_options(options), [None] * len(boxes),
+                            [None] * len(boxes))
+
+    def _detect_options(self, options: dict[str, Any]) -> PredictOptions:
+        if self.task == "classify":
+            raise CandleNNError(f"{self.path} holds {self.spec}, a classifier: predict_batch and "
+                                "predict_letterboxed run detect, pose and segment models; "
+                                "classify with predict")
+        return self.options(**options)
+
+    def _detect(self, boxes: list[Letterbox], opts: PredictOptions, images: list,
+                paths: list) -> list[Result]:
+        """The detections of letterboxed ``boxes`` (one forward pass) as Results."""
+        model = self._model(mx.float16 if opts.half else mx.float32)
+        found = detect_batch(model, self.spec, boxes, opts, self.path)
+        return [Result(rgb, path, self.names, detections, masks, skeleton=self.skeleton,
+                       orig_hw=lb.orig_hw if rgb is None else None)
+                for lb, rgb, path, (detections, masks) in zip(boxes, images, paths, found)]
+
+    def val(self, data: "str | Path", *, split: str = "val", imgsz: int = VAL_IMGSZ,
+            batch: int = VAL_BATCH, conf: float = VAL_CONF, iou: float = VAL_IOU,
+            max_det: int = VAL_MAX_DET, half: bool = False,
+            warn: Callable[[str], None] | None = None) -> DetectionResults:
+        """A detector's P, R, mAP50 and mAP50-95 (overall and per class, ultralytics'
+        validation metrics) on the ``split`` of ``data`` (a data.yaml, see
+        ``models/yolo_v8_data.py``): each image letterboxed to ``imgsz`` square, ``batch``
+        images a forward pass, ultralytics' validation NMS (``conf``, ``iou``, ``max_det``).
+        ``warn(message)`` gets each skipped image and malformed label line (default: a
+        ``warning:`` line on stderr). ``results.table()`` is ultralytics' printout,
+        ``results.to_dict()`` what ``candle-yolo-v8 val --json`` prints."""
+        if self.task != "detect":
+            raise CandleNNError(f"{self.path} holds {self.spec}: val scores detectors; pass a "
+                                "detect model's weights")
+        model = self._model(mx.float16 if half else mx.float32)
+        return validate(model, self.spec.num_classes, self.path, data, split=split,
+                        imgsz=imgsz, batch=batch, conf=conf, iou=iou, max_det=max_det,
+                        **({} if warn is None else {"warn": warn}))
 
     def _model(self, dtype: mx.Dtype):
         """The network in ``dtype``: loaded from the file (as ``load(..., half=)`` does) the

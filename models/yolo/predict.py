@@ -17,7 +17,7 @@ import numpy as np
 from candle_nn.inputs import check_rgb_image
 from candle_nn_models.finite import check_finite
 from candle_nn_models.image_file import IMAGE_SUFFIXES, ImageInputError, load_rgb
-from candle_nn_models.letterbox import Letterbox
+from candle_nn_models.letterbox import Letterbox, letterbox
 from candle_nn_models.yolo_v8 import YoloV8Spec
 from candle_nn_models.yolo_v8_classify import preprocess
 from candle_nn_models.yolo_v8_masks import InstanceMasks, segment_postprocess
@@ -25,28 +25,44 @@ from candle_nn_models.yolo_v8_post import Detection, postprocess
 
 from .options import PredictOptions
 
-__all__ = ["classify_probs", "detect_batch", "images_of"]
+__all__ = ["classify_probs", "detect_batch", "forward", "images_of", "model_input"]
 
 Source = Any  # a path, folder or glob (str | Path), a PIL image, an (H, W, 3) uint8 array, ...
+
+
+def model_input(rgb: np.ndarray, size: int, square: bool = False) -> Letterbox:
+    """One ``(H, W, 3)`` uint8 RGB image as predict feeds it to a detector: letterboxed to
+    ``size`` on its long side, padded to ``size x size`` (``square``) or only up to a multiple of
+    32. Images letterboxed elsewhere (candle-nn-batch's Ray tasks) come from here too."""
+    return letterbox(rgb, size, auto=not square)
+
+
+def forward(model, task: str, boxes: Sequence[Letterbox],
+            weights: "str | os.PathLike | None" = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """One forward pass over letterboxed images of one shape: the prediction ``(N, C, A)`` as
+    float32 NumPy, checked finite (else an error naming ``weights``, when given), and for a
+    segment model its ``(N, h, w, num_masks)`` prototypes (else ``None``)."""
+    x = mx.array(np.concatenate([lb.as_input() for lb in boxes])).astype(model_dtype(model))
+    out = model(x)
+    pred = out[0] if task == "segment" else out
+    pred = np.array(pred.astype(mx.float32))
+    if weights is not None:
+        check_finite(pred, weights)
+    protos = np.array(out[1].astype(mx.float32)) if task == "segment" else None
+    return pred, protos
 
 
 def detect_batch(model, spec: YoloV8Spec, boxes: Sequence[Letterbox], options: PredictOptions,
                  weights: "str | os.PathLike | None" = None,
                  ) -> list[tuple[list[Detection], InstanceMasks | None]]:
-    """Per letterboxed image, its detections (``conf``, ``iou``, ``max_det``, ``agnostic_nms``,
-    ``classes``) and, for segmentation, their masks at ultralytics' resolution
-    (``retina_masks``; each detection also holds its mask on the original image). A non-finite
-    prediction is an error naming ``weights`` (when given)."""
-    x = mx.array(np.concatenate([lb.as_input() for lb in boxes])).astype(model_dtype(model))
-    out = model(x)
-    pred = out[0] if spec.task == "segment" else out
-    pred = np.array(pred.astype(mx.float32))
-    if weights is not None:
-        check_finite(pred, weights)
+    """Per letterboxed image (one shape for all), its detections (``conf``, ``iou``,
+    ``max_det``, ``agnostic_nms``, ``classes``) and, for segmentation, their masks at
+    ultralytics' resolution (``retina_masks``; each detection also holds its mask on the
+    original image). A non-finite prediction is an error naming ``weights`` (when given)."""
+    pred, protos = forward(model, spec.task, boxes, weights)
     nms = dict(conf=options.conf, iou=options.iou, max_det=options.max_det,
                agnostic=options.agnostic_nms, classes=options.classes)
     if spec.task == "segment":
-        protos = np.array(out[1].astype(mx.float32))
         return segment_postprocess(pred, protos, list(boxes), num_classes=spec.num_classes,
                                    num_masks=spec.num_masks, retina=options.retina_masks, **nms)
     return [(dets, None) for dets in postprocess(pred, list(boxes), num_classes=spec.num_classes,

@@ -45,7 +45,9 @@ class Result:
     """One image's predictions.
 
     Attributes:
-        orig_img: the ``(H, W, 3)`` uint8 RGB image the model saw (before letterboxing).
+        orig_img: the ``(H, W, 3)`` uint8 RGB image the model saw (before letterboxing);
+            ``None`` for images letterboxed elsewhere (``YOLO.predict_letterboxed``), whose
+            ``orig_hw`` then gives the original's size.
         path: the file it came from (``None`` for an array or PIL image).
         names: class names, one per class id.
         detections: detect, pose and segment models: the kept detections, best first (each with
@@ -55,9 +57,10 @@ class Result:
         probs: classify models: ``(num_classes,)`` float32 probabilities.
         top_k: how many classes :meth:`to_json` lists for a classifier.
         skeleton: the keypoint pairs :meth:`plot` joins (COCO's for 17-keypoint pose models).
+        orig_hw: the original ``(height, width)`` when there is no ``orig_img``.
     """
 
-    orig_img: np.ndarray
+    orig_img: np.ndarray | None
     path: Path | None
     names: Sequence[str]
     detections: list[Detection] | None = None
@@ -65,10 +68,13 @@ class Result:
     probs: np.ndarray | None = None
     top_k: int = 5
     skeleton: Sequence[tuple[int, int]] = field(default=(), repr=False)
+    orig_hw: tuple[int, int] | None = None
 
     @property
     def orig_shape(self) -> tuple[int, int]:
         """The original image's ``(height, width)``."""
+        if self.orig_img is None:
+            return int(self.orig_hw[0]), int(self.orig_hw[1])
         return int(self.orig_img.shape[0]), int(self.orig_img.shape[1])
 
     @property
@@ -115,6 +121,10 @@ class Result:
         if self.detections is None:
             raise CandleNNError("plot draws detections, and a classifier has none: read its "
                                 "classes from result.probs or result.to_json()")
+        if self.orig_img is None:
+            raise CandleNNError("plot draws on the original image, and this result was "
+                                "predicted from a letterboxed input without it: predict from "
+                                "the image itself (YOLO.predict or predict_batch)")
         drawing = draw_detections(self.orig_img, self.detections, self.names, self.skeleton,
                                   line_width=line_width, labels=labels, scores=conf)
         return np.asarray(drawing, dtype=np.uint8)

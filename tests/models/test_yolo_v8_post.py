@@ -177,6 +177,21 @@ def test_postprocess_filters_sorts_and_maps_back() -> None:
     assert [(d.class_id, round(d.score, 2)) for d in agnostic] == [(0, 0.9), (0, 0.3)]
 
 
+def test_postprocess_default_iou_is_ultralytics() -> None:
+    """Left out, the NMS threshold is ultralytics' (and ``YOLO.predict``'s) 0.7: two boxes of one
+    class overlapping with IoU 2/3 both stay; at 0.45 the weaker is suppressed."""
+    from candle_nn_models.yolo import PredictOptions
+
+    lb = Letterbox(np.zeros((64, 64, 3), np.uint8), 1.0, (0, 0), (200, 200))
+    pred = _pred([[100, 100, 40, 40, 0.9],
+                  [108, 100, 40, 40, 0.8]])  # IoU (32 * 40) / (2 * 1600 - 32 * 40) = 2/3
+    boxes = xywh_to_xyxy(pred[0, :4].T)
+    assert box_iou_one(boxes[0], boxes[1:])[0] == pytest.approx(2 / 3)
+    assert [d.score for d in postprocess(pred, [lb], num_classes=1)[0]] == pytest.approx([0.9, 0.8])
+    assert len(postprocess(pred, [lb], num_classes=1, iou=0.45)[0]) == 1
+    assert PredictOptions().iou == 0.7
+
+
 def test_postprocess_keypoints_and_json() -> None:
     lb = Letterbox(np.zeros((64, 64, 3), np.uint8), 2.0, (4, 0), (32, 30))
     pred = _pred([[20, 20, 8, 8, 0.9, 14, 10, 0.95, 200, -3, 0.1]])
