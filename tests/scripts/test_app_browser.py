@@ -41,12 +41,12 @@ def models():
     """The models the app serves, loaded here as the app loads them."""
     from candle_nn_models.scripts.resnet import load_classifier
     from candle_nn_models.scripts.segment_anything import load_sam
-    from candle_nn_models.scripts.yolo_v8_weights import load_detector
+    from candle_nn_models.scripts.yolo_v8_weights import load_yolo
 
     paths = dict(zip(weights_args()[::2], weights_args()[1::2]))
     cpu = Device.parse("cpu")
     sam, _, _ = load_sam(None, paths["--sam-weights"], cpu)
-    detector = load_detector(paths["--detect-weights"], "detect", None, cpu)
+    detector = load_yolo(paths["--detect-weights"], "detect", None, cpu)
     classifier, labels, _ = load_classifier(paths["--classify-weights"], None, cpu)
     return {"sam": sam, "detect": detector, "classify": (classifier, labels)}
 
@@ -255,7 +255,6 @@ def test_segment_everything_draws_the_generators_masks(app_url, browser, models)
 def test_detect_and_classify_views(app_url, browser, models, tmp_path):
     from candle_nn_models.scripts.resnet import top_k_probabilities
     from candle_nn_models.imagenet import preprocess
-    from candle_nn_models.scripts.yolo_v8_predict import detect_image
 
     open_sample(browser, app_url)
     browser.find_element(By.CSS_SELECTOR, "button.tab[data-view=detect]").click()
@@ -266,8 +265,8 @@ def test_detect_and_classify_views(app_url, browser, models, tmp_path):
     detections = wait_for(browser, "window.candleApp.detect.conf === 0.75 && "
                                    "window.candleApp.pending === 0 && "
                                    "window.candleApp.detect.detections", "the detections at 0.75")
-    model, spec, names, path = models["detect"]
-    expected = detect_image(model, spec, sample_image(), path, conf=0.75, iou=0.7)
+    (result,) = models["detect"].predict(sample_image(), conf=0.75, iou=0.7)
+    expected = result.detections
     assert expected, "the threshold must leave detections to compare"
     assert [d["class_id"] for d in detections] == [d.class_id for d in expected]
     np.testing.assert_allclose([d["box_xyxy"] for d in detections],
