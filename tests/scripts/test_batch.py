@@ -11,7 +11,8 @@ The output folder (docs/batch.md): files the job did not write are refused and n
 resume is keyed on the weights' SHA-256 (not their path), a second job on one folder is refused
 (the lock), each image is once across duplicate inputs, retried failures and reruns, the summary
 counts what was written, Ray is quiet without ``--verbose``, files get the umask's mode, and
-``--iou`` defaults to ultralytics' 0.7.
+``--iou`` defaults to ultralytics' 0.7. A YOLO row's detections are the YOLO task API's
+``Result.to_json()`` record for the image.
 """
 
 from __future__ import annotations
@@ -288,6 +289,47 @@ def test_yolo_rows_equal_the_plain_cli(ray_runtime, folder, tmp_path, capsys, mo
                 assert np.allclose(g["keypoints"], e["keypoints"], rtol=tol,
                                    atol=0.005 + tol * 640)
     assert total > 0
+
+
+@pytest.mark.parametrize("model, fixture", [("yolo_v8", "yolov8n"),
+                                            ("yolo_v8_pose", "yolov8n_pose")])
+def test_yolo_rows_are_the_api_records(folder, model, fixture):
+    """A YOLO row is the image's ``Result.to_json()`` (the app's and ``candle-yolo-v8 --json``'s
+    record) from ``yolo.load(...).predict(image, square=True)``: its size and its detections,
+    exactly (as float32, the row's Arrow type). The job's own steps run here, in this process:
+    a Ray actor sets its BLAS to its CPU count, which moves the last bits of a float (the Ray
+    run is ``test_yolo_rows_equal_the_plain_cli``)."""
+    import pyarrow as pa
+
+    from candle_nn_models import yolo
+    from candle_nn_models.scripts.ray_models import JobOptions, identify
+    from candle_nn_models.scripts.ray_pipeline import decode_batch
+
+    options, job = identify(JobOptions(model, str(weights(fixture)), size=320))
+    api = yolo.load(weights(fixture), "cpu")
+    total = 0
+    for path in good_images(folder)[:3]:
+        batch = decode_batch({"path": np.array([str(path)], dtype=object)}, job)
+        (found,) = job.predict(batch["input"], {k: batch[k] for k in job.extras},
+                               np.stack([batch["height"], batch["width"]], axis=1))
+        row = {"path": str(path), "error": None, "width": int(batch["width"][0]),
+               "height": int(batch["height"][0]), **found}
+        (row,) = pa.Table.from_pylist([row], schema=job.schema()).to_pylist()
+        (result,) = api.predict(path, imgsz=options.size, square=True)
+        record = result.to_json()
+        assert (row["height"], row["width"]) == (record["height"], record["width"])
+        assert _as_float32(row["detections"]) == _as_float32(record["detections"]), path
+        total += len(record["detections"])
+    assert total > 0
+
+
+def _as_float32(value):
+    """``value`` with every float as float32 (a Parquet row's float32 columns read back)."""
+    if isinstance(value, dict):
+        return {k: _as_float32(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_float32(v) for v in value]
+    return np.float32(value) if isinstance(value, float) else value
 
 
 def test_sam_rows_equal_the_predictor(ray_runtime, folder, tmp_path, capsys):

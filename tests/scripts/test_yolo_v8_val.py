@@ -1,6 +1,7 @@
-"""``candle-yolo-v8 val`` and the data.yaml / YOLO-label reader, in-process on a two-image set made
-from the fixture photo (the fixture's seeded weights; labels placed on some of the model's own
-detections, clipped to the image, so some are found)."""
+"""``candle-yolo-v8 val`` (and ``YOLO.val``, the API it is a client of) and the data.yaml /
+YOLO-label reader, in-process on a two-image set made from the fixture photo (the fixture's
+seeded weights; labels placed on some of the model's own detections, clipped to the image, so
+some are found)."""
 
 from __future__ import annotations
 
@@ -89,6 +90,25 @@ def test_val_json_is_the_metrics_of_the_detections(capsys, dataset, weights) -> 
     assert any("broken.jpg" in w and "skipped" in w for w in warnings)
     assert any("a.txt:4: repeats" in w for w in warnings)
     assert any("a.txt:5: coordinates outside 0..1" in w for w in warnings)
+
+
+def test_yolo_val_is_the_cli_json(capsys, dataset, weights) -> None:
+    """``yolo.load(weights).val(data=...)`` gives exactly the metrics ``candle-yolo-v8 val
+    --json`` prints, and hands each warning the CLI prints to ``warn``."""
+    from candle_nn_models import yolo
+
+    yaml_path, _ = dataset
+    assert main(["val", "--data", yaml_path, "--weights", str(weights), "--imgsz", str(SIZE),
+                 "--batch", "2", "--json"]) == 0
+    out, err = capsys.readouterr()
+    cli = json.loads(out)
+    warnings: list[str] = []
+    results = yolo.load(weights, "cpu").val(data=yaml_path, imgsz=SIZE, batch=2,
+                                            warn=warnings.append)
+    assert json.loads(json.dumps(results.to_dict())) == {
+        k: v for k, v in cli.items() if k not in ("data", "split")}
+    assert [f"warning: {w}" for w in warnings] == err.strip().splitlines()
+    assert results.all.images == 2 and results.all.map50 > 0
 
 
 def test_val_prints_ultralytics_table(capsys, dataset, weights) -> None:
