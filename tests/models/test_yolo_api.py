@@ -132,6 +132,28 @@ def test_every_kind_of_source_gives_the_same_result(weights, tmp_path):
     assert model.predict(rgb, imgsz=SIZE)[0].to_json()["image"] is None
 
 
+@pytest.mark.parametrize("task", ["detect", "pose", "segment"])
+def test_batch_and_letterboxed_predict_give_predicts_results(weights, task):
+    """``predict_batch`` (``--video``'s frames) and ``predict_letterboxed`` (candle-nn-batch's
+    pre-letterboxed inputs) give ``predict``'s records; a letterboxed result has the original's
+    size but no image to plot; a classifier is refused."""
+    from candle_nn_models.yolo.predict import model_input
+
+    model = yolo.load(weights[task], "cpu")
+    rgb = np.asarray(Image.open(BIKE).convert("RGB"))
+    (want,) = model.predict(rgb, imgsz=SIZE, conf=0.1)
+    assert want.detections, "the threshold must leave detections to compare"
+    (frame,) = model.predict_batch([rgb], imgsz=SIZE, conf=0.1)
+    assert frame.to_json() == want.to_json()
+    assert np.array_equal(frame.plot(), want.plot())
+    (boxed,) = model.predict_letterboxed([model_input(rgb, SIZE)], imgsz=SIZE, conf=0.1)
+    assert boxed.to_json() == want.to_json() and boxed.orig_shape == (556, 800)
+    _one_error(boxed.plot, "letterboxed input")
+    assert len(model.predict_batch([rgb, rgb[:, ::-1].copy()], imgsz=SIZE)) == 2
+    classifier = yolo.load(weights["classify"], "cpu")
+    _one_error(lambda: classifier.predict_batch([rgb]), "a classifier", "classify with predict")
+
+
 def test_the_cli_options_are_the_predict_options():
     """candle-yolo-v8's predict options are PredictOptions' fields: its defaults are theirs, and
     each field's flag parses into that field."""
