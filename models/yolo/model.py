@@ -121,24 +121,25 @@ class YOLO:
                        orig_hw=lb.orig_hw if rgb is None else None)
                 for lb, rgb, path, (detections, masks) in zip(boxes, images, paths, found)]
 
-    def val(self, data: "str | Path", *, split: str = "val", imgsz: int = VAL_IMGSZ,
+    def val(self, data: "str | Path", *, split: str = "val", imgsz: int | None = VAL_IMGSZ,
             batch: int = VAL_BATCH, conf: float = VAL_CONF, iou: float = VAL_IOU,
             max_det: int = VAL_MAX_DET, half: bool = False,
             warn: Callable[[str], None] | None = None) -> DetectionResults:
         """A detector's P, R, mAP50 and mAP50-95 (overall and per class, ultralytics'
         validation metrics) on the ``split`` of ``data`` (a data.yaml, see
-        ``models/yolo_v8_data.py``): each image letterboxed to ``imgsz`` square, ``batch``
-        images a forward pass, ultralytics' validation NMS (``conf``, ``iou``, ``max_det``).
-        ``warn(message)`` gets each skipped image and malformed label line (default: a
-        ``warning:`` line on stderr). ``results.table()`` is ultralytics' printout,
-        ``results.to_dict()`` what ``candle-yolo-v8 val --json`` prints."""
+        ``models/yolo_v8_data.py``): each image letterboxed to ``imgsz`` square (``None``: the
+        size the weights were trained at), ``batch`` images a forward pass, ultralytics'
+        validation NMS (``conf``, ``iou``, ``max_det``). ``warn(message)`` gets each skipped
+        image and malformed label line (default: a ``warning:`` line on stderr).
+        ``results.table()`` is ultralytics' printout, ``results.to_dict()`` what
+        ``candle-yolo-v8 val --json`` prints."""
         if self.task != "detect":
             raise CandleNNError(f"{self.path} holds {self.spec}: val scores detectors; pass a "
                                 "detect model's weights")
         model = self._model(mx.float16 if half else mx.float32)
         return validate(model, self.spec.num_classes, self.path, data, split=split,
-                        imgsz=imgsz, batch=batch, conf=conf, iou=iou, max_det=max_det,
-                        **({} if warn is None else {"warn": warn}))
+                        imgsz=imgsz or self.imgsz, batch=batch, conf=conf, iou=iou,
+                        max_det=max_det, **({} if warn is None else {"warn": warn}))
 
     def _model(self, dtype: mx.Dtype):
         """The network in ``dtype``: loaded from the file (as ``load(..., half=)`` does) the

@@ -111,6 +111,26 @@ def test_yolo_val_is_the_cli_json(capsys, dataset, weights) -> None:
     assert results.all.images == 2 and results.all.map50 > 0
 
 
+def test_yolo_val_bad_input_is_one_candle_nn_error(tmp_path, dataset, weights) -> None:
+    from candle_nn_models import yolo
+
+    yaml_path, _ = dataset
+    model = yolo.load(weights, "cpu")
+    pose = yolo.load(fixture_dir("yolov8n_pose") / "weights.safetensors", "cpu")
+    for call, fragments in [
+            (lambda: model.val(tmp_path / "none.yaml"), ("none.yaml", "not found")),
+            (lambda: model.val(yaml_path, split="test"), ("no 'test' entry",)),
+            (lambda: model.val(yaml_path, batch=0), ("batch=0", ">= 1")),
+            (lambda: model.val(yaml_path, conf=2), ("conf=2", "[0, 1]")),
+            (lambda: model.val(yaml_path, imgsz=100), ("imgsz=100", "multiple of 32")),
+            (lambda: pose.val(yaml_path), ("val scores detectors",))]:
+        with pytest.raises(cn.CandleNNError) as info:
+            call()
+        assert "\n" not in str(info.value)
+        for fragment in fragments:
+            assert fragment in str(info.value), str(info.value)
+
+
 def test_val_prints_ultralytics_table(capsys, dataset, weights) -> None:
     yaml_path, expected = dataset
     assert main(["val", "--data", yaml_path, "--weights", str(weights), "--imgsz",
