@@ -115,6 +115,8 @@ class YOLO:
     def _detect(self, boxes: list[Letterbox], opts: PredictOptions, images: list,
                 paths: list) -> list[Result]:
         """The detections of letterboxed ``boxes`` (one forward pass) as Results."""
+        if not boxes:
+            raise CandleNNError("no images to predict: pass at least one")
         model = self._model(mx.float16 if opts.half else mx.float32)
         found = detect_batch(model, self.spec, boxes, opts, self.path)
         return [Result(rgb, path, self.names, detections, masks, skeleton=self.skeleton,

@@ -1,7 +1,8 @@
 """The YOLO pipeline, once: images from any source → letterbox (classify: its crop) → forward →
 non-finite check → NMS, masks and keypoints (classify: probabilities). ``YOLO.predict`` runs it
-per image; ``candle-yolo-v8`` (images through the API, video batches through
-:func:`detect_batch`), the app and ``val`` share it."""
+per image (``candle-yolo-v8``, the app), ``YOLO.predict_batch`` per batch of frames (``--video``),
+``YOLO.predict_letterboxed`` on inputs :func:`model_input` made elsewhere (``candle-nn-batch``'s
+Ray tasks); validation (``val.py``) shares :func:`forward`."""
 
 from __future__ import annotations
 

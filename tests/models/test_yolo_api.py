@@ -152,6 +152,8 @@ def test_batch_and_letterboxed_predict_give_predicts_results(weights, task):
     assert len(model.predict_batch([rgb, rgb[:, ::-1].copy()], imgsz=SIZE)) == 2
     classifier = yolo.load(weights["classify"], "cpu")
     _one_error(lambda: classifier.predict_batch([rgb]), "a classifier", "classify with predict")
+    _one_error(lambda: model.predict_batch([]), "no images")
+    _one_error(lambda: model.predict_batch([rgb[..., 0]]), "(H, W, 3)")
 
 
 def test_the_cli_options_are_the_predict_options():
