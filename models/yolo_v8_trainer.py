@@ -69,9 +69,9 @@ from .yolo_v8 import YoloV8
 from .yolo_v8_dataset import DetectionDataset, collate
 from .yolo_v8_head import STRIDES
 from .yolo_v8_loss import DetectionLoss, check_targets
-from .yolo.val import Validator
 from .yolo_v8_metrics import DetectionResults
 from .yolo_v8_post import xywh_to_xyxy
+from .yolo_v8_validator import Validator
 
 __all__ = ["TrainConfig", "DetectionTrainer", "clip_grad_norm", "new_class_head",
            "resolve_optimizer", "RESULTS_COLUMNS"]
