@@ -30,8 +30,15 @@ from candle_nn_models.yolo.result import top_classes
 from candle_nn_models.scripts.image_loop import Batch
 from candle_nn.cli import ArgumentParser, printable
 from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments,
-                                             compile_choice, load_rgb, parse_device, positive,
+                                             compile_choice, load_rgb, number_arg, parse_device,
                                              run_main, shown)
+
+
+def _at_least_one(text: str) -> int:
+    value = number_arg(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not at least 1")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_argument(parser)
     for f in dataclasses.fields(PredictOptions):  # --top-k, --batch-size
         if f.metadata["cli"]:
-            parser.add_argument(f.metadata["flag"], type=positive(int), default=f.default,
+            parser.add_argument(f.metadata["flag"], type=_at_least_one, default=f.default,
                                 help=f.metadata["help"].format(default=f.default))
     parser.add_argument("--labels", default=None, metavar="FILE",
                         help="class names, one a line in class-index order (labels.txt of "
