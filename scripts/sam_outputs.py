@@ -5,13 +5,14 @@ segment-anything's tools and mlx-examples read)."""
 from __future__ import annotations
 
 import colorsys
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 from PIL import Image
 
-from candle_nn_models.segment_anything.amg import (batched_mask_to_box, box_xyxy_to_xywh,
-                                                   coco_encode_rle, mask_to_rle)
+from candle_nn_models.sam import mask_json
+
+__all__ = ["mask_json", "overlay_masks", "palette"]  # mask_json: the SAM API's, for the app
 
 
 def palette(n: int) -> np.ndarray:
@@ -41,11 +42,3 @@ def _eroded(mask: np.ndarray) -> np.ndarray:
     inner[:, 1:] &= mask[:, :-1]
     inner[:, :-1] &= mask[:, 1:]
     return inner
-
-
-def mask_json(mask: np.ndarray) -> dict[str, Any]:
-    """COCO RLE, area and XYWH box of one ``(H, W)`` boolean mask."""
-    rle = mask_to_rle(mask[None])[0]
-    box = batched_mask_to_box(mask[None])[0]
-    return {"segmentation": coco_encode_rle(rle), "area": int(mask.sum()),
-            "bbox": box_xyxy_to_xywh(box).tolist()}
