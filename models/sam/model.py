@@ -1,7 +1,7 @@
 """``SamModel``: MobileSAM or SAM as a task, as ``candle-segment-anything`` runs it:
 ``sam.load(weights).predict(image, points=..., box=...)`` → :class:`SamResult`, and
 ``.everything(image)`` → :class:`EverythingResult`. The encoder runs once per image: prompting
-the same pixels again reuses its output."""
+the same :class:`SamImage` (``model.image(source)``) or array again reuses its output."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ class SamModel:
     def __init__(self, sam: Sam, path: Path, variant: str) -> None:
         self.sam, self.path, self.variant = sam, path, variant
         self.predictor = SamPredictor(sam)
-        self._embedded: str | None = None  # the digest of the image the predictor holds
+        # the image the predictor holds: its array and the digest of its pixels then
+        self._embedded: tuple[np.ndarray, str] | None = None
 
     def image(self, source: "Source | SamImage", max_pixels: int = DEFAULT_MAX_PIXELS) -> SamImage:
         """One image as SAM reads it: a path, a PIL image, an ``(H, W, 3)`` uint8 RGB array or
@@ -98,7 +99,7 @@ class SamModel:
             raise CandleNNError(f"threshold={threshold!r}: pass a finite number (SAM's is 0.0)")
         if embedding is not None:
             read_image_embedding(embedding, self.variant, image.rgb).apply(self.predictor)
-            self._embedded = image_digest(image.rgb)
+            self._embedded = (image.rgb, image_digest(image.rgb))
         else:
             self._embed(image.rgb)
         logits, scores, low_res = self.predictor.predict(
@@ -149,12 +150,13 @@ class SamModel:
                                 len(generator.point_grids[0]))
 
     def _embed(self, rgb: np.ndarray) -> None:
-        """Run the encoder on ``rgb`` unless the predictor holds these very pixels already."""
-        digest = image_digest(rgb)
-        if digest != self._embedded:
+        """Run the encoder on ``rgb`` unless the predictor holds this very array, unchanged (the
+        same :class:`SamImage` or NumPy array prompted again; another array is encoded anew)."""
+        key = (rgb, image_digest(rgb))
+        if self._embedded is None or self._embedded[0] is not rgb or self._embedded[1] != key[1]:
             self._embedded = None
             self.predictor.set_image(rgb)
-            self._embedded = digest
+            self._embedded = key
 
     def __repr__(self) -> str:
         return f"SamModel({self.variant}, {str(self.path)!r})"
