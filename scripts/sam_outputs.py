@@ -1,6 +1,5 @@
-"""What ``candle-segment-anything`` draws and records besides the mask PNGs: an overlay with every
-mask in its own colour, and mask records with COCO run-length encodings (what pycocotools,
-segment-anything's tools and mlx-examples read)."""
+"""What ``candle-segment-anything`` draws besides the mask PNGs: an overlay with every mask in its
+own colour (its mask records, COCO run-length encodings: the SAM API's ``mask_json``)."""
 
 from __future__ import annotations
 
