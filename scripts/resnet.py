@@ -25,7 +25,7 @@ from candle_nn import Device, VarBuilder
 import numpy as np
 
 from candle_nn_models.resnet import VARIANTS, Classifier, PredictOptions, ResNet, load
-from candle_nn_models.resnet_classifier import PreparedImage, eval_size, forward_probs
+from candle_nn_models.resnet.classifier import PreparedImage, eval_size, forward_probs
 from candle_nn_models.yolo.result import top_classes
 from candle_nn_models.scripts.image_loop import Batch
 from candle_nn.cli import ArgumentParser, printable

@@ -11,11 +11,12 @@ API, as ``candle-resnet`` runs it::
 ``candle-resnet`` is a client of this API: its options are :class:`PredictOptions`' fields.
 """
 
-from candle_nn_models.resnet_classifier import Classification, Classifier, load
 from candle_nn_models.resnet_network import (STAGE_WIDTHS, VARIANTS, ResidualBlock, ResNet,
                                              ResNetConfig, class_probabilities, conv_bn,
                                              infer_variant)
-from candle_nn_models.resnet_options import PredictOptions
+
+from .classifier import Classification, Classifier, load
+from .options import PredictOptions
 
 __all__ = ["Classification", "Classifier", "PredictOptions", "ResNet", "ResNetConfig",
            "ResidualBlock", "STAGE_WIDTHS", "VARIANTS", "class_probabilities", "conv_bn",

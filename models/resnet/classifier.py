@@ -20,7 +20,6 @@ from candle_nn_models.finite import check_finite
 from candle_nn_models.image_file import shown
 from candle_nn_models.imagenet import CROP, RESIZE, class_names, preprocess
 from candle_nn_models.resnet_network import ResNet, class_probabilities, infer_variant
-from candle_nn_models.resnet_options import PredictOptions
 from candle_nn_models.training_size import training_size
 from candle_nn_models.yolo.predict import Source, images_of
 from candle_nn_models.yolo.result import top_classes
@@ -28,6 +27,8 @@ from candle_nn_models.yolo.result import top_classes
 from candle_nn_models.weights.metadata import WeightsMetadata
 from candle_nn_models.weights.registry import resolve_weights
 from candle_nn_models.weights.spec import build_model
+
+from .options import PredictOptions
 
 __all__ = ["Classification", "Classifier", "PreparedImage", "eval_size", "forward_probs", "load",
            "open_resnet_weights"]
