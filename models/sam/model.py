@@ -5,6 +5,8 @@ the same :class:`SamImage` (``model.image(source)``) or array again reuses its o
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import re
 from pathlib import Path
@@ -95,8 +97,7 @@ class SamModel:
         image = self.image(image)
         height, width = image.rgb.shape[:2]
         prompts = Prompts.of(points, labels, box, height, width)
-        if not isinstance(threshold, (int, float)) or not np.isfinite(threshold):
-            raise CandleNNError(f"threshold={threshold!r}: pass a finite number (SAM's is 0.0)")
+        _check_threshold(threshold)
         if embedding is not None:
             read_image_embedding(embedding, self.variant, image.rgb).apply(self.predictor)
             self._embedded = (image.rgb, image_digest(image.rgb))
@@ -135,8 +136,7 @@ class SamModel:
         threshold; ``progress(done, total)``: called with the points decoded so far."""
         image = self.image(image)
         knobs = {k: v for k, v in check_everything_options(options).items() if v is not None}
-        if not isinstance(threshold, (int, float)) or not np.isfinite(threshold):
-            raise CandleNNError(f"threshold={threshold!r}: pass a finite number (SAM's is 0.0)")
+        _check_threshold(threshold)
         try:
             generator = SamAutomaticMaskGenerator(self.sam, output_mode="coco_rle", **knobs)
         except ValueError as exc:
@@ -160,6 +160,12 @@ class SamModel:
 
     def __repr__(self) -> str:
         return f"SamModel({self.variant}, {str(self.path)!r})"
+
+
+def _check_threshold(threshold: Any) -> None:
+    if not isinstance(threshold, numbers.Real) or isinstance(threshold, bool) \
+            or not math.isfinite(threshold):
+        raise CandleNNError(f"threshold={threshold!r}: pass a finite number (SAM's is 0.0)")
 
 
 def _io_reason(exc: BaseException) -> str:
