@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import sys
 from pathlib import Path
@@ -17,26 +16,14 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from PIL import Image
 
-from candle_nn import CandleNNError
-from candle_nn_models.segment_anything import Sam, SamAutomaticMaskGenerator
+from candle_nn_models.sam import KNOBS, SamImage, SamModel
+from candle_nn_models.sam.options import everything_defaults
 from candle_nn_models.segment_anything.automatic_mask_generator import POINTS_PER_BATCH
 from candle_nn_models.scripts.common import number_arg, shown
 from candle_nn_models.scripts.outputs import OutputFolder
 from candle_nn_models.scripts.sam_outputs import overlay_masks
 
-# flag -> (generator argument, type, lowest allowed value, help)
-KNOBS = {
-    "--points-per-side": ("points_per_side", int, 1, "points along each side of the prompt grid"),
-    "--points-per-batch": ("points_per_batch", int, 1, "points decoded together"),
-    "--pred-iou-thresh": ("pred_iou_thresh", float, 0, "keep masks whose predicted IoU is above"),
-    "--stability-score-thresh": ("stability_score_thresh", float, 0,
-                                 "keep masks whose stability score is at least"),
-    "--box-nms-thresh": ("box_nms_thresh", float, 0,
-                         "box IoU above which a lower-scored duplicate is dropped"),
-    "--crop-n-layers": ("crop_n_layers", int, 0, "extra layers of image crops (0: the image only)"),
-    "--min-mask-region-area": ("min_mask_region_area", int, 0,
-                               "fill holes / drop islands smaller than this many pixels"),
-}
+__all__ = ["KNOBS", "add_everything_arguments", "knob_type", "points_bar", "save_everything"]
 
 
 def add_everything_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,9 +33,9 @@ def add_everything_arguments(parser: argparse.ArgumentParser) -> None:
                        help="segment everything: masks from a grid of point prompts (no --point/"
                             "--box); writes <stem>_everything.png, <stem>_masks/<i>.png and "
                             "<stem>_masks.json (a progress bar on a terminal, none with --json)")
-    params = inspect.signature(SamAutomaticMaskGenerator.__init__).parameters
+    defaults = everything_defaults()
     for flag, (name, kind, low, text) in KNOBS.items():
-        default = params[name].default
+        default = defaults[name]
         by_device = f"{POINTS_PER_BATCH['cpu']} on the CPU, {POINTS_PER_BATCH['gpu']} on a GPU"
         shown_default = by_device if default is None else f"{default:g}"
         group.add_argument(flag, dest=name, type=knob_type(kind, low), default=default,
@@ -66,47 +53,37 @@ def knob_type(kind: type, low: float):
     return parse
 
 
-def make_generator(sam: Sam, args: argparse.Namespace) -> SamAutomaticMaskGenerator:
-    """The generator for the command line's knobs (CandleNNError for a combination it refuses)."""
+def save_everything(args: argparse.Namespace, model: SamModel, image: SamImage, stem: str,
+                    output: OutputFolder) -> tuple[dict[str, Any], list[str]]:
+    """``model.everything`` on one image with the command line's knobs and threshold, its
+    outputs staged in ``output`` named from ``stem`` (claimed for the image in the run folder);
+    returns the JSON record and the lines to print. A bar of the points decoded so far goes to
+    stderr when it is a terminal and ``--json`` is off (a run takes about a minute on a CPU)."""
     knobs = {name: getattr(args, name) for name, *_ in KNOBS.values()}
-    try:
-        return SamAutomaticMaskGenerator(sam, output_mode="coco_rle", **knobs)
-    except ValueError as exc:
-        raise CandleNNError(f"--everything: {exc}") from exc
-
-
-def segment_everything(path: Path, stem: str, rgb: np.ndarray,
-                       generator: SamAutomaticMaskGenerator, output: OutputFolder,
-                       progress: bool = True) -> tuple[dict[str, Any], list[str]]:
-    """Run the generator on one image and stage its outputs in ``output``, named from ``stem``
-    (claimed for ``path`` in the run folder); returns the JSON document and the lines to print.
-    ``progress``: the points decoded so far as a bar on stderr, when stderr is a terminal (a
-    run takes about a minute on a CPU).
-    """
-    with points_bar(path, progress) as report:
-        records = generator.generate(rgb, progress=report)
-    masks = [_decode(r["segmentation"]) for r in records]
-    overlay = output.save_image(overlay_masks(rgb, masks), f"{stem}_everything.png", path)
+    path = image.path
+    with points_bar(path, not args.json) as report:
+        result = model.everything(image, threshold=args.threshold, progress=report, **knobs)
+    masks, records = result.masks, result.records
+    overlay = output.save_image(overlay_masks(image.rgb, list(masks)), f"{stem}_everything.png",
+                                path)
     for i, mask in enumerate(masks):
         output.save_image(Image.fromarray(mask.astype(np.uint8) * 255), f"{stem}_masks/{i}.png",
                           path)
     mask_dir = output.path / f"{stem}_masks"
-    h, w = rgb.shape[:2]
-    doc = {"image": shown(path), "width": w, "height": h, "mode": "everything", "masks": records}
-    json_path = output.save_text(json.dumps(doc), f"{stem}_masks.json", path)
+    json_path = output.save_text(json.dumps(result.to_json()), f"{stem}_masks.json", path)
+    h, w = result.orig_shape
     lines = [f"{shown(path)}: {w}x{h}, everything: {len(records)} mask(s) from "
-             f"{len(generator.point_grids[0])} points"]
+             f"{result.points} points"]
     for i, r in enumerate(records):
         x, y, bw, bh = r["bbox"]
         lines.append(f"mask {i}: iou {r['predicted_iou']:.4f}, stability "
                      f"{r['stability_score']:.4f}, {r['area']} pixels "
                      f"({100.0 * r['area'] / (h * w):.1f}%), box {x},{y},{bw}x{bh}")
     lines += [f"wrote {shown(overlay)}"]
-    lines += [f"wrote {shown(mask_dir)}/ ({len(masks)} PNGs)"] if masks else []
+    lines += [f"wrote {shown(mask_dir)}/ ({len(masks)} PNGs)"] if len(masks) else []
     lines += [f"wrote {shown(json_path)}"]
-    doc["files"] = {"overlay": shown(overlay), "masks": shown(mask_dir) if masks else None,
-                    "json": shown(json_path)}
-    return doc, lines
+    files = {"overlay": overlay, "masks": mask_dir if len(masks) else None, "json": json_path}
+    return result.to_json(files=files), lines
 
 
 @contextlib.contextmanager
@@ -132,9 +109,3 @@ def points_bar(path: Path, enabled: bool) -> Iterator[Callable[[int, int], None]
     finally:
         if bar:
             bar[0].close()
-
-
-def _decode(rle: dict[str, Any]) -> np.ndarray:
-    from pycocotools import mask as mask_utils
-
-    return mask_utils.decode({"size": rle["size"], "counts": rle["counts"].encode()}).astype(bool)

@@ -1,17 +1,17 @@
-"""What ``candle-segment-anything`` draws and records besides the mask PNGs: an overlay with every
-mask in its own colour, and mask records with COCO run-length encodings (what pycocotools,
-segment-anything's tools and mlx-examples read)."""
+"""What ``candle-segment-anything`` draws besides the mask PNGs: an overlay with every mask in its
+own colour (its mask records, COCO run-length encodings: the SAM API's ``mask_json``)."""
 
 from __future__ import annotations
 
 import colorsys
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 from PIL import Image
 
-from candle_nn_models.segment_anything.amg import (batched_mask_to_box, box_xyxy_to_xywh,
-                                                   coco_encode_rle, mask_to_rle)
+from candle_nn_models.sam import mask_json
+
+__all__ = ["mask_json", "overlay_masks", "palette"]  # mask_json: the SAM API's, for the app
 
 
 def palette(n: int) -> np.ndarray:
@@ -41,11 +41,3 @@ def _eroded(mask: np.ndarray) -> np.ndarray:
     inner[:, 1:] &= mask[:, :-1]
     inner[:, :-1] &= mask[:, 1:]
     return inner
-
-
-def mask_json(mask: np.ndarray) -> dict[str, Any]:
-    """COCO RLE, area and XYWH box of one ``(H, W)`` boolean mask."""
-    rle = mask_to_rle(mask[None])[0]
-    box = batched_mask_to_box(mask[None])[0]
-    return {"segmentation": coco_encode_rle(rle), "area": int(mask.sum()),
-            "bbox": box_xyxy_to_xywh(box).tolist()}

@@ -31,76 +31,30 @@ import argparse
 import json
 import math
 import os
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 from PIL import Image
 
-from candle_nn import CandleNNError, Device, VarBuilder
-from candle_nn_models.segment_anything import Sam, SamPredictor, infer_encoder
-from candle_nn_models.segment_anything.embedding_file import (read_image_embedding,
-                                                              save_image_embedding)
-from candle_nn_models.segment_anything.transforms import preprocess_shape
+from candle_nn import CandleNNError
+from candle_nn_models.sam import (MODELS, PromptError, Prompts, SamModel, check_sam_shape, load,
+                                  load_sam)
 from candle_nn_models.scripts.image_loop import Batch
 from candle_nn.cli import ArgumentParser
-from candle_nn_models.scripts.common import (ImageInputError, add_device_argument,
-                                             add_input_arguments, add_output_arguments,
-                                             check_finite, compile_choice, load_rgb, number_arg,
+from candle_nn_models.scripts.common import (add_device_argument, add_input_arguments,
+                                             add_output_arguments, compile_choice, number_arg,
                                              parse_device, run_main, shown)
 from candle_nn_models.scripts.outputs import OutputFolder
-from candle_nn_models.scripts.sam_everything import (add_everything_arguments, make_generator,
-                                                     segment_everything)
-from candle_nn_models.scripts.sam_outputs import mask_json, overlay_masks
-from candle_nn_models.weights.registry import resolve_weights
-from candle_nn_models.weights.spec import SPECS, build_model
+from candle_nn_models.scripts.sam_everything import add_everything_arguments, save_everything
+from candle_nn_models.scripts.sam_outputs import overlay_masks
+from candle_nn_models.weights.spec import SPECS
+
+__all__ = ["MODELS", "PromptError", "Prompts", "check_sam_shape", "load_sam", "main",
+           "parse_prompts"]
 
 POSITIVE, NEGATIVE, BOX = (0, 220, 0), (230, 0, 0), (255, 200, 0)
-# --model: MobileSAM's encoders, then SAM's (the registry's variants: tiny, vit_b, vit_l, vit_h)
-FAMILIES = ("mobile_sam", "sam")
-MODELS = tuple(variant for family in FAMILIES for variant in SPECS[family].variants)
 DEFAULT_OUT = "runs/segment/predict"
-
-
-def load_sam(variant: "str | None", weights: "str | None",
-             device: Device) -> tuple[Sam, Path, str]:
-    """SAM with the ``variant`` encoder (one of :data:`MODELS`; ``None``: what ``weights`` holds,
-    else MobileSAM's) from ``weights`` (default: the published file), built through the
-    registry; the weights file and the encoder."""
-    if variant is None and weights is not None:
-        path = resolve_weights(FAMILIES[0], MODELS[0], weights)
-        vb = VarBuilder.from_safetensors(path, device=device)
-        variant = infer_encoder(vb, name=str(path))
-    else:
-        variant = variant or MODELS[0]
-        path = resolve_weights(_family(variant), variant, weights)
-        vb = VarBuilder.from_safetensors(path, device=device)
-    return build_model(_family(variant), variant, vb), path, variant
-
-
-def _family(variant: str) -> str:
-    return next(f for f in FAMILIES if variant in SPECS[f].variants)
-
-
-class PromptError(CandleNNError):
-    """A point or box given on the command line is malformed or outside the image."""
-
-
-@dataclass
-class Prompts:
-    """Prompts in original-image pixels."""
-
-    points: list[tuple[float, float]] = field(default_factory=list)
-    labels: list[int] = field(default_factory=list)
-    box: tuple[float, float, float, float] | None = None
-
-    def describe(self) -> str:
-        pos = sum(1 for label in self.labels if label == 1)
-        neg = len(self.labels) - pos
-        box = "no box" if self.box is None else "box " + ",".join(f"{v:g}" for v in self.box)
-        return f"{pos} point(s), {neg} negative point(s), {box}"
 
 
 def parse_values(text: str, count: int, option: str) -> list[float]:
@@ -261,114 +215,58 @@ def _main(argv: Sequence[str] | None) -> int:
                                 f"but {len(paths)} images were given")
         if paths:
             device = parse_device(args.device, args.verbose)
-            sam, weights, args.model = load_sam(args.model, args.weights, device)
-            sam.image_encoder.set_compiled(compile_choice(args.compile))
-            sam.mask_threshold = args.threshold
-            batch.doc["model"] = args.model
+            model = load(args.weights, device, variant=args.model)
+            model.sam.image_encoder.set_compiled(compile_choice(args.compile))
+            args.model = batch.doc["model"] = model.variant
             batch.output = OutputFolder(args.out or DEFAULT_OUT, args.exist_ok)
-            predictor = SamPredictor(sam)
-            generator = make_generator(sam, args) if args.everything else None
             for path in batch.progress(paths):
                 with batch.image(path, errors=(PromptError,)):
-                    if generator is not None:
-                        _everything(path, args, generator, batch)
+                    if args.everything:
+                        _everything(path, args, model, batch)
                     else:
-                        _segment(path, args, predictor, batch, weights)
+                        _segment(path, args, model, batch)
     return batch.exit_code
 
 
-def _load(path: Path, args: argparse.Namespace, side: int) -> np.ndarray:
-    rgb = load_rgb(path, args.max_pixels)
-    check_sam_shape(path, rgb, side)
-    return rgb
-
-
-def check_sam_shape(path: "str | os.PathLike", rgb: np.ndarray, side: int) -> None:
-    """ImageInputError when SAM, scaling the longer side of ``rgb`` to ``side``, would leave the
-    shorter one under 1 pixel."""
-    height, width = rgb.shape[:2]
-    if min(preprocess_shape(height, width, side)) < 1:
-        raise ImageInputError(path, f"{width}x{height} is too elongated: SAM scales the longer "
-                                    f"side to {side} px, which leaves the shorter one under 1 px "
-                                    f"(the aspect ratio can be at most {2 * side}:1)")
-
-
-def _everything(path: Path, args: argparse.Namespace, generator, batch: Batch) -> None:
-    rgb = _load(path, args, generator.predictor.model.image_size)
-    doc, lines = segment_everything(path, batch.output.claim_stem(path), rgb, generator,
-                                    batch.output, progress=not args.json)
+def _everything(path: Path, args: argparse.Namespace, model: SamModel, batch: Batch) -> None:
+    image = model.image(path, args.max_pixels)
+    doc, lines = save_everything(args, model, image, batch.output.claim_stem(path), batch.output)
     batch.done(doc, lines)
 
 
-def _segment(path: Path, args: argparse.Namespace, predictor: SamPredictor, batch: Batch,
-             weights: Path) -> None:
-    rgb = _load(path, args, predictor.model.image_size)
-    height, width = rgb.shape[:2]
+def _segment(path: Path, args: argparse.Namespace, model: SamModel, batch: Batch) -> None:
+    image = model.image(path, args.max_pixels)
+    height, width = image.rgb.shape[:2]
     prompts = parse_prompts(args.point, args.neg_point, args.box, height, width)
-    if args.embedding:
-        read_image_embedding(args.embedding, args.model, rgb).apply(predictor)
-    else:
-        predictor.set_image(rgb)
-        if args.save_embedding:
-            _save_embedding(predictor, args, rgb)
-    logits, scores, low_res = predictor.predict(
-        point_coords=np.array(prompts.points, dtype=np.float32) if prompts.points else None,
-        point_labels=np.array(prompts.labels, dtype=np.int32) if prompts.points else None,
-        box=np.array(prompts.box, dtype=np.float32) if prompts.box is not None else None,
-        multimask_output=args.multimask, return_logits=True)
-    check_finite(np.asarray(scores), weights)
-    check_finite(np.asarray(low_res), weights)
-    masks = logits > args.threshold
-
-    best = int(np.argmax(scores))
+    if args.save_embedding:
+        model.save_embedding(image, args.save_embedding)
+    result = model.predict(image, points=prompts.points or None,
+                           labels=prompts.labels or None, box=prompts.box,
+                           multimask=args.multimask, threshold=args.threshold,
+                           embedding=args.embedding)
+    masks, best = result.masks, result.best
     output = batch.output
     stem = output.claim_stem(path)
     files = {"mask": output.save_image(_mask_png(masks[best]), f"{stem}_mask.png", path)}
     if len(masks) > 1:
         for i, mask in enumerate(masks):
             files[f"mask_{i}"] = output.save_image(_mask_png(mask), f"{stem}_mask_{i}.png", path)
-    files["overlay"] = output.save_image(overlay_image(rgb, list(masks), prompts),
+    files["overlay"] = output.save_image(overlay_image(image.rgb, list(masks), result.prompts),
                                          f"{stem}_overlay.png", path)
-    records = [{**mask_json(mask), "predicted_iou": float(score), "best": i == best}
-               for i, (mask, score) in enumerate(zip(masks, scores))]
-    doc = {"image": shown(path), "width": width, "height": height, "mode": "prompts",
-           "prompts": {"points": [list(p) for p in prompts.points], "labels": prompts.labels,
-                       "box": list(prompts.box) if prompts.box is not None else None},
-           "threshold": args.threshold, "masks": records}
+    doc = result.to_json()
     files["json"] = output.save_text(json.dumps(doc), f"{stem}_masks.json", path)
     if args.save_embedding:
         files["embedding"] = Path(args.save_embedding)
-    doc["files"] = {k: shown(v) for k, v in files.items()}
 
-    lines = [f"{shown(path)}: {width}x{height}, {prompts.describe()}"
+    lines = [f"{shown(path)}: {width}x{height}, {result.prompts.describe()}"
              + (f", embedding from {args.embedding}" if args.embedding else "")]
-    for i, record in enumerate(records):
+    for i, record in enumerate(doc["masks"]):
         area = record["area"]
         lines.append(f"mask {i}: iou {record['predicted_iou']:.4f}, {area} pixels "
                      f"({100.0 * area / masks[i].size:.1f}%)"
-                     + ("  <- best" if i == best and len(scores) > 1 else ""))
+                     + ("  <- best" if i == best and len(masks) > 1 else ""))
     lines += [f"wrote {shown(v)}" for v in files.values()]
-    batch.done(doc, lines)
-
-
-def _save_embedding(predictor: SamPredictor, args: argparse.Namespace, rgb: np.ndarray) -> None:
-    """``--save-embedding``: written whole or not at all; a write error (a full disk, no
-    permission, a read-only file system) is one CandleNNError naming the file."""
-    from safetensors import SafetensorError
-
-    try:
-        save_image_embedding(predictor, args.save_embedding, args.model, rgb)
-    except (SafetensorError, OSError) as exc:  # safetensors reports I/O errors as its own type
-        raise CandleNNError(f"--save-embedding: cannot write {shown(args.save_embedding)}: "
-                            f"{_io_reason(exc)}") from None
-
-
-def _io_reason(exc: BaseException) -> str:
-    """The OS's words for an I/O error, also when safetensors wraps it (``Os { code: 28, … }``)."""
-    if isinstance(exc, OSError):
-        return exc.strerror or str(exc)
-    code = re.search(r"\bcode: (\d+)", str(exc))
-    return os.strerror(int(code.group(1))) if code else str(exc)
+    batch.done(result.to_json(files=files), lines)
 
 
 def _mask_png(mask: np.ndarray) -> Image.Image:

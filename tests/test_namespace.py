@@ -264,15 +264,17 @@ def test_the_wheel_beside_a_user_folder_with_its_own_models(wheel, tmp_path) -> 
 # -- layering: candle_nn <- models <- weights <- task APIs <- scripts / benchmarks -----------------
 # The task APIs (models/yolo/: `yolo.load(path or None)`) resolve a file by name, the published
 # default through the weights registry: they sit above weights/, below the CLIs, their clients.
-LAYERS = {"candle_nn": 0, "models": 1, "weights": 2, "models/yolo": 2.5, "scripts": 3}
+TASK_APIS = ("models/yolo", "models/resnet", "models/sam")
+LAYERS = {"candle_nn": 0, "models": 1, "weights": 2, **dict.fromkeys(TASK_APIS, 2.5),
+          "scripts": 3}
 INSTALLED_AS = {"candle_nn": "candle_nn", "models": "candle_nn_models",
-                "weights": "candle_nn_models.weights", "models/yolo": "candle_nn_models.yolo",
-                "scripts": "candle_nn_models.scripts"}
+                "weights": "candle_nn_models.weights", "scripts": "candle_nn_models.scripts",
+                **{api: "candle_nn_models." + api.split("/")[1] for api in TASK_APIS}}
 
 
 def _layer_of(module: str) -> str | None:
     """The repository folder a module name belongs to (None: not ours, or the harness)."""
-    for folder in ("scripts", "weights", "models/yolo", "models", "candle_nn"):  # longest first
+    for folder in ("scripts", "weights", *TASK_APIS, "models", "candle_nn"):  # longest first
         name = INSTALLED_AS[folder]
         if module == name or module.startswith(name + "."):
             return folder

@@ -167,6 +167,46 @@ def test_readme_yolo_api_snippet_runs(tmp_path, monkeypatch, capsys) -> None:
     assert "[[" in capsys.readouterr().out  # the boxes printed
 
 
+def _api_lines(marker: str, network: str) -> str:
+    """The task API's lines of the snippet with ``marker`` (those before the network's
+    ``network`` import, which needs a ``vb``), the fixtures' paths where the fixtures are, the
+    automatic masks' grid 4x4 (the same code, 64x fewer prompts)."""
+    lines = _snippet(marker).split(network)[0]
+    return re.sub(r"points_per_side=\d+", "points_per_side=4",
+                  lines.replace("../shared/fixtures/", f"{FIXTURES}/"))
+
+
+def test_readme_resnet_api_snippet_runs(tmp_path, monkeypatch, capsys) -> None:
+    """The ResNet task API lines: the printed record is ``candle-resnet --json``'s for the bike
+    (3 labels), and the API gives the path's 1000 probabilities."""
+    import json
+
+    from candle_nn_models.scripts.resnet import main as resnet_cli
+
+    monkeypatch.chdir(tmp_path)
+    snippet = _api_lines("from candle_nn_models import resnet", "from candle_nn_models.resnet ")
+    scope = runpy.run_path(_write(tmp_path, snippet), run_name="__main__")
+    r = scope["r"]
+    assert r.probs.shape == (1000,) and len(r.top_k) == 3 and r.path.name == "bike.jpg"
+    assert str(r.to_json()) in capsys.readouterr().out
+    assert resnet_cli(["--image", str(r.path), "--weights", str(scope["model"].path), "--top-k",
+                       "3", "--json", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["images"] == [r.to_json()]
+
+
+def test_readme_sam_api_snippet_runs(tmp_path, monkeypatch, capsys) -> None:
+    """The SAM task API lines: three masks of the bike's size with their scores, and automatic
+    masks from a 4x4 grid."""
+    monkeypatch.chdir(tmp_path)
+    snippet = _api_lines("from candle_nn_models import sam", "from candle_nn_models.segment_")
+    scope = runpy.run_path(_write(tmp_path, snippet), run_name="__main__")
+    r, auto = scope["r"], scope["auto"]
+    assert r.masks.shape == (3, 556, 800) and r.scores.shape == (3,) and 0 <= r.best < 3
+    assert "(3, 556, 800)" in capsys.readouterr().out
+    assert auto.points == 16 and auto.to_json()["mode"] == "everything"
+    assert auto.masks.shape == (len(auto.records), 556, 800)
+
+
 def _write(tmp_path, snippet: str) -> str:
     script = tmp_path / "snippet.py"
     script.write_text(snippet)

@@ -35,7 +35,7 @@ import numpy as np
 from candle_nn import CandleNNError, VarBuilder, WeightsFileError
 from candle_nn.atomic_write import atomic_write
 from candle_nn.checkpoint import BN_EPS_KEY, BN_MOMENTUM_KEY
-from candle_nn_models.resnet import infer_variant
+from candle_nn_models.resnet_network import infer_variant
 from candle_nn_models.training_size import IMGSZ_KEY, PREPROCESS_KEY
 from candle_nn_models.yolo11 import Yolo11Spec
 from candle_nn_models.yolo_checkpoint import infer_spec

@@ -1,7 +1,7 @@
 """The registered models: what each model/variant is built from and reads from a weights file.
 
 :data:`SPECS` lists every model family with its variants, taken from the models' own config tables
-(``candle_nn_models.resnet.VARIANTS``, ``candle_nn_models.yolo_v8.MULTIPLES``,
+(``candle_nn_models.resnet_network.VARIANTS``, ``candle_nn_models.yolo_v8.MULTIPLES``,
 ``candle_nn_models.yolo11.SCALES``,
 ``candle_nn_models.segment_anything.TINY_VIT_CONFIGS`` / ``VIT_CONFIGS``), and :func:`build_model`
 builds one from a VarBuilder. The registry of published files
@@ -23,8 +23,8 @@ from typing import Callable, Mapping
 from candle_nn import CandleNNError, Device, Module, TensorSource, VarBuilder
 import mlx.core as mx
 
-from candle_nn_models.resnet import VARIANTS as RESNET_VARIANTS
-from candle_nn_models.resnet import ResNet
+from candle_nn_models.resnet_network import VARIANTS as RESNET_VARIANTS
+from candle_nn_models.resnet_network import ResNet
 from candle_nn_models.segment_anything import MOBILE_SAM_ENCODERS, VIT_CONFIGS, Sam
 from candle_nn_models.yolo11 import SCALES as YOLO11_SCALES
 from candle_nn_models.yolo11 import Yolo11, Yolo11Cls, Yolo11Pose, Yolo11Seg

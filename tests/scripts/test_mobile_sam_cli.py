@@ -281,8 +281,10 @@ def test_the_encoder_is_read_from_the_weights_without_model(encoder, monkeypatch
     shapes = cn.VarBuilder.from_tensors({k: np.broadcast_to(zero, s)
                                          for k, s in source.requested.items()})
     built = []
-    monkeypatch.setattr(cli.VarBuilder, "from_safetensors", lambda *a, **k: shapes)
-    monkeypatch.setattr(cli, "build_model", lambda family, variant, vb: built.append(
+    from candle_nn_models.sam import build  # where the CLI's load_sam builds the model
+
+    monkeypatch.setattr(build.VarBuilder, "from_safetensors", lambda *a, **k: shapes)
+    monkeypatch.setattr(build, "build_model", lambda family, variant, vb: built.append(
         (family, variant)) or "model")
     weights = tmp_path / "sam.safetensors"
     weights.write_bytes(b"stand-in")
