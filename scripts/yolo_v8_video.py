@@ -140,7 +140,10 @@ class VideoWriter:
 
         self.path, self.size_hw = path, size_hw
         self.tmp = temp_beside(path)
-        self._container = av.open(str(self.tmp), "w", format="mp4")
+        # Opened without O_CREAT: a Ctrl-C whose watcher thread removed the staged file between
+        # temp_beside and here must not see it made again (av.open(path) would create it).
+        self._file = os.fdopen(os.open(self.tmp, os.O_WRONLY | os.O_TRUNC), "wb")
+        self._container = av.open(self._file, "w", format="mp4")
         self._stream = self._container.add_stream(
             "libx264", rate=Fraction(fps).limit_denominator(1001))
         h, w = size_hw
@@ -163,12 +166,14 @@ class VideoWriter:
         for packet in self._stream.encode(None):
             self._container.mux(packet)
         self._container.close()
+        self._file.close()
         os.replace(self.tmp, self.path)
         return self.path
 
     def discard(self) -> None:
         try:
             self._container.close()
+            self._file.close()
         finally:
             remove_quietly(self.tmp)
 

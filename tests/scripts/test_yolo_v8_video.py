@@ -190,3 +190,22 @@ def test_ctrl_c_mid_video_leaves_no_staged_file(weights, tmp_path) -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert [p.name for p in out.iterdir() if p.name.startswith(".candle-nn-staging-")] == []
+
+
+def test_a_staged_video_removed_before_it_is_opened_stays_removed(tmp_path, monkeypatch) -> None:
+    """The race behind a rare leftover of Ctrl-C: the signal thread removes the staged files
+    while the main thread is between making the video's staging file and opening it; opening
+    must not create it again (av.open(path) did, leaving ``.candle-nn-staging-*.mp4``)."""
+    from candle_nn_models.scripts import yolo_v8_video as video
+
+    made = video.temp_beside
+
+    def removed_at_once(path, suffix=None):
+        staged = made(path, suffix)
+        staged.unlink()  # what the interrupt's watcher thread does
+        return staged
+
+    monkeypatch.setattr(video, "temp_beside", removed_at_once)
+    with pytest.raises(FileNotFoundError):
+        video.VideoWriter(tmp_path / "clip_detect.mp4", (8, 8), 10.0)
+    assert list(tmp_path.iterdir()) == []
