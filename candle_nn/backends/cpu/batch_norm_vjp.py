@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ...device import Device
 from ...ops.reduce import channel_sum
 from ...ops.registry import register
 from . import kernels
@@ -26,6 +27,11 @@ def _normalize(x, mean, var, weight, bias, eps):
 
 @_normalize.vjp
 def _normalize_vjp(primals, dy, y):
+    with mx.stream(Device.cpu().stream):  # a CPU path's backward stays on the CPU (conv_grad.py)
+        return _closed_form(primals, dy)
+
+
+def _closed_form(primals, dy):
     x, mean, var, weight, _, eps = primals
     rstd = mx.rsqrt(var + eps)
     xhat = (x - mean) * rstd

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ...device import Device
 from ...ops.activation import bias_act
 from ...ops.conv import dilate
 from ...ops.registry import register
@@ -131,8 +132,12 @@ def _conv(stride: tuple[int, int], padding: tuple[int, int]):
     @f.vjp
     def _vjp(primals, cotangent, output):
         x, w = primals
-        return (input_grad(cotangent, w, x.shape, stride, padding),
-                weight_grad(cotangent, x, tuple(w.shape[1:3]), stride, padding))
+        # On the CPU stream, whatever the caller's default: a loss taken outside a CPU model on
+        # a machine with a GPU starts the backward on the GPU's stream, where these CPU kernels
+        # cannot run.
+        with mx.stream(Device.cpu().stream):
+            return (input_grad(cotangent, w, x.shape, stride, padding),
+                    weight_grad(cotangent, x, tuple(w.shape[1:3]), stride, padding))
 
     return f
 
