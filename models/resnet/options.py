@@ -13,6 +13,7 @@ from typing import Any
 from candle_nn import CandleNNError
 
 from candle_nn_models.image_decode import DEFAULT_MAX_PIXELS
+from candle_nn_models.task_options import options_from_keywords
 
 __all__ = ["PredictOptions"]
 
@@ -41,9 +42,4 @@ class PredictOptions:
     def from_keywords(cls, options: dict[str, Any]) -> "PredictOptions":
         """The options from ``predict``'s keyword arguments; an unknown one is an error listing
         the known ones."""
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            raise CandleNNError(f"unknown predict option {unknown[0]!r}: the options are "
-                                f"{', '.join(known)}")
-        return cls(**options)
+        return options_from_keywords(cls, options)

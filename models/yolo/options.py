@@ -5,7 +5,6 @@ text's ``group``), so a new option is added here only."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from typing import Any, Sequence
 from candle_nn import CandleNNError
 
 from candle_nn_models.image_decode import DEFAULT_MAX_PIXELS
+from candle_nn_models.task_options import options_from_keywords
 from candle_nn_models.training_size import MAX_YOLO_INPUT_SIZE
 
 __all__ = ["PredictOptions"]
@@ -89,12 +89,7 @@ class PredictOptions:
     def from_keywords(cls, options: dict[str, Any]) -> "PredictOptions":
         """The options from ``predict``'s keyword arguments; an unknown one is an error listing
         the known ones."""
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            raise CandleNNError(f"unknown predict option {unknown[0]!r}: the options are "
-                                f"{', '.join(known)}")
-        return cls(**options)
+        return options_from_keywords(cls, options)
 
 
 def _number(value: Any) -> bool:
